@@ -1,0 +1,3 @@
+from npumanager.cli.main import main
+
+raise SystemExit(main())

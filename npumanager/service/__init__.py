@@ -1,0 +1,1 @@
+"""npud: the "npu" system service (policy authority; never executes models)."""

@@ -1,0 +1,73 @@
+"""The seam between npud's core and its driver supervisor.
+
+The daemon talks to drivers only through :class:`DriverControl`; the
+supervisor reports back only through :class:`DriverEvents`. This keeps the
+manager testable without any driver (:class:`NoDrivers`) and the supervisor
+testable without the manager.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from npumanager.constants import ThermalStatus
+from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
+from npumanager.proto.v1.common_pb2 import DeviceInfo
+
+
+class DriverEvents(Protocol):
+    """What the supervisor tells the daemon (called on the daemon's event loop)."""
+
+    def driver_up(self, info: DeviceInfo) -> None: ...
+    def driver_down(self, name: str, reason: str) -> None: ...
+    def work_ended(self, driver: str, info: WorkInfo, reason: EndReason) -> None: ...
+    def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None: ...
+
+
+class DriverControl(Protocol):
+    """What the daemon tells its drivers. Every method is non-blocking."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def devices(self) -> list[DeviceInfo]: ...
+    def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
+        """The full table; the supervisor also re-pushes the last one on every (re)connect."""
+        ...
+    def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None: ...
+    def grant_issued(self, uid: int, request_id: int, grant_id: str) -> None: ...
+    def grant_ended(self, grant_id: str, revoked: bool) -> None: ...
+    def set_thermal_status(self, status: ThermalStatus) -> None: ...
+    def temperatures(self) -> dict[str, float]:
+        """Latest temperature (Celsius) each driver's own thermal model reported."""
+        ...
+
+
+class NoDrivers:
+    """A DriverControl with no drivers: npud runs as a pure manager."""
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def devices(self) -> list[DeviceInfo]:
+        return []
+
+    def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
+        pass
+
+    def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:
+        pass
+
+    def grant_issued(self, uid: int, request_id: int, grant_id: str) -> None:
+        pass
+
+    def grant_ended(self, grant_id: str, revoked: bool) -> None:
+        pass
+
+    def set_thermal_status(self, status: ThermalStatus) -> None:
+        pass
+
+    def temperatures(self) -> dict[str, float]:
+        return {}

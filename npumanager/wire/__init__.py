@@ -1,0 +1,1 @@
+"""The transport: length-prefixed protobuf frames over Unix sockets, with fd passing."""

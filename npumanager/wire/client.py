@@ -1,0 +1,339 @@
+"""Blocking RPC clients for the SDKs, and the async handshake helper.
+
+:class:`SyncRpcClient` sends from the caller's thread. With ``threaded=True``
+a reader thread receives replies and server pushes (the manager SDK needs
+pushes at any time); with ``threaded=False`` the calling thread reads its own
+reply, which saves a thread hand-off per call (the device client's hot path).
+If the connection is lost every waiting call raises ServiceUnavailable at once
+and later calls raise it too: never a hang.
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import logging
+import socket
+import threading
+from collections.abc import Callable, Sequence
+
+from npumanager.errors import NpuError, ProtocolError, ServiceUnavailable, error_from_wire
+from npumanager.proto.v1.wire_pb2 import Frame, Hello, HelloReply
+from npumanager.wire.conn import (
+    MAX_FDS_PER_RECV,
+    RECV_SIZE,
+    Payload,
+    RpcConnection,
+    _payload_bytes,
+    close_fds,
+    open_connection,
+)
+from npumanager.wire.framing import (
+    DEFAULT_MAX_FRAME,
+    ERROR,
+    PROTOCOL_VERSION,
+    PUSH,
+    REPLY,
+    REQUEST,
+    FrameDecoder,
+    encode,
+    parse_frame,
+)
+
+log = logging.getLogger("npumanager.wire.client")
+
+PushHandler = Callable[[str, bytes, list[int]], None]
+
+
+class _Waiter:
+    __slots__ = ("done", "error", "fds", "payload")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.payload = b""
+        self.fds: list[int] = []
+        self.error: NpuError | None = None
+
+
+class SyncRpcClient:
+    def __init__(
+        self,
+        path: str,
+        service: str,
+        *,
+        client_name: str = "",
+        on_push: PushHandler | None = None,
+        on_close: Callable[[BaseException | None], None] | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        threaded: bool = True,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.path = path
+        self.service = service
+        self.on_push = on_push
+        self.on_close = on_close
+        self.threaded = threaded
+        self.closed = False
+        self._released = False
+        self._close_reason: BaseException | None = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(connect_timeout)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise ServiceUnavailable(
+                f"no {service} service at {path} ({exc.strerror}); is `npu serve` running?"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise ServiceUnavailable(f"cannot connect to {path}: {exc}") from None
+        sock.settimeout(None)
+        self.sock = sock
+        self._decoder = FrameDecoder(max_frame)
+        self._fdq: collections.deque[int] = collections.deque()
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()  # unthreaded mode: one reader at a time
+        self._lock = threading.Lock()
+        self._next_call = 1
+        self._waiters: dict[int, _Waiter] = {}
+        self._reader: threading.Thread | None = None
+        if threaded:
+            self._reader = threading.Thread(
+                target=self._read_loop, name=f"npu-{service}-reader", daemon=True
+            )
+            self._reader.start()
+        reply = HelloReply()
+        try:
+            payload, _ = self.call(
+                "hello",
+                Hello(protocol_version=PROTOCOL_VERSION, service=service, client_name=client_name),
+            )
+        except BaseException:
+            self.close()
+            raise
+        reply.ParseFromString(payload)
+        self.hello = reply
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        n = len(self._waiters)
+        return f"<SyncRpcClient {self.service} at {self.path} {state}, {n} waiting>"
+
+    # --- receiving --------------------------------------------------------
+
+    def _recv_some(self) -> list[tuple[Frame, list[int]]]:
+        try:
+            data, anc, _f, _a = self.sock.recvmsg(
+                RECV_SIZE, socket.CMSG_SPACE(MAX_FDS_PER_RECV * 4)
+            )
+        except OSError as exc:
+            raise ServiceUnavailable(f"connection to {self.service} lost: {exc}") from None
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(cdata[: len(cdata) - (len(cdata) % got.itemsize)])
+                self._fdq.extend(got)
+        if not data:
+            raise ServiceUnavailable(f"the {self.service} service closed the connection")
+        out = []
+        for body in self._decoder.feed(data):
+            frame = parse_frame(body)
+            if frame.n_fds > len(self._fdq):
+                raise ProtocolError("frame announces more fds than arrived")
+            out.append((frame, [self._fdq.popleft() for _ in range(frame.n_fds)]))
+        return out
+
+    def _route(self, frame: Frame, fds: list[int]) -> None:
+        if frame.kind in (REPLY, ERROR):
+            with self._lock:
+                w = self._waiters.pop(frame.call_id, None)
+            if w is None:
+                close_fds(fds)
+                if frame.kind == ERROR:
+                    # call_id 0: the server tells us why it is dropping us.
+                    self._close_reason = error_from_wire(frame.error_type, frame.error_message)
+                return
+            if frame.kind == REPLY:
+                w.payload, w.fds = frame.payload, fds
+            else:
+                close_fds(fds)
+                w.error = error_from_wire(frame.error_type, frame.error_message)
+            w.done.set()
+        elif frame.kind == PUSH:
+            if frame.method == "goodbye":
+                why = frame.payload.decode(errors="replace")
+                self._close_reason = ServiceUnavailable(
+                    f"the {self.service} service is shutting down: {why}"
+                )
+            if self.on_push is not None:
+                try:
+                    self.on_push(frame.method, frame.payload, fds)
+                except Exception:
+                    log.exception("push handler for %s failed", frame.method)
+            else:
+                close_fds(fds)
+        else:
+            close_fds(fds)  # a server does not call its clients here
+
+    def _read_loop(self) -> None:
+        exc: BaseException | None = None
+        try:
+            while not self.closed:
+                for frame, fds in self._recv_some():
+                    self._route(frame, fds)
+        except NpuError as e:
+            exc = e
+        except Exception as e:
+            log.exception("reader for %s failed", self.service)
+            exc = e
+        self._shutdown(self._close_reason or exc)
+
+    def _shutdown(self, exc: BaseException | None) -> None:
+        with self._lock:
+            if self.closed and not self._waiters:
+                return
+            was_closed = self.closed
+            self.closed = True
+            waiters = list(self._waiters.values())
+            self._waiters.clear()
+        reason = exc if isinstance(exc, NpuError) else ServiceUnavailable(
+            f"connection to the {self.service} service lost"
+        )
+        for w in waiters:
+            w.error = reason if isinstance(reason, ServiceUnavailable) else ServiceUnavailable(
+                str(reason))
+            w.done.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if not was_closed and self.on_close is not None:
+            try:
+                self.on_close(exc)
+            except Exception:
+                log.exception("on_close hook failed")
+
+    # --- sending --------------------------------------------------------
+
+    def _send(self, frame: Frame, fds: Sequence[int]) -> None:
+        data = encode(frame)
+        with self._send_lock:
+            try:
+                if fds:
+                    n = self.sock.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    )
+                    if n < len(data):
+                        self.sock.sendall(data[n:])
+                else:
+                    self.sock.sendall(data)
+            except OSError as exc:
+                raise ServiceUnavailable(f"connection to {self.service} lost: {exc}") from None
+
+    def push(self, method: str, payload: Payload | None = None, fds: Sequence[int] = ()) -> None:
+        if self.closed:
+            raise self._unavailable()
+        self._send(
+            Frame(kind=PUSH, method=method, payload=_payload_bytes(payload), n_fds=len(fds)), fds
+        )
+
+    def _unavailable(self) -> ServiceUnavailable:
+        why = f": {self._close_reason}" if self._close_reason else ""
+        return ServiceUnavailable(f"not connected to the {self.service} service{why}")
+
+    def call(
+        self,
+        method: str,
+        payload: Payload | None = None,
+        fds: Sequence[int] = (),
+        timeout: float | None = None,
+    ) -> tuple[bytes, list[int]]:
+        """Call ``method``; returns (reply payload, received fds) or raises the peer's error."""
+        w = _Waiter()
+        with self._lock:
+            if self.closed:
+                raise self._unavailable()
+            call_id = self._next_call
+            self._next_call += 1
+            self._waiters[call_id] = w
+        frame = Frame(
+            kind=REQUEST, call_id=call_id, method=method, payload=_payload_bytes(payload),
+            n_fds=len(fds),
+        )
+        try:
+            self._send(frame, fds)
+        except ServiceUnavailable as exc:
+            self._shutdown(exc)
+            raise
+        if self.threaded:
+            if not w.done.wait(timeout):
+                with self._lock:
+                    self._waiters.pop(call_id, None)
+                raise TimeoutError(f"{method} got no reply within {timeout} s")
+        else:
+            self._pump_until(w)
+        if w.error is not None:
+            raise w.error
+        return w.payload, w.fds
+
+    def _pump_until(self, w: _Waiter) -> None:
+        while not w.done.is_set():
+            with self._recv_lock:
+                if w.done.is_set():
+                    break
+                try:
+                    for frame, fds in self._recv_some():
+                        self._route(frame, fds)
+                except NpuError as exc:
+                    self._shutdown(self._close_reason or exc)
+
+    def close(self) -> None:
+        """Close the connection; safe to call more than once, from any thread."""
+        with self._lock:
+            already = self._released
+            self._released = True
+            self.closed = True
+            waiters = list(self._waiters.values())
+            self._waiters.clear()
+        if already:
+            return
+        for w in waiters:
+            w.error = ServiceUnavailable("client closed")
+            w.done.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+        self.sock.close()
+        close_fds(list(self._fdq))
+        self._fdq.clear()
+
+    def __enter__(self) -> SyncRpcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def connect_async(
+    path: str,
+    service: str,
+    handlers: dict[str, object] | None = None,
+    *,
+    client_name: str = "",
+    max_frame: int = DEFAULT_MAX_FRAME,
+    on_close: Callable[[RpcConnection, BaseException | None], None] | None = None,
+) -> tuple[RpcConnection, HelloReply]:
+    """Open an async connection and do the version handshake."""
+    conn = await open_connection(
+        path, handlers or {}, max_frame=max_frame, on_close=on_close, name=f"{service}-client"  # type: ignore[arg-type]
+    )
+    payload, _ = await conn.call(
+        "hello", Hello(protocol_version=PROTOCOL_VERSION, service=service, client_name=client_name)
+    )
+    reply = HelloReply()
+    reply.ParseFromString(payload)
+    return conn, reply
