@@ -1,0 +1,225 @@
+"""Events into and instructions out of :class:`ManagerState`.
+
+The state machine never does I/O and never reads a clock: every event carries
+``now`` (seconds on the daemon's monotonic clock) and a ``stimulus_id`` that
+names what caused it, and ``ManagerState.handle(event)`` returns the
+instructions the async shell must carry out, in order. A call the caller got
+wrong (bad policy, reused id) raises an ``npumanager.errors`` exception from
+``handle`` and leaves the state unchanged.
+
+Requests are keyed by (uid, request id), never by id alone; ``conn`` names the
+client connection (its death drops exactly its requests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from npumanager.constants import (
+    LoadStatus,
+    ModelPriority,
+    ModelSize,
+    Policy,
+    RequestStatus,
+    ThermalStatus,
+    UnloadReason,
+)
+from npumanager.hal.types import EndReason, SchedulingConfig
+
+RequestKey = tuple[int, int]  # (uid, request id)
+
+
+# --- events -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    stimulus_id: str
+    now: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestLoad(Event):
+    uid: int
+    pid: int
+    conn: int
+    request_id: int
+    size: ModelSize = ModelSize.LESS_THAN_1GB
+    priority: ModelPriority = ModelPriority.NORMAL
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelLoad(Event):
+    uid: int
+    conn: int
+    request_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelLoaded(Event):
+    uid: int
+    conn: int
+    request_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelUnloaded(Event):
+    uid: int
+    conn: int
+    request_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientGone(Event):
+    """The connection closed (linkToDeath): drop its requests, no callbacks."""
+
+    conn: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportanceChanged(Event):
+    uid: int
+    importance: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicySet(Event):
+    """Validated in the state: weight or budget <= 0, unknown policy -> InvalidArgument.
+
+    ``None`` fields keep the policy's defaults (BUDGET 1/2/4 and 4; TURN_TAKING
+    forces 1 and 1)."""
+
+    policy: int
+    max_budget: int | None = None
+    weights: dict[int, int] | None = None
+    memory_budget_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkEnded(Event):
+    """HAL on_work_ended, attributed to ``uid`` (the work's original uid)."""
+
+    uid: int
+    reason: EndReason
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThermalChanged(Event):
+    status: ThermalStatus
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimerFired(Event):
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverUp(Event):
+    name: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverDown(Event):
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelMemory(Event):
+    """A driver reports the real memory of a model prepared under ``grant_id``."""
+
+    grant_id: str
+    nbytes: int
+
+
+# --- instructions ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    pass
+
+
+@dataclass(frozen=True)
+class IssueGrant(Instruction):
+    """Tell the drivers a grant is live. Always precedes the CAN_LOAD_NOW it belongs to."""
+
+    uid: int
+    request_id: int
+    grant_id: str
+
+
+@dataclass(frozen=True)
+class SendCanLoad(Instruction):
+    conn: int
+    uid: int
+    request_id: int
+    status: LoadStatus
+    grant_id: str | None = None  # set with CAN_LOAD_NOW
+
+
+@dataclass(frozen=True)
+class AskUnload(Instruction):
+    conn: int
+    uid: int
+    request_id: int
+    reason: UnloadReason
+
+
+@dataclass(frozen=True)
+class SendComplete(Instruction):
+    """The terminal callback (CANCELLED, COMPLETE, REVOKED); nothing follows it."""
+
+    conn: int
+    uid: int
+    request_id: int
+    status: RequestStatus
+
+
+@dataclass(frozen=True)
+class EndGrant(Instruction):
+    """The grant is over; ``revoked`` means the driver must release its models now."""
+
+    grant_id: str
+    uid: int
+    request_id: int
+    revoked: bool
+
+
+@dataclass(frozen=True)
+class ArmTimer(Instruction):
+    """Fire TimerFired(key) at ``at`` (re-arming a key replaces it)."""
+
+    key: str
+    at: float
+
+
+@dataclass(frozen=True)
+class CancelTimer(Instruction):
+    key: str
+
+
+@dataclass(frozen=True)
+class PushSchedulingConfigs(Instruction):
+    """Single-entry (or few-entry) upserts of the drivers' scheduling table."""
+
+    entries: tuple[SchedulingConfig, ...]
+
+
+@dataclass(frozen=True)
+class SetDriverThermal(Instruction):
+    status: ThermalStatus
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One line of the bounded decision log (``npu status --story``)."""
+
+    at: float
+    stimulus_id: str
+    key: RequestKey | None
+    what: str
+    details: dict[str, object] = field(default_factory=dict)
+
+
+ALL_POLICIES = {int(p) for p in Policy}
