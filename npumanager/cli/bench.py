@@ -1,0 +1,49 @@
+"""`npu bench [NAME ...]`: run the benchmarks in the source tree's bench/ directory.
+
+Each benchmark is a standalone script that prints a table with a baseline
+measured in the same run; this command finds and runs them in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+
+def bench_dir() -> Path | None:
+    here = Path(__file__).resolve().parents[2] / "bench"
+    return here if here.is_dir() else None
+
+
+def available() -> list[str]:
+    d = bench_dir()
+    if d is None:
+        return []
+    return sorted(p.stem for p in d.glob("*.py") if not p.name.startswith("_"))
+
+
+def _run(args: argparse.Namespace) -> int:
+    d = bench_dir()
+    if d is None:
+        print("npu bench: the bench/ directory ships with the source tree; run from a checkout",
+              file=sys.stderr)
+        return 2
+    names = args.names or available()
+    unknown = [n for n in names if n not in available()]
+    if unknown:
+        print(f"npu bench: unknown benchmark(s) {unknown}; available: {available()}",
+              file=sys.stderr)
+        return 2
+    rc = 0
+    for name in names:
+        print(f"== bench/{name}.py ==", flush=True)
+        rc |= subprocess.call([sys.executable, str(d / f"{name}.py")])
+    return rc
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", help="run the benchmarks (each prints a table with its baseline)")
+    p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): {available()}")
+    p.set_defaults(func=_run)
