@@ -1,0 +1,378 @@
+"""The driver's persistent token -> keyed-hash map that makes cache files safe to load.
+
+Cache files live in the app's directory, so anything that can write there can
+change them. Before a driver deserializes (and then runs) what it read, it
+checks a keyed BLAKE3 tag computed over the *in-memory* buffers it read (never
+over the files again) against the tag it recorded when it wrote them.
+
+The map is SQLite in the driver's private state dir (0700, DB file 0600), in
+WAL mode with a busy timeout, so several driver processes can share it. It
+holds a random 32-byte key, the driver+backend version string, and per token:
+the tag, the file counts and sizes, timestamps and hit counts. When the version
+string changes, every entry is dropped and a new key is drawn, so old tags can
+no longer verify anything. Past ``max_entries`` the least recently used entries
+are evicted.
+
+The tag frames every buffer with its kind, index and length, so bytes cannot be
+shifted between files, nor files between model and data cache, nor an entry
+moved to another token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import sqlite3
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from npumanager.errors import GeneralFailure, InvalidArgument
+from npumanager.paths import default_state_dir, ensure_private_dir
+
+DB_NAME = "cache-map.sqlite3"
+SCHEMA_VERSION = "1"
+KEY_SIZE = 32
+_DOMAIN = b"npumanager/cache-entry/v1\x00"
+_COUNTS = struct.Struct("<II")
+_FRAME = struct.Struct("<BIQ")  # kind (1 model, 2 data), index, length
+
+Buffer = bytes | bytearray | memoryview
+
+
+def verifier_dir(driver_name: str, state_root: Path | None = None) -> Path:
+    """Where driver ``driver_name`` keeps its map: STATE/cache/NAME."""
+    if not driver_name or "/" in driver_name or driver_name in (".", ".."):
+        raise InvalidArgument(f"bad driver name {driver_name!r}")
+    root = state_root if state_root is not None else default_state_dir()
+    return Path(root) / "cache" / driver_name
+
+
+def compute_tag(
+    key: bytes, token: bytes, model_bufs: Sequence[Buffer], data_bufs: Sequence[Buffer]
+) -> bytes:
+    """Keyed BLAKE3 over the framed buffers, multi-threaded for large inputs."""
+    h = blake3.blake3(_DOMAIN, key=key, max_threads=blake3.blake3.AUTO)
+    h.update(token)
+    h.update(_COUNTS.pack(len(model_bufs), len(data_bufs)))
+    for kind, bufs in ((1, model_bufs), (2, data_bufs)):
+        for i, buf in enumerate(bufs):
+            view = memoryview(buf).cast("B")
+            h.update(_FRAME.pack(kind, i, len(view)))
+            h.update(view)
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One row of the map, as ``npu cache ls`` shows it."""
+
+    token: bytes
+    n_model: int
+    n_data: int
+    model_bytes: int
+    data_bytes: int
+    created: float
+    last_used: float
+    hits: int
+
+    @property
+    def size(self) -> int:
+        return self.model_bytes + self.data_bytes
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    token BLOB PRIMARY KEY,
+    tag BLOB NOT NULL,
+    n_model INTEGER NOT NULL,
+    n_data INTEGER NOT NULL,
+    model_bytes INTEGER NOT NULL,
+    data_bytes INTEGER NOT NULL,
+    created REAL NOT NULL,
+    last_used REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used);
+"""
+
+
+class CacheVerifier:
+    """Persistent token -> tag map of one driver (see the module docstring)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        driver_version: str,
+        max_entries: int = 4096,
+        *,
+        now: Callable[[], float] = time.time,
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        if max_entries < 1:
+            raise InvalidArgument("max_entries must be at least 1")
+        self.state_dir = ensure_private_dir(Path(state_dir))
+        self.path = self.state_dir / DB_NAME
+        self.driver_version = driver_version
+        self.max_entries = max_entries
+        self._now = now
+        self._lock = threading.Lock()
+        # Create the file ourselves so it is 0600 from the start; SQLite gives
+        # its -wal and -shm files the database file's mode.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        try:
+            self._db = sqlite3.connect(
+                self.path,
+                timeout=busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise GeneralFailure(f"cannot open cache map {self.path}: {exc}") from exc
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+            with self._write():
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                self._check_version_locked()
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise GeneralFailure(f"cannot initialise cache map {self.path}: {exc}") from exc
+
+    # --- transactions -------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction (serializes writers across processes)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _meta(self, k: str) -> bytes | str | None:
+        row = self._db.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()
+        return None if row is None else row[0]
+
+    def _check_version_locked(self) -> bytes:
+        """Reset the map with a fresh key unless it belongs to our version; the key."""
+        key = self._meta("key")
+        if (
+            self._meta("schema") == SCHEMA_VERSION
+            and self._meta("driver_version") == self.driver_version
+            and isinstance(key, bytes)
+            and len(key) == KEY_SIZE
+        ):
+            return key
+        key = secrets.token_bytes(KEY_SIZE)
+        db = self._db
+        db.execute("DELETE FROM entries")
+        db.execute("DELETE FROM meta")
+        db.executemany(
+            "INSERT INTO meta (k, v) VALUES (?, ?)",
+            [
+                ("schema", SCHEMA_VERSION),
+                ("driver_version", self.driver_version),
+                ("key", key),
+                ("reset_at", str(self._now())),
+            ],
+        )
+        return key
+
+    def _current_key(self) -> bytes | None:
+        """Our key if the map still belongs to our version, else None."""
+        if self._meta("driver_version") != self.driver_version:
+            return None
+        key = self._meta("key")
+        return key if isinstance(key, bytes) and len(key) == KEY_SIZE else None
+
+    # --- the driver's calls -------------------------------------------------
+
+    def record(
+        self, token: bytes, model_bufs: Sequence[Buffer], data_bufs: Sequence[Buffer]
+    ) -> None:
+        """Remember the tag of what was just written (files fully written and synced)."""
+        token = _check_token(token)
+        with self._lock:
+            key = self._key_for_hashing()
+            tag = compute_tag(key, token, model_bufs, data_bufs)
+            now = self._now()
+            try:
+                with self._write() as db:
+                    # The key may have been rotated by another process meanwhile.
+                    if self._check_version_locked() != key:
+                        return
+                    db.execute(
+                        "INSERT INTO entries (token, tag, n_model, n_data, model_bytes,"
+                        " data_bytes, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)"
+                        " ON CONFLICT(token) DO UPDATE SET tag=excluded.tag,"
+                        " n_model=excluded.n_model, n_data=excluded.n_data,"
+                        " model_bytes=excluded.model_bytes, data_bytes=excluded.data_bytes,"
+                        " created=excluded.created, last_used=excluded.last_used",
+                        (
+                            token,
+                            tag,
+                            len(model_bufs),
+                            len(data_bufs),
+                            sum(memoryview(b).nbytes for b in model_bufs),
+                            sum(memoryview(b).nbytes for b in data_bufs),
+                            now,
+                            now,
+                        ),
+                    )
+                    self._evict_locked(self.max_entries)
+            except sqlite3.Error as exc:
+                raise GeneralFailure(f"cannot record cache entry: {exc}") from exc
+
+    def _key_for_hashing(self) -> bytes:
+        try:
+            key = self._current_key()
+            if key is None:
+                with self._write():
+                    key = self._check_version_locked()
+        except sqlite3.Error as exc:
+            raise GeneralFailure(f"cache map unavailable: {exc}") from exc
+        return key
+
+    def verify(
+        self,
+        token: bytes,
+        model_bufs: Sequence[Buffer],
+        data_bufs: Sequence[Buffer],
+        *,
+        touch: bool = True,
+    ) -> bool:
+        """Whether these buffers are exactly what was recorded for ``token``.
+
+        On a match (and ``touch``), counts a hit and refreshes the LRU time.
+        Any map error counts as a mismatch: the caller then compiles afresh.
+        """
+        try:
+            token = _check_token(token)
+        except InvalidArgument:
+            return False
+        with self._lock:
+            try:
+                key = self._current_key()
+                row = self._db.execute(
+                    "SELECT tag FROM entries WHERE token = ?", (token,)
+                ).fetchone()
+            except sqlite3.Error:
+                return False
+            if key is None or row is None:
+                return False
+            expected = bytes(row[0])
+            tag = compute_tag(key, token, model_bufs, data_bufs)
+            if not hmac.compare_digest(tag, expected):
+                return False
+            if touch:
+                try:
+                    with self._write() as db:
+                        db.execute(
+                            "UPDATE entries SET hits = hits + 1, last_used = ?"
+                            " WHERE token = ? AND tag = ?",
+                            (self._now(), token, expected),
+                        )
+                except sqlite3.Error:
+                    pass  # a hit we could not count is still a hit
+            return True
+
+    # --- administration (CLI) -------------------------------------------------
+
+    def lookup(self, token: bytes) -> CacheEntry | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_COLS} FROM entries WHERE token = ?", (bytes(token),)
+            ).fetchone()
+        return None if row is None else _entry(row)
+
+    def entries(self) -> list[CacheEntry]:
+        """Every entry, most recently used first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM entries ORDER BY last_used DESC, created DESC"
+            ).fetchall()
+        return [_entry(r) for r in rows]
+
+    def remove(self, token: bytes) -> bool:
+        with self._lock, self._write() as db:
+            cur = db.execute("DELETE FROM entries WHERE token = ?", (bytes(token),))
+            return cur.rowcount > 0
+
+    def clear(self) -> int:
+        """Drop every entry (the key stays); the number dropped."""
+        with self._lock, self._write() as db:
+            return db.execute("DELETE FROM entries").rowcount
+
+    def gc(self, max_entries: int | None = None) -> int:
+        """Evict least recently used entries past the bound; the number evicted."""
+        bound = self.max_entries if max_entries is None else max_entries
+        if bound < 0:
+            raise InvalidArgument("max_entries must be >= 0")
+        with self._lock, self._write():
+            return self._evict_locked(bound)
+
+    def _evict_locked(self, bound: int) -> int:
+        return self._db.execute(
+            "DELETE FROM entries WHERE token NOT IN"
+            " (SELECT token FROM entries ORDER BY last_used DESC, created DESC LIMIT ?)",
+            (bound,),
+        ).rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> CacheVerifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CacheVerifier({str(self.path)!r}, {self.driver_version!r})"
+
+
+_COLS = "token, n_model, n_data, model_bytes, data_bytes, created, last_used, hits"
+
+
+def _entry(row: Any) -> CacheEntry:
+    token, n_model, n_data, mb, db, created, last_used, hits = row
+    return CacheEntry(
+        token=bytes(token),
+        n_model=int(n_model),
+        n_data=int(n_data),
+        model_bytes=int(mb),
+        data_bytes=int(db),
+        created=float(created),
+        last_used=float(last_used),
+        hits=int(hits),
+    )
+
+
+def _check_token(token: object) -> bytes:
+    if not isinstance(token, bytes | bytearray | memoryview) or len(bytes(token)) != 32:
+        raise InvalidArgument("cache token must be exactly 32 bytes")
+    return bytes(token)
+
+
+__all__ = ["DB_NAME", "CacheEntry", "CacheVerifier", "compute_tag", "verifier_dir"]

@@ -1,0 +1,203 @@
+"""Reading and writing the cache files a client handed the driver as fds.
+
+The fds come from the app (over SCM_RIGHTS) and point at files the app can
+change at any time, at any offset, with any size. So:
+
+- writes truncate first and ``pwrite`` from offset 0 (the fd offset is
+  irrelevant), then ``fsync``; a failure raises GeneralFailure, which callers
+  swallow (a failed save never changes a prepare result);
+- reads take each file ONCE fully into memory with ``pread`` from offset 0; the
+  caller verifies and deserializes those same buffers and never looks at the
+  file again (no TOCTOU window);
+- a write-only or unreadable fd is an InvalidArgument, too much data a
+  GeneralFailure.
+
+Cooperating writers (the driver's own saves and its multi-stage rewrites) take
+``flock`` locks over all files of an entry in a fixed order: exclusive to write,
+shared to read, so no reader sees a half-written entry and no two writers
+interleave. ``flock`` locks belong to the open file description, so two
+prepares in the same driver process (each with its own opened files) still
+exclude each other, unlike POSIX record locks. Lock waits are bounded: an app
+that holds a lock on its own files only makes its own cache miss.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from npumanager.errors import GeneralFailure, InvalidArgument
+
+#: Default bound on how long a lock over an entry's files is waited for.
+LOCK_TIMEOUT_S = 2.0
+
+_CHUNK = 1 << 30  # pread/pwrite move at most ~2 GiB per call on Linux
+
+
+def _check_fd(fd: int, *, need_read: bool) -> None:
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        st = os.fstat(fd)
+    except (OSError, TypeError, ValueError) as exc:
+        raise InvalidArgument(f"cache fd {fd!r} is not usable: {exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidArgument(f"cache fd {fd} is not a regular file")
+    mode = flags & os.O_ACCMODE
+    if need_read and mode == os.O_WRONLY:
+        raise InvalidArgument(f"cache fd {fd} is write-only")
+    if not need_read and mode == os.O_RDONLY:
+        raise InvalidArgument(f"cache fd {fd} is read-only")
+
+
+@contextmanager
+def locked(
+    fds: Sequence[int], *, exclusive: bool, timeout_s: float = LOCK_TIMEOUT_S
+) -> Iterator[None]:
+    """Hold ``flock`` on every fd, in list order, for the block.
+
+    Raises GeneralFailure if the locks are not all had within ``timeout_s``
+    (what was taken is released).
+    """
+    op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    deadline = time.monotonic() + timeout_s
+    held: list[int] = []
+    try:
+        for fd in fds:
+            delay = 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, op | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise GeneralFailure("timed out waiting for a cache file lock") from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+                except OSError as exc:
+                    raise GeneralFailure(f"cannot lock cache fd {fd}: {exc}") from exc
+            held.append(fd)
+        yield
+    finally:
+        for fd in reversed(held):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+
+
+def _write_one(fd: int, blob: bytes | bytearray | memoryview) -> None:
+    view = memoryview(blob).cast("B")
+    os.ftruncate(fd, 0)
+    off = 0
+    while off < len(view):
+        n = os.pwrite(fd, view[off : off + _CHUNK], off)
+        if n <= 0:
+            raise OSError(errno.EIO, "short write")
+        off += n
+    os.fsync(fd)
+
+
+def write_cache_files(
+    fds: Sequence[int],
+    blobs: Sequence[bytes | bytearray | memoryview],
+    *,
+    lock: bool = True,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
+) -> None:
+    """Replace each file's content with its blob (truncate, pwrite from 0, fsync).
+
+    ``lock=False`` when the caller already holds the exclusive lock (see
+    :func:`locked`). Raises GeneralFailure on any error (callers ignore it).
+    """
+    if len(fds) != len(blobs):
+        raise GeneralFailure(f"{len(blobs)} cache blobs for {len(fds)} cache files")
+    try:
+        for fd in fds:
+            _check_fd(fd, need_read=False)
+    except InvalidArgument as exc:
+        raise GeneralFailure(str(exc)) from exc
+    try:
+        if lock:
+            with locked(fds, exclusive=True, timeout_s=lock_timeout_s):
+                for fd, blob in zip(fds, blobs, strict=True):
+                    _write_one(fd, blob)
+        else:
+            for fd, blob in zip(fds, blobs, strict=True):
+                _write_one(fd, blob)
+    except OSError as exc:
+        raise GeneralFailure(f"cannot write cache file: {exc}") from exc
+
+
+def _read_one(fd: int, budget: int) -> bytes:
+    """All of the file from offset 0; GeneralFailure past ``budget`` bytes."""
+    size = os.fstat(fd).st_size
+    if size > budget:
+        raise GeneralFailure(f"cache file of {size} bytes exceeds the {budget}-byte bound")
+    chunks: list[bytes] = []
+    off = 0
+    # Ask for one byte more than the size so a file that grew is noticed.
+    want = size + 1
+    while True:
+        data = os.pread(fd, min(want, _CHUNK), off)
+        if not data:
+            break
+        chunks.append(data)
+        off += len(data)
+        if off > budget:
+            raise GeneralFailure(f"cache file grew past the {budget}-byte bound while read")
+        want = max(want - len(data), 1 << 16)
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def read_cache_files(
+    fds: Sequence[int],
+    max_bytes: int,
+    *,
+    lock: bool = True,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
+) -> list[bytes]:
+    """Each file's full content, read once from offset 0 whatever the fd offset.
+
+    ``max_bytes`` bounds the total over all files (GeneralFailure past it). A
+    write-only, closed or non-regular fd raises InvalidArgument.
+    """
+    for fd in fds:
+        _check_fd(fd, need_read=True)
+    out: list[bytes] = []
+    budget = max_bytes
+    try:
+        if lock:
+            with locked(fds, exclusive=False, timeout_s=lock_timeout_s):
+                for fd in fds:
+                    out.append(_read_one(fd, budget))
+                    budget -= len(out[-1])
+        else:
+            for fd in fds:
+                out.append(_read_one(fd, budget))
+                budget -= len(out[-1])
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read cache file: {exc}") from exc
+    return out
+
+
+def dup_fds(fds: Sequence[int]) -> list[int]:
+    """Close-on-exec duplicates of ``fds`` for later rewrites (all or none)."""
+    out: list[int] = []
+    try:
+        for fd in fds:
+            out.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0))
+    except OSError as exc:
+        for d in out:
+            os.close(d)
+        raise GeneralFailure(f"cannot duplicate cache fd: {exc}") from exc
+    return out
+
+
+__all__ = ["LOCK_TIMEOUT_S", "dup_fds", "locked", "read_cache_files", "write_cache_files"]
