@@ -1,0 +1,228 @@
+"""Cache artifacts of the reference (ONNX Runtime) backend.
+
+- Model cache: the graph as ONNX Runtime optimized it
+  (``SessionOptions.optimized_model_filepath``), with every initializer moved
+  out to an external data file named :data:`DATA_NAME`. It is small: the graph
+  and the offsets of the weights.
+- Data cache: that external data file, i.e. the raw initializer bytes.
+
+With several files of a kind, the kind's bytes are cut into that many
+contiguous pieces; loading concatenates them again. With no data-cache file
+the weights stay inside the model cache.
+
+Loading runs only on buffers the verifier accepted. Even so, it parses the
+model with the onnx protobuf classes only (no pickle, nothing executable), and
+refuses any external-data reference other than :data:`DATA_NAME` within the
+data cache's bounds before ONNX Runtime sees the model: the weights are handed
+to ONNX Runtime from memory, so it never opens a file named by the cache.
+The optimized graph is loaded with graph optimizations disabled: they already
+ran, which is the time the cache saves.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from npumanager.errors import GeneralFailure, InvalidArgument
+
+#: The external-data file name the optimized model refers to.
+DATA_NAME = "npu-data-cache.bin"
+_MODEL_NAME = "npu-model-cache.onnx"
+
+OptLevel = str | int | Any  # "disabled" | "basic" | "extended" | "all", 0..99, or ORT's enum
+
+_LEVELS = {"disabled": 0, "basic": 1, "extended": 2, "layout": 3, "all": 99}
+
+
+def ort_level(opt_level: OptLevel) -> Any:
+    """ONNX Runtime's GraphOptimizationLevel for a name, number or the enum itself."""
+    import onnxruntime as ort
+
+    levels = {
+        0: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        2: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        99: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    layout = getattr(ort.GraphOptimizationLevel, "ORT_ENABLE_LAYOUT", None)
+    if layout is not None:
+        levels[3] = layout
+    if isinstance(opt_level, ort.GraphOptimizationLevel):
+        return opt_level
+    if isinstance(opt_level, str):
+        key = opt_level.lower().removeprefix("ort_").removeprefix("enable_")
+        if key == "disable_all":
+            key = "disabled"
+        if key not in _LEVELS:
+            raise InvalidArgument(f"unknown optimization level {opt_level!r}")
+        opt_level = _LEVELS[key]
+    if isinstance(opt_level, int) and opt_level in levels:
+        return levels[opt_level]
+    raise InvalidArgument(f"unknown optimization level {opt_level!r}")
+
+
+def _split(blob: bytes, n: int) -> list[bytes]:
+    """``blob`` cut into ``n`` contiguous pieces (the last ones may be empty)."""
+    if n == 1:
+        return [blob]
+    step = -(-len(blob) // n) if blob else 0
+    return [blob[i * step : (i + 1) * step] for i in range(n)]
+
+
+def _join(blobs: Sequence[bytes]) -> bytes:
+    return blobs[0] if len(blobs) == 1 else b"".join(blobs)
+
+
+def base_session_options(opt_level: OptLevel, intra_op_threads: int = 1) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort_level(opt_level)
+    so.intra_op_num_threads = intra_op_threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3  # ORT warns about hardware-specific layouts: intended here
+    return so
+
+
+def compile_with_artifacts(
+    onnx_bytes: bytes,
+    opt_level: OptLevel,
+    n_model: int = 1,
+    n_data: int = 1,
+    *,
+    intra_op_threads: int = 1,
+) -> tuple[Any, list[bytes], list[bytes]]:
+    """Compile ``onnx_bytes`` once; the session and its model/data cache blobs."""
+    import onnxruntime as ort
+
+    if n_model < 1 or n_data < 0:
+        raise InvalidArgument(f"cannot cache into {n_model} model and {n_data} data files")
+    so = base_session_options(opt_level, intra_op_threads)
+    with tempfile.TemporaryDirectory(prefix="npu-cache-") as tmp:
+        model_path = os.path.join(tmp, _MODEL_NAME)
+        data_path = os.path.join(tmp, DATA_NAME)
+        so.optimized_model_filepath = model_path
+        if n_data > 0:
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", DATA_NAME
+            )
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes", "0"
+            )
+        try:
+            session = ort.InferenceSession(
+                onnx_bytes, sess_options=so, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
+        with open(model_path, "rb") as f:
+            model_blob = f.read()
+        data_blob = b""
+        if n_data > 0 and os.path.exists(data_path):
+            with open(data_path, "rb") as f:
+                data_blob = f.read()
+    data_blobs = _split(data_blob, n_data) if n_data > 0 else []
+    return session, _split(model_blob, n_model), data_blobs
+
+
+def artifacts_from_onnx(
+    onnx_bytes: bytes, opt_level: OptLevel, n_model: int = 1, n_data: int = 1
+) -> tuple[list[bytes], list[bytes]]:
+    """The model cache and data cache blobs for ``onnx_bytes`` at ``opt_level``."""
+    _, model_blobs, data_blobs = compile_with_artifacts(onnx_bytes, opt_level, n_model, n_data)
+    return model_blobs, data_blobs
+
+
+def _graphs(graph: Any) -> Iterator[Any]:
+    """``graph`` and every subgraph (If/Loop/Scan bodies) inside it."""
+    import onnx
+
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+def _tensors(graph: Any) -> Iterator[Any]:
+    import onnx
+
+    for g in _graphs(graph):
+        yield from g.initializer
+        for sp in g.sparse_initializer:
+            yield sp.values
+            yield sp.indices
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+
+
+def check_external_refs(model: Any, data_len: int) -> int:
+    """Refuse external data other than DATA_NAME within ``data_len``; the number of refs."""
+    import onnx
+
+    refs = 0
+    for t in _tensors(model.graph):
+        if t.data_location != onnx.TensorProto.EXTERNAL and not t.external_data:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        if info.get("location") != DATA_NAME:
+            raise GeneralFailure(f"cached model refers to external data {info.get('location')!r}")
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"])
+        except (KeyError, ValueError):
+            raise GeneralFailure("cached model has a malformed external data reference") from None
+        if offset < 0 or length < 0 or offset + length > data_len:
+            raise GeneralFailure("cached model refers past the end of its data cache")
+        refs += 1
+    return refs
+
+
+def session_from_artifacts(
+    model_blobs: Sequence[bytes], data_blobs: Sequence[bytes], *, intra_op_threads: int = 1
+) -> Any:
+    """An InferenceSession from verified cache blobs; GeneralFailure if they do not load."""
+    import onnx
+    import onnxruntime as ort
+    from google.protobuf.message import DecodeError
+
+    if not model_blobs:
+        raise GeneralFailure("no model cache")
+    model_bytes = _join(model_blobs)
+    data = _join(data_blobs) if data_blobs else b""
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(model_bytes)
+    except (DecodeError, ValueError) as exc:
+        raise GeneralFailure(f"model cache does not parse: {exc}") from None
+    refs = check_external_refs(model, len(data))
+    so = base_session_options("disabled", intra_op_threads)
+    if refs:
+        so.add_external_initializers_from_files_in_memory([DATA_NAME], [data], [len(data)])
+    try:
+        return ort.InferenceSession(
+            model_bytes, sess_options=so, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:
+        raise GeneralFailure(f"ONNX Runtime cannot load the cached model: {exc}") from None
+
+
+__all__ = [
+    "DATA_NAME",
+    "artifacts_from_onnx",
+    "base_session_options",
+    "check_external_refs",
+    "compile_with_artifacts",
+    "ort_level",
+    "session_from_artifacts",
+]
