@@ -8,6 +8,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from npumanager.client import (
+    AsyncNpuManager,
+    ModelLoadRequest,
+    ModelLoadRequestCallback,
+    ModelLoadStatusListener,
+    NpuManager,
+)
 from npumanager.constants import (
     KEY_MAX_BUDGET,
     KEY_MODEL_SIZE_WEIGHTS,
@@ -56,10 +63,15 @@ __all__ = [
     "NPU_MODEL_SIZE_BETWEEN_1GB_AND_2GB",
     "NPU_MODEL_SIZE_GREATER_THAN_2G",
     "NPU_MODEL_SIZE_LESS_THAN_1GB",
+    "AsyncNpuManager",
     "Importance",
     "LoadStatus",
+    "ModelLoadRequest",
+    "ModelLoadRequestCallback",
+    "ModelLoadStatusListener",
     "ModelPriority",
     "ModelSize",
+    "NpuManager",
     "Policy",
     "RequestStatus",
     "ThermalStatus",

@@ -111,6 +111,17 @@ class FrameTooLarge(ProtocolError):
     """A frame exceeded the negotiated size bound."""
 
 
+class RequestEnded(ServiceError):
+    """A model load request ended (CANCELLED, REVOKED, ...) before what the caller awaited.
+
+    Raised by ``AsyncNpuManager.reserve()`` when the request ends before it is granted."""
+
+    def __init__(self, message: str = "", status: object = None) -> None:
+        super().__init__(message)
+        #: The RequestStatus the request ended with, when known.
+        self.status = status
+
+
 class InternalError(ServiceError):
     """A bug on the service side; the daemon logged it and kept serving."""
 

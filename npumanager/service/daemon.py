@@ -1,0 +1,579 @@
+"""npud's async shell around the pure :class:`ManagerState`.
+
+The state decides; this module acts. Every stimulus (an RPC from a client, a
+connection closing, a timer, a driver event, a thermal reading) becomes an
+event with a stimulus id and ``now`` from the daemon's clock; the state returns
+instructions and :meth:`Daemon.submit` carries them out in order: grants go to
+the drivers BEFORE the CAN_LOAD_NOW push that names them, timers are armed on
+the event loop, scheduling-table updates and thermal status go to the drivers.
+
+A bug in the state or in carrying out one instruction is logged and never
+kills the daemon: the caller gets ``InternalError`` and everyone else keeps
+being served. Drivers are reached only through :class:`DriverControl`
+(:func:`make_driver_control` builds the supervisor when one is configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from npumanager import __version__
+from npumanager.clock import Clock, MonotonicClock
+from npumanager.config import Config
+from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
+from npumanager.errors import InternalError, NpuError
+from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
+from npumanager.paths import ensure_runtime_dir, manager_socket
+from npumanager.proto.v1.common_pb2 import DeviceInfo
+from npumanager.proto.v1.manager_pb2 import CanLoad, RequestComplete, UnloadAsk
+from npumanager.service import events as ev
+from npumanager.service.driver_link import DriverControl, DriverEvents, NoDrivers
+from npumanager.service.logs import decision
+from npumanager.wire.conn import RpcConnection
+from npumanager.wire.server import RpcServer, resolve_group
+
+log = logging.getLogger("npumanager.npud")
+
+PUSH_CAN_LOAD = "on_can_load_model"
+PUSH_UNLOAD = "on_request_unload_model"
+PUSH_COMPLETE = "on_model_load_request_complete"
+
+
+def drivers_enabled(cfg: Config) -> bool:
+    """``[manager] drivers = false`` (or ``npu serve --no-drivers``) runs a pure manager."""
+    return bool(cfg.section("manager").get("drivers", True)) and bool(cfg.drivers())
+
+
+def make_driver_control(
+    cfg: Config, runtime_dir: Path, events: DriverEvents, clock: Clock
+) -> DriverControl:
+    """The one place npud builds its driver supervisor.
+
+    ``npumanager.service.supervisor.DriverSupervisor(cfg, runtime_dir, events, clock)``
+    is used when it exists and drivers are enabled; otherwise npud runs with
+    :class:`NoDrivers` (a pure manager)."""
+    if not drivers_enabled(cfg):
+        return NoDrivers()
+    try:
+        mod = importlib.import_module("npumanager.service.supervisor")
+    except ModuleNotFoundError as exc:
+        if exc.name != "npumanager.service.supervisor":
+            raise
+        log.warning("no driver supervisor in this build; serving without drivers")
+        return NoDrivers()
+    control: DriverControl = mod.DriverSupervisor(cfg, runtime_dir, events, clock)
+    return control
+
+
+def _optional(module: str, attr: str) -> Any:
+    """``module.attr`` if another engineer's optional component is installed, else None."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            return None
+        raise
+    return getattr(mod, attr, None)
+
+
+class Daemon:
+    """npud: the RPC server, the ManagerState, timers, drivers, thermal and importance."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        runtime_dir: Path,
+        *,
+        clock: Clock | None = None,
+        drivers: DriverControl | None = None,
+        state: Any = None,
+        real_timers: bool = True,
+        use_drivers: bool = True,
+    ) -> None:
+        from npumanager.service.state import ManagerParams, ManagerState
+
+        self.cfg = cfg
+        self.runtime_dir = Path(runtime_dir)
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        self.real_timers = real_timers
+        self.state = state if state is not None else ManagerState(ManagerParams.from_config(cfg))
+        if drivers is not None:
+            self.drivers: DriverControl = drivers
+        elif use_drivers:
+            self.drivers = make_driver_control(cfg, self.runtime_dir, self, self.clock)
+        else:
+            self.drivers = NoDrivers()
+        self.conns: dict[int, RpcConnection] = {}
+        self._next_conn = itertools.count(1)
+        self._stimuli = itertools.count(1)
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle | None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self.server: RpcServer | None = None
+        self.stopping = False
+        self.started_at = time.time()
+        self.internal_errors = 0
+        # Optional components (other engineers' modules), wired in _setup_optional.
+        self.thermal: Any = None
+        self.importance: Any = None
+        self.apps: Any = None
+        self._thermal_status = ThermalStatus.NONE
+        self._importance_of_uid: dict[int, int] = {}
+        self._override: ThermalStatus | None = None
+
+    def __repr__(self) -> str:
+        return f"<npud at {self.runtime_dir}: {len(self.conns)} clients | {self.state!r}>"
+
+    # --- events in ----------------------------------------------------------
+
+    def stimulus(self, kind: str) -> str:
+        return f"{kind}-{next(self._stimuli)}"
+
+    def submit(self, event: ev.Event) -> list[ev.Instruction]:
+        """Feed one event to the state and carry out what it decides, in order.
+
+        Caller mistakes (``NpuError``) propagate unchanged with the state
+        untouched; a bug is logged and becomes ``InternalError``."""
+        try:
+            instructions: list[ev.Instruction] = self.state.handle(event)
+        except NpuError:
+            raise
+        except Exception as exc:
+            self.internal_errors += 1
+            log.exception("state failed on %s (%s)", event.stimulus_id, type(event).__name__)
+            self._check_state()
+            raise InternalError(
+                f"npud failed handling {type(event).__name__} ({event.stimulus_id}); "
+                f"the error is logged and npud keeps serving"
+            ) from exc
+        self.execute(instructions)
+        return instructions
+
+    def _check_state(self) -> None:
+        try:
+            self.state.validate()
+        except Exception:
+            log.exception("state invariants broken after an internal error")
+
+    def submit_quietly(self, event: ev.Event) -> None:
+        """For stimuli nobody answers (timers, disconnects, driver events): log failures."""
+        try:
+            self.submit(event)
+        except NpuError as exc:
+            log.warning("%s (%s) refused: %s", type(event).__name__, event.stimulus_id, exc)
+
+    # --- instructions out ---------------------------------------------------
+
+    def execute(self, instructions: list[ev.Instruction]) -> None:
+        for ins in instructions:
+            try:
+                self._execute_one(ins)
+            except Exception:
+                self.internal_errors += 1
+                log.exception("carrying out %r failed; continuing with the rest", ins)
+
+    def _execute_one(self, ins: ev.Instruction) -> None:
+        # Ordered by frequency on the hot path.
+        if isinstance(ins, ev.SendCanLoad):
+            conn = self.conns.get(ins.conn)
+            decision(
+                "granted" if ins.status == LoadStatus.CAN_LOAD_NOW else "load answered",
+                uid=ins.uid, request_id=ins.request_id, status=LoadStatus(ins.status).name,
+            )
+            if conn is not None:
+                conn.push(PUSH_CAN_LOAD, CanLoad(
+                    request_id=ins.request_id, status=int(ins.status),
+                    grant_id=ins.grant_id or ""))
+        elif isinstance(ins, ev.IssueGrant):
+            self.drivers.grant_issued(ins.uid, ins.request_id, ins.grant_id)
+        elif isinstance(ins, ev.SendComplete):
+            decision(
+                "request ended", uid=ins.uid, request_id=ins.request_id,
+                status=RequestStatus(ins.status).name,
+            )
+            conn = self.conns.get(ins.conn)
+            if conn is not None:
+                conn.push(PUSH_COMPLETE, RequestComplete(
+                    request_id=ins.request_id, status=int(ins.status)))
+        elif isinstance(ins, ev.EndGrant):
+            decision(
+                "grant revoked" if ins.revoked else "grant ended", uid=ins.uid,
+                request_id=ins.request_id,
+            )
+            self.drivers.grant_ended(ins.grant_id, ins.revoked)
+        elif isinstance(ins, ev.AskUnload):
+            decision(
+                "unload asked", uid=ins.uid, request_id=ins.request_id,
+                reason=UnloadReason(ins.reason).name,
+            )
+            conn = self.conns.get(ins.conn)
+            if conn is not None:
+                conn.push(PUSH_UNLOAD, UnloadAsk(request_id=ins.request_id,
+                                                 reason=int(ins.reason)))
+        elif isinstance(ins, ev.ArmTimer):
+            self._arm(ins.key, ins.at)
+        elif isinstance(ins, ev.CancelTimer):
+            self._disarm(ins.key)
+        elif isinstance(ins, ev.PushSchedulingConfigs):
+            decision("scheduling configs pushed", uids=[e.uid for e in ins.entries])
+            self.drivers.update_scheduling_configs(list(ins.entries))
+        elif isinstance(ins, ev.SetDriverThermal):
+            decision("driver thermal status", status=ThermalStatus(ins.status).name)
+            self.drivers.set_thermal_status(ins.status)
+        else:
+            log.error("unknown instruction %r ignored", ins)
+
+    # --- timers -------------------------------------------------------------
+
+    def _arm(self, key: str, at: float) -> None:
+        self._disarm(key)
+        handle: asyncio.TimerHandle | None = None
+        if self.real_timers:
+            loop = asyncio.get_running_loop()
+            handle = loop.call_later(max(0.0, at - self.clock.now()), self._timer_due, key)
+        self._timers[key] = (at, handle)
+
+    def _disarm(self, key: str) -> None:
+        entry = self._timers.pop(key, None)
+        if entry is not None and entry[1] is not None:
+            entry[1].cancel()
+
+    def _timer_due(self, key: str) -> None:
+        entry = self._timers.get(key)
+        if entry is None:
+            return
+        at = entry[0]
+        remaining = at - self.clock.now()
+        if remaining > 0:  # the loop's clock may round early (uvloop: 1 ms ticks)
+            loop = asyncio.get_running_loop()
+            self._timers[key] = (at, loop.call_later(remaining + 0.0005, self._timer_due, key))
+            return
+        del self._timers[key]
+        self.submit_quietly(ev.TimerFired(
+            stimulus_id=self.stimulus("timer"), now=self.clock.now(), key=key))
+
+    def fire_due_timers(self) -> int:
+        """Fire every timer due on the (virtual) clock, earliest first; returns how many."""
+        fired = 0
+        while True:
+            now = self.clock.now()
+            due = sorted((at, k) for k, (at, _h) in self._timers.items() if at <= now)
+            if not due:
+                return fired
+            _at, key = due[0]
+            self._disarm(key)
+            self.submit_quietly(ev.TimerFired(stimulus_id=self.stimulus("timer"), now=now,
+                                              key=key))
+            fired += 1
+
+    @property
+    def armed_timers(self) -> dict[str, float]:
+        return {k: at for k, (at, _h) in self._timers.items()}
+
+    # --- connections --------------------------------------------------------
+
+    def _on_connect(self, conn: RpcConnection) -> None:
+        cid = next(self._next_conn)
+        conn.state["cid"] = cid
+        self.conns[cid] = conn
+
+    def _on_disconnect(self, conn: RpcConnection, exc: BaseException | None) -> None:
+        cid = conn.state.get("cid")
+        if cid is None:
+            return
+        self.conns.pop(cid, None)
+        if self.stopping:
+            return
+        if conn.state.get("uid_seen"):
+            self.submit_quietly(ev.ClientGone(stimulus_id=self.stimulus("gone"),
+                                              now=self.clock.now(), conn=cid))
+        uid = conn.peer.uid
+        if not any(c.peer.uid == uid for c in self.conns.values()):
+            self._importance_of_uid.pop(uid, None)
+
+    # --- DriverEvents (called by the supervisor on this loop) -------------
+
+    def driver_up(self, info: DeviceInfo) -> None:
+        log.info("driver %s up", info.name, extra={"driver": info.name})
+        self.submit_quietly(ev.DriverUp(stimulus_id=self.stimulus("driver-up"),
+                                        now=self.clock.now(), name=info.name,
+                                        memory_bytes=int(info.memory_bytes)))
+
+    def driver_down(self, name: str, reason: str) -> None:
+        log.warning("driver %s down: %s", name, reason, extra={"driver": name})
+        self.submit_quietly(ev.DriverDown(stimulus_id=self.stimulus("driver-down"),
+                                          now=self.clock.now(), name=name))
+
+    def work_ended(self, driver: str, info: WorkInfo, reason: EndReason) -> None:
+        self.submit_quietly(ev.WorkEnded(stimulus_id=self.stimulus("work-ended"),
+                                         now=self.clock.now(), uid=info.original_uid,
+                                         reason=reason))
+
+    def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None:
+        self.submit_quietly(ev.ModelMemory(stimulus_id=self.stimulus("model-memory"),
+                                           now=self.clock.now(), grant_id=grant_id,
+                                           nbytes=nbytes))
+
+    # --- thermal, importance, apps (optional components) ----------------
+
+    def _setup_optional(self) -> None:
+        app_table = _optional("npumanager.service.apps", "AppTable")
+        if app_table is not None and self.cfg.apps():
+            try:
+                self.apps = app_table.from_config(self.cfg)
+                self._apply_apps()
+            except NpuError:
+                raise
+            except Exception:
+                log.exception("[[app]] table could not be applied; continuing without it")
+        monitor = _optional("npumanager.thermal.monitor", "ThermalMonitor")
+        if monitor is not None:
+            self.thermal = monitor(self.cfg.section("thermal"), self.clock,
+                                   self.drivers.temperatures)
+            interval = float(self.cfg.section("thermal").get("poll_interval_s", 1.0))
+            self._spawn(self._poll_thermal(interval))
+        imp_section = self.cfg.section("importance")
+        provider = _optional("npumanager.service.importance", "ProcessImportance")
+        if provider is not None and imp_section.get("from_process"):
+            self.importance = provider(imp_section)
+            interval = float(imp_section.get("recheck_interval_s", 2.0))
+            self._spawn(self._recheck_importance(interval))
+
+    def _apply_apps(self) -> None:
+        apps = self.apps
+        table: list[SchedulingConfig] = list(apps.scheduling_table())
+        self.drivers.set_scheduling_configs(table)
+        for uid, importance in dict(apps.importances()).items():
+            self.submit_quietly(ev.ImportanceChanged(
+                stimulus_id=self.stimulus("app-config"), now=self.clock.now(),
+                uid=int(uid), importance=int(importance)))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def thermal_changed(self, status: ThermalStatus, why: str) -> None:
+        if status == self._thermal_status:
+            return
+        log.info("thermal status %s -> %s (%s)", self._thermal_status.name, status.name, why,
+                 extra={"thermal": status.name})
+        self._thermal_status = status
+        self.submit_quietly(ev.ThermalChanged(stimulus_id=self.stimulus("thermal"),
+                                              now=self.clock.now(), status=status))
+
+    def poll_thermal_once(self) -> None:
+        if self.thermal is None:
+            return
+        try:
+            status = ThermalStatus(self.thermal.poll())
+        except Exception:
+            log.exception("thermal poll failed")
+            return
+        self.thermal_changed(status, "sensor poll")
+
+    async def _poll_thermal(self, interval: float) -> None:
+        while True:
+            self.poll_thermal_once()
+            await asyncio.sleep(interval)
+
+    def recheck_importance_once(self) -> None:
+        if self.importance is None:
+            return
+        seen: dict[int, int] = {}
+        for conn in list(self.conns.values()):
+            uid = conn.peer.uid
+            if uid in seen or conn.peer.pid <= 0:
+                continue
+            try:
+                imp = self.importance.importance_of(conn.peer.pid)
+            except Exception:
+                log.exception("importance provider failed for pid %d", conn.peer.pid)
+                continue
+            if imp is None:
+                continue
+            seen[uid] = int(imp)
+        for uid, imp in seen.items():
+            if self._importance_of_uid.get(uid) != imp:
+                self._importance_of_uid[uid] = imp
+                self.submit_quietly(ev.ImportanceChanged(
+                    stimulus_id=self.stimulus("importance"), now=self.clock.now(),
+                    uid=uid, importance=imp))
+
+    async def _recheck_importance(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.recheck_importance_once()
+
+    def client_seen(self, conn: RpcConnection) -> None:
+        """First request on a connection: derive the uid's importance if configured."""
+        conn.state["uid_seen"] = True
+        if self.importance is not None and conn.peer.uid not in self._importance_of_uid:
+            try:
+                imp = self.importance.importance_of(conn.peer.pid)
+            except Exception:
+                log.exception("importance provider failed for pid %d", conn.peer.pid)
+                return
+            if imp is not None:
+                self._importance_of_uid[conn.peer.uid] = int(imp)
+                self.submit_quietly(ev.ImportanceChanged(
+                    stimulus_id=self.stimulus("importance"), now=self.clock.now(),
+                    uid=conn.peer.uid, importance=int(imp)))
+
+    # --- dumpsys ------------------------------------------------------------
+
+    def dump(self) -> dict[str, Any]:
+        now = self.clock.now()
+        out: dict[str, Any] = dict(self.state.dump(now))
+        out["daemon"] = {
+            "version": __version__,
+            "pid": os.getpid(),
+            "uid": os.getuid(),
+            "runtime_dir": str(self.runtime_dir),
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "clients": len(self.conns),
+            "internal_errors": self.internal_errors,
+            "timers": len(self._timers),
+        }
+        out["thermal"] = self.thermal_info()
+        out["devices"] = [device_dict(d) for d in self.drivers.devices()]
+        return out
+
+    def thermal_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"status": self._thermal_status.name, "overridden": False,
+                                "headroom": None}
+        if self.thermal is not None:
+            try:
+                info.update(self.thermal.describe())
+                info["headroom"] = float(self.thermal.headroom())
+            except Exception:
+                log.exception("thermal describe failed")
+        info["status"] = self._thermal_status.name
+        if self.thermal is None:
+            info["overridden"] = self._override is not None
+        info["temperatures"] = self.drivers.temperatures()
+        return info
+
+    def thermal_override(self, status: ThermalStatus | None) -> None:
+        if self.thermal is not None:
+            self.thermal.override(status)
+            self.thermal_changed(ThermalStatus(self.thermal.poll()),
+                                 "admin override" if status is not None else "override reset")
+        else:
+            # No monitor in this build: the override is the only source.
+            self.thermal_changed(status if status is not None else ThermalStatus.NONE,
+                                 "admin override" if status is not None else "override reset")
+        self._override = status
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        from npumanager.service.server import manager_handlers
+
+        mcfg = self.cfg.section("manager")
+        ensure_runtime_dir(self.runtime_dir)
+        self.server = RpcServer(
+            str(manager_socket(self.runtime_dir)),
+            "manager",
+            manager_handlers(self),
+            mode=int(mcfg.get("socket_mode", 0o666)),
+            max_frame=int(mcfg.get("max_frame", 1 << 20)),
+            max_connections_per_uid=int(mcfg.get("max_connections_per_uid", 64)),
+            admin_gid=resolve_group(mcfg.get("admin_group") or None),
+            on_connect=self._on_connect,
+            on_disconnect=self._on_disconnect,
+        )
+        await self.drivers.start()
+        self._setup_optional()
+        await self.server.start()
+        log.info("npud %s serving %s", __version__, self.server.path)
+
+    async def stop(self, reason: str = "npud is shutting down") -> None:
+        self.stopping = True
+        for task in list(self._background):
+            task.cancel()
+        for key in list(self._timers):
+            self._disarm(key)
+        if self.server is not None:
+            await self.server.close(reason)
+        try:
+            await self.drivers.stop()
+        except Exception:
+            log.exception("stopping drivers failed")
+        log.info("npud stopped")
+
+
+def device_dict(d: DeviceInfo) -> dict[str, Any]:
+    return {
+        "name": d.name, "version": d.version, "backend": d.backend,
+        "socket_path": d.socket_path, "channels": d.channels, "memory_bytes": d.memory_bytes,
+        "available": d.available, "model_cache_files": d.model_cache_files,
+        "data_cache_files": d.data_cache_files, "device_number": d.device_number,
+    }
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, default=_json_default, sort_keys=False)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    if hasattr(o, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(o)
+    return str(o)
+
+
+
+
+
+async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
+                ready: Callable[[Daemon], None] | None = None) -> int:
+    """Run npud until SIGTERM/SIGINT; ``ready`` is called once clients can connect."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    daemon = Daemon(cfg, runtime_dir, use_drivers=use_drivers)
+    stop = asyncio.Event()
+    why: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        why.append(sig.name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await daemon.start()
+        if ready is not None:
+            ready(daemon)
+        await stop.wait()
+        log.info("npud stopping (%s)", why[0] if why else "asked")
+    finally:
+        await daemon.stop(f"npud is shutting down ({why[0] if why else 'stopped'})")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+def run(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
+        ready: Callable[[Daemon], None] | None = None) -> int:
+    """The blocking entry of `npu serve`: uvloop when installed, else asyncio."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(serve(cfg, runtime_dir, use_drivers=use_drivers, ready=ready))

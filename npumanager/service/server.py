@@ -1,0 +1,192 @@
+"""The manager RPC handlers: wire messages in, ManagerState events out.
+
+Each handler turns one call into one event (identity from SO_PEERCRED via
+``ctx.peer``, never from the payload), checks admin rights where the API says
+so, and lets :meth:`Daemon.submit` decide and act. The callbacks the state
+decides on (on_can_load_model, ...) go out as pushes BEFORE the call's reply,
+so a client always sees a request's first status no later than its reply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import DecodeError, Message
+
+from npumanager.constants import ModelPriority, ModelSize, ThermalStatus
+from npumanager.errors import InvalidArgument, PermissionDenied
+from npumanager.proto.v1.manager_pb2 import (
+    DeviceList,
+    JsonReply,
+    LoadRequest,
+    RequestRef,
+    SetImportance,
+    SetPolicy,
+    StoryRequest,
+    ThermalOverride,
+    ThermalReply,
+)
+from npumanager.service import events as ev
+from npumanager.wire.conn import CallContext, Handler, HandlerResult
+
+if TYPE_CHECKING:
+    from npumanager.service.daemon import Daemon
+
+EMPTY = b""
+
+
+def _require_admin(ctx: CallContext, what: str) -> None:
+    if not ctx.conn.state.get("admin"):
+        raise PermissionDenied(
+            f"{what} is for admins (root, npud's uid or the admin group); uid {ctx.peer.uid} "
+            f"is not one"
+        )
+
+
+def _parse(msg: Message, payload: bytes) -> None:
+    try:
+        msg.ParseFromString(payload)
+    except DecodeError as exc:
+        raise InvalidArgument(f"malformed {type(msg).__name__}: {exc}") from None
+
+
+def _enum(cls: type[ModelSize] | type[ModelPriority], value: int, what: str) -> int:
+    try:
+        return int(cls(value))
+    except ValueError:
+        allowed = ", ".join(f"{m.name}={m.value}" for m in cls)
+        raise InvalidArgument(f"{what} {value} is not one of {allowed}") from None
+
+
+def manager_handlers(d: Daemon) -> dict[str, Handler]:
+    clock = d.clock
+    submit = d.submit
+    stimulus = d.stimulus
+
+    def request(ctx: CallContext, payload: bytes) -> HandlerResult:
+        m = LoadRequest()
+        _parse(m, payload)
+        conn = ctx.conn
+        if "uid_seen" not in conn.state:
+            d.client_seen(conn)
+        peer = conn.peer
+        submit(ev.RequestLoad(
+            stimulus_id=stimulus("request"), now=clock.now(), uid=peer.uid, pid=peer.pid,
+            conn=conn.state["cid"], request_id=m.request_id,
+            size=ModelSize(_enum(ModelSize, m.size, "size")),
+            priority=ModelPriority(_enum(ModelPriority, m.priority, "priority")),
+        ))
+        return EMPTY
+
+    def cancel(ctx: CallContext, payload: bytes) -> HandlerResult:
+        m = RequestRef()
+        _parse(m, payload)
+        submit(ev.CancelLoad(stimulus_id=stimulus("cancel"), now=clock.now(),
+                             uid=ctx.peer.uid, conn=ctx.conn.state["cid"],
+                             request_id=m.request_id))
+        return EMPTY
+
+    def loaded(ctx: CallContext, payload: bytes) -> HandlerResult:
+        m = RequestRef()
+        _parse(m, payload)
+        submit(ev.ModelLoaded(stimulus_id=stimulus("loaded"), now=clock.now(),
+                              uid=ctx.peer.uid, conn=ctx.conn.state["cid"],
+                              request_id=m.request_id))
+        return EMPTY
+
+    def unloaded(ctx: CallContext, payload: bytes) -> HandlerResult:
+        m = RequestRef()
+        _parse(m, payload)
+        submit(ev.ModelUnloaded(stimulus_id=stimulus("unloaded"), now=clock.now(),
+                                uid=ctx.peer.uid, conn=ctx.conn.state["cid"],
+                                request_id=m.request_id))
+        return EMPTY
+
+    def set_policy(ctx: CallContext, payload: bytes) -> HandlerResult:
+        _require_admin(ctx, "set_policy")
+        m = SetPolicy()
+        _parse(m, payload)
+        weights = {int(w.size): int(w.weight) for w in m.weights} or None
+        submit(ev.PolicySet(
+            stimulus_id=stimulus("policy"), now=clock.now(), policy=m.policy,
+            max_budget=m.max_budget if m.HasField("max_budget") else None,
+            weights=weights,
+            memory_budget_bytes=(
+                m.memory_budget_bytes if m.HasField("memory_budget_bytes") else None),
+        ))
+        return EMPTY
+
+    def set_importance(ctx: CallContext, payload: bytes) -> HandlerResult:
+        _require_admin(ctx, "set_uid_importance")
+        m = SetImportance()
+        _parse(m, payload)
+        submit(ev.ImportanceChanged(stimulus_id=stimulus("importance"), now=clock.now(),
+                                    uid=m.uid, importance=m.importance))
+        return EMPTY
+
+    def dump(ctx: CallContext, payload: bytes) -> HandlerResult:
+        from npumanager.service.daemon import to_json
+
+        return JsonReply(json=to_json(d.dump()))
+
+    def story(ctx: CallContext, payload: bytes) -> HandlerResult:
+        from npumanager.service.daemon import to_json
+
+        m = StoryRequest()
+        _parse(m, payload)
+        decisions = d.state.story(m.uid, m.request_id)
+        return JsonReply(json=to_json([
+            {"at": x.at, "stimulus_id": x.stimulus_id,
+             "key": list(x.key) if x.key is not None else None,
+             "what": x.what, "details": x.details}
+            for x in decisions
+        ]))
+
+    def list_devices(ctx: CallContext, payload: bytes) -> HandlerResult:
+        return DeviceList(devices=d.drivers.devices())
+
+    def _thermal_reply() -> ThermalReply:
+        from npumanager.service.daemon import to_json
+
+        info = d.thermal_info()
+        headroom = info.get("headroom")
+        return ThermalReply(
+            status=int(ThermalStatus[info["status"]]),
+            overridden=bool(info.get("overridden")),
+            headroom=float(headroom) if headroom is not None else float("nan"),
+            details_json=to_json(info),
+        )
+
+    def thermal_status(ctx: CallContext, payload: bytes) -> HandlerResult:
+        return _thermal_reply()
+
+    def thermal_override(ctx: CallContext, payload: bytes) -> HandlerResult:
+        _require_admin(ctx, "thermal override")
+        m = ThermalOverride()
+        _parse(m, payload)
+        try:
+            status = ThermalStatus(m.status)
+        except ValueError:
+            raise InvalidArgument(f"thermal status {m.status} out of range 0-6") from None
+        d.thermal_override(status)
+        return _thermal_reply()
+
+    def thermal_reset(ctx: CallContext, payload: bytes) -> HandlerResult:
+        _require_admin(ctx, "thermal reset")
+        d.thermal_override(None)
+        return _thermal_reply()
+
+    return {
+        "request": request,
+        "cancel": cancel,
+        "loaded": loaded,
+        "unloaded": unloaded,
+        "set_policy": set_policy,
+        "set_importance": set_importance,
+        "dump": dump,
+        "story": story,
+        "list_devices": list_devices,
+        "thermal_status": thermal_status,
+        "thermal_override": thermal_override,
+        "thermal_reset": thermal_reset,
+    }

@@ -1,0 +1,179 @@
+"""Run a real npud (`python -m npumanager serve`) as a subprocess, for tests and demos.
+
+``with DaemonProcess(runtime_dir, config={...}) as npud:`` writes the config
+(a dict or TOML text) next to the runtime dir, starts npud, waits for its
+``ready`` line (or raises with its output if it exits or is slow), and on
+exit stops it with SIGTERM and collects its logs (``npud.output``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from npumanager.paths import manager_socket
+
+
+def to_toml(data: Mapping[str, Any]) -> str:
+    """A minimal TOML writer for test configs (tables, arrays of tables, scalars, lists)."""
+    lines: list[str] = []
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, Mapping):
+            return "{ " + ", ".join(f'"{k}" = {scalar(x)}' for k, x in v.items()) + " }"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    for name, value in data.items():
+        if isinstance(value, Mapping):
+            lines.append(f"[{name}]")
+            lines.extend(f"{k} = {scalar(v)}" for k, v in value.items())
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], Mapping):
+            for entry in value:
+                lines.append(f"[[{name}]]")
+                lines.extend(f"{k} = {scalar(v)}" for k, v in entry.items())
+        else:
+            raise TypeError(f"top-level {name!r} must be a table or an array of tables")
+        lines.append("")
+    return "\n".join(lines)
+
+
+class DaemonProcess:
+    """A real npud in a subprocess. ``drivers=False`` passes ``--no-drivers``."""
+
+    def __init__(
+        self,
+        runtime_dir: str | os.PathLike[str],
+        config: Mapping[str, Any] | str | None = None,
+        *,
+        drivers: bool = False,
+        ready_timeout: float = 20.0,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.runtime_dir = Path(runtime_dir)
+        self.config = config
+        self.drivers = drivers
+        self.ready_timeout = ready_timeout
+        self.extra_args = list(extra_args)
+        self.env = dict(env) if env is not None else None
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+        self.ready_line: str | None = None
+        self.returncode: int | None = None
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._config_path: str | None = None
+
+    def __repr__(self) -> str:
+        state = "running" if self.proc and self.proc.poll() is None else "stopped"
+        return f"<DaemonProcess {state} at {self.runtime_dir}>"
+
+    @property
+    def socket_path(self) -> Path:
+        return manager_socket(self.runtime_dir)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> DaemonProcess:
+        args = [sys.executable, "-m", "npumanager", "serve", "--runtime-dir",
+                str(self.runtime_dir)]
+        if self.config is not None:
+            text = self.config if isinstance(self.config, str) else to_toml(self.config)
+            fd, path = tempfile.mkstemp(prefix="npud-", suffix=".toml", dir="/tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            self._config_path = path
+            args += ["--config", path]
+        if not self.drivers:
+            args.append("--no-drivers")
+        args += self.extra_args
+        env = dict(os.environ if self.env is None else self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, env=env, bufsize=1,
+        )
+        self._reader = threading.Thread(target=self._read, name="npud-output", daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + self.ready_timeout
+        while not self._ready.wait(0.02):
+            if self.proc.poll() is not None:
+                self._reader.join(2)
+                self._cleanup()
+                raise RuntimeError(
+                    f"npud exited with {self.proc.returncode} before it was ready:\n{self.output}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(
+                    f"npud not ready within {self.ready_timeout} s:\n{self.output}")
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            if self.ready_line is None and "ready" in line:
+                self.ready_line = line
+                self._ready.set()
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait (SIGKILL after ``timeout``); returns the exit status."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(5)
+        self.returncode = self.proc.returncode
+        self._cleanup()
+        return self.returncode
+
+    def _cleanup(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self._config_path is not None:
+            try:
+                os.unlink(self._config_path)
+            except FileNotFoundError:
+                pass
+            self._config_path = None
+
+    def __enter__(self) -> DaemonProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,198 @@
+"""Run a function as another uid/gid in a forked child (no exec), for multi-uid tests.
+
+The child is a fork of the test process, so everything it imported is there;
+it drops its groups, then sets gid and uid, runs the function and sends the
+result (or the exception) back over a pipe, then ``os._exit``\\ s without
+running the parent's atexit hooks or finalizers. Needs root in the parent.
+
+``spawn_as`` returns a handle for long-lived "apps": the test can ``send`` it
+messages that the child reads with :func:`receive`, and collect its result
+with ``wait``. A child that runs past its timeout is killed and the wait
+raises ``TimeoutError``: never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+_HDR = struct.Struct(">I")
+
+# Set in the child: the read end of the parent -> child message pipe.
+_inbox_fd: int | None = None
+
+
+class ChildFailed(Exception):
+    """The child raised something that could not be sent back as itself."""
+
+
+def _write_msg(fd: int, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    view = memoryview(_HDR.pack(len(data)) + data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no message from the other side in time")
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                continue
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _read_msg(fd: int, deadline: float | None) -> tuple[bool, Any]:
+    hdr = _read_exact(fd, _HDR.size, deadline)
+    if hdr is None:
+        return False, None
+    (n,) = _HDR.unpack(hdr)
+    body = _read_exact(fd, n, deadline)
+    if body is None:
+        return False, None
+    return True, pickle.loads(body)
+
+
+def receive(timeout: float | None = 10.0) -> Any:
+    """In a child started by :func:`spawn_as`: the next message the test sent."""
+    if _inbox_fd is None:
+        raise RuntimeError("receive() works only inside a spawn_as child")
+    ok, obj = _read_msg(_inbox_fd, None if timeout is None else time.monotonic() + timeout)
+    if not ok:
+        raise EOFError("the test closed the channel")
+    return obj
+
+
+class Child:
+    """A forked child running a function as another uid."""
+
+    def __init__(self, pid: int, result_fd: int, inbox_fd: int, timeout: float) -> None:
+        self.pid = pid
+        self._result_fd = result_fd
+        self._inbox_fd: int | None = inbox_fd
+        self._deadline = time.monotonic() + timeout
+        self._done = False
+        self.exit_status: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<Child pid={self.pid} {'done' if self._done else 'running'}>"
+
+    def send(self, obj: Any) -> None:
+        if self._inbox_fd is None:
+            raise RuntimeError("channel closed")
+        _write_msg(self._inbox_fd, obj)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The function's return value, or its exception re-raised here."""
+        deadline = self._deadline if timeout is None else time.monotonic() + timeout
+        try:
+            ok, obj = _read_msg(self._result_fd, deadline)
+        except TimeoutError:
+            self.kill()
+            raise TimeoutError(f"child {self.pid} did not finish in time") from None
+        finally:
+            self._close()
+        if not ok:
+            raise ChildFailed(f"child {self.pid} died without a result "
+                              f"(exit status {self.exit_status})")
+        kind, value = obj
+        if kind == "ok":
+            return value
+        raise value
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if not self._done:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+        self._close()
+
+    def _close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        for fd in (self._result_fd, self._inbox_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._inbox_fd = None
+        _, status = os.waitpid(self.pid, 0)
+        self.exit_status = status
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def spawn_as(uid: int, gid: int | None, fn: Callable[..., Any], *args: Any,
+             timeout: float = 30.0, **kwargs: Any) -> Child:
+    """Fork, become ``uid``/``gid`` (default gid = uid), run ``fn(*args, **kwargs)``."""
+    gid = uid if gid is None else gid
+    res_r, res_w = os.pipe()
+    in_r, in_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(res_r)
+            os.close(in_w)
+            global _inbox_fd
+            _inbox_fd = in_r
+            # Leave the parent's signal dispositions (pytest, asyncio) behind.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            try:
+                value = fn(*args, **kwargs)
+                msg: tuple[str, Any] = ("ok", value)
+            except BaseException as exc:
+                msg = ("err", exc)
+            try:
+                pickle.dumps(msg)
+            except Exception:
+                detail = "".join(traceback.format_exception(msg[1])) if msg[0] == "err" else ""
+                msg = ("err", ChildFailed(f"result not picklable: {msg[1]!r}\n{detail}"))
+            _write_msg(res_w, msg)
+        except BaseException:
+            code = 1
+            try:
+                traceback.print_exc()
+            except BaseException:
+                pass
+        finally:
+            os._exit(code)
+    os.close(res_w)
+    os.close(in_r)
+    return Child(pid, res_r, in_w, timeout)
+
+
+def run_as(uid: int, gid: int | None, fn: Callable[..., Any], *args: Any,
+           timeout: float = 30.0, **kwargs: Any) -> Any:
+    """Run ``fn`` as ``uid``/``gid`` in a forked child and return its result."""
+    return spawn_as(uid, gid, fn, *args, timeout=timeout, **kwargs).wait()
