@@ -1,0 +1,140 @@
+"""The persistent token -> keyed tag map."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from npumanager.cache.verifier import DB_NAME, CacheVerifier, compute_tag, verifier_dir
+from npumanager.errors import InvalidArgument
+
+T1 = bytes([1]) * 32
+T2 = bytes([2]) * 32
+
+
+class Ticker:
+    """A wall clock that moves one second per reading."""
+
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def test_private_dir_and_file_modes(state_dir: Path) -> None:
+    d = state_dir / "cache" / "reference"
+    with CacheVerifier(d, "v1"):
+        assert os.stat(d).st_mode & 0o777 == 0o700
+        assert os.stat(d / DB_NAME).st_mode & 0o777 == 0o600
+    assert verifier_dir("reference", state_dir) == d
+    with pytest.raises(InvalidArgument):
+        verifier_dir("../x", state_dir)
+
+
+def test_record_verify_and_every_kind_of_mismatch(state_dir: Path) -> None:
+    with CacheVerifier(state_dir, "v1") as v:
+        v.record(T1, [b"model"], [b"weights"])
+        assert v.verify(T1, [b"model"], [b"weights"])
+        assert not v.verify(T2, [b"model"], [b"weights"])  # another token
+        assert not v.verify(T1, [b"modeL"], [b"weights"])  # flipped byte
+        assert not v.verify(T1, [b"model!"], [b"weights"])  # appended
+        assert not v.verify(T1, [b"mode"], [b"weights"])  # truncated
+        assert not v.verify(T1, [b""], [b"weights"])  # emptied
+        assert not v.verify(T1, [b"mod"], [b"elweights"])  # bytes shifted between files
+        assert not v.verify(T1, [b"weights"], [b"model"])  # files swapped
+        assert not v.verify(T1, [b"model", b""], [b"weights"])  # wrong file count
+        assert v.verify(T1, [b"model"], [b"weights"], touch=False)  # no hit counted
+        assert not v.verify(b"short", [b"model"], [b"weights"])
+        (e,) = v.entries()
+        assert (e.token, e.n_model, e.n_data, e.model_bytes, e.data_bytes) == (T1, 1, 1, 5, 7)
+        assert e.hits == 1 and e.size == 12
+
+
+def test_survives_restart_and_version_change_resets(state_dir: Path) -> None:
+    with CacheVerifier(state_dir, "drv 1 + ort 1.0") as v:
+        v.record(T1, [b"m"], [b"d"])
+    with CacheVerifier(state_dir, "drv 1 + ort 1.0") as v:
+        assert v.verify(T1, [b"m"], [b"d"])
+    db = sqlite3.connect(state_dir / DB_NAME)
+    old_key = db.execute("SELECT v FROM meta WHERE k='key'").fetchone()[0]
+    db.close()
+    with CacheVerifier(state_dir, "drv 1 + ort 1.1") as v:
+        assert v.entries() == []
+        assert not v.verify(T1, [b"m"], [b"d"])
+    db = sqlite3.connect(state_dir / DB_NAME)
+    new_key = db.execute("SELECT v FROM meta WHERE k='key'").fetchone()[0]
+    db.close()
+    assert new_key != old_key and len(new_key) == 32
+    # Going back does not resurrect anything either: the key rotated again.
+    with CacheVerifier(state_dir, "drv 1 + ort 1.0") as v:
+        assert not v.verify(T1, [b"m"], [b"d"])
+
+
+def test_tag_is_keyed_and_framed() -> None:
+    k1, k2 = b"k" * 32, b"K" * 32
+    assert compute_tag(k1, T1, [b"ab"], [b"c"]) != compute_tag(k2, T1, [b"ab"], [b"c"])
+    assert compute_tag(k1, T1, [b"ab"], [b"c"]) != compute_tag(k1, T1, [b"a"], [b"bc"])
+    assert compute_tag(k1, T1, [b"ab", b""], []) != compute_tag(k1, T1, [b"ab"], [b""])
+    big = os.urandom(3 << 20)
+    assert compute_tag(k1, T1, [memoryview(big)], []) == compute_tag(k1, T1, [big], [])
+
+
+def test_lru_eviction_past_bound(state_dir: Path) -> None:
+    tokens = [bytes([i]) * 32 for i in range(5)]
+    with CacheVerifier(state_dir, "v", max_entries=3, now=Ticker()) as v:
+        for t in tokens[:3]:
+            v.record(t, [t], [])
+        assert v.verify(tokens[0], [tokens[0]], [])  # 0 is now the most recent
+        v.record(tokens[3], [tokens[3]], [])  # evicts 1, the least recently used
+        assert {e.token for e in v.entries()} == {tokens[0], tokens[2], tokens[3]}
+        assert v.entries()[0].token == tokens[3]
+        assert v.gc(1) == 2
+        assert [e.token for e in v.entries()] == [tokens[3]]
+        assert v.lookup(tokens[3]) is not None and v.lookup(tokens[0]) is None
+        assert v.remove(tokens[3]) and not v.remove(tokens[3])
+        v.record(tokens[4], [b"x"], [])
+        assert v.clear() == 1 and v.entries() == []
+
+
+def test_rerecord_replaces_tag(state_dir: Path) -> None:
+    with CacheVerifier(state_dir, "v") as v:
+        v.record(T1, [b"stage1"], [b"w"])
+        v.record(T1, [b"stage2"], [b"w"])
+        assert not v.verify(T1, [b"stage1"], [b"w"])
+        assert v.verify(T1, [b"stage2"], [b"w"])
+        assert len(v.entries()) == 1
+
+
+def test_many_connections_at_once(state_dir: Path) -> None:
+    """Several maps on one DB (as several driver processes) record and verify concurrently."""
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            with CacheVerifier(state_dir, "v") as v:
+                for j in range(20):
+                    t = bytes([i, j]) * 16
+                    v.record(t, [t], [b"d"])
+                    assert v.verify(t, [t], [b"d"])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with CacheVerifier(state_dir, "v") as v:
+        assert len(v.entries()) == 80
+
+
+def test_max_entries_must_be_positive(state_dir: Path) -> None:
+    with pytest.raises(InvalidArgument):
+        CacheVerifier(state_dir, "v", max_entries=0)
