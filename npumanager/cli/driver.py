@@ -1,0 +1,73 @@
+"""`npu driver NAME`: run one driver host process (npud starts these itself).
+
+Loads the plugin NAME's [[driver]] entry names (entry-point group
+``npumanager.drivers``), refuses it if it does not implement npud's HAL
+version, and serves DIR/drivers/NAME.sock until SIGTERM/SIGINT. Prints one
+line containing ``ready`` once clients can connect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from npumanager.cli.main import add_runtime_dir
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("driver", help="run a driver host process (npud starts these)")
+    p.add_argument("name", help="driver name (a [[driver]] entry, or a plugin name)")
+    add_runtime_dir(p)
+    p.add_argument("--config", default=None, help="npud's config file (TOML)")
+    p.add_argument("--state-dir", default=None,
+                   help="root of private state (default: $NPU_STATE_DIR, /var/lib/npu as root)")
+    p.add_argument("--channels", type=int, default=None, help="override the channel count")
+    p.add_argument("--no-enforce-admission", action="store_true",
+                   help="prepare without a grant from npud (testing, standalone use)")
+    p.set_defaults(func=main)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from npumanager.config import Config
+    from npumanager.drivers.base import instantiate
+    from npumanager.drivers.host import DriverHost, HostConfig
+    from npumanager.paths import default_state_dir, ensure_private_dir, runtime_dir
+
+    cfg = Config.load(args.config)
+    hc = HostConfig.from_config(cfg, args.name)
+    if args.channels:
+        hc.channels = args.channels
+    if args.no_enforce_admission:
+        hc.enforce_admission = False
+    rt = runtime_dir(args.runtime_dir)
+    (rt / "drivers").mkdir(parents=True, exist_ok=True)
+    state_root = Path(args.state_dir) if args.state_dir else default_state_dir()
+    ensure_private_dir(state_root / "drivers" / hc.name)
+    driver, counts = instantiate(hc.plugin, hc.options)
+    host = DriverHost(hc, driver, rt, state_root, cache_counts=counts)
+    await host.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"driver {hc.name} ready at {host.socket_path} ({driver.version}, "
+          f"{hc.channels} channels)", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await host.close()
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s driver[{args.name}] %(levelname)s %(message)s")
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(args))
+    return int(uvloop.run(serve(args)))

@@ -1,0 +1,213 @@
+"""The driver plugin API: what a vendor implements, and how npud finds and checks it.
+
+A driver package registers a :class:`Driver` subclass in the
+``npumanager.drivers`` entry-point group. The driver host loads it, checks it
+the way pluggy checks hooks (HAL version, every required method present and
+callable, cache file counts within NNAPI's limit) and refuses a plugin that
+fails with a :class:`DriverRefused` naming the driver and what is wrong,
+before any client can reach it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+import numpy as np
+
+from npumanager.errors import DriverRefused
+from npumanager.hal.types import HAL_VERSION
+
+ENTRY_POINT_GROUP = "npumanager.drivers"
+#: NNAPI's MAX_NUMBER_OF_CACHE_FILES, for each kind of cache file.
+MAX_CACHE_FILES = 32
+
+#: Methods a driver must implement (name -> what it is for), checked at load.
+REQUIRED_DRIVER_METHODS = {
+    "capabilities": "device capabilities",
+    "get_number_of_cache_files_needed": "compilation caching (return (0, 0) if unsupported)",
+    "compile": "prepare_model",
+    "load_artifacts": "prepare_model_from_cache",
+    "temperature": "the thermal model (return None without one)",
+    "close": "shutdown",
+}
+REQUIRED_MODEL_METHODS = ("run", "release", "artifacts")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model input or output: numpy dtype name and shape (-1 = dynamic)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def static_nbytes(self) -> int | None:
+        if any(d < 0 for d in self.shape):
+            return None
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class DriverCapabilities:
+    backend: str
+    memory_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What prepare_model passes on: NNAPI preference (0..2) and priority (90/100/110)."""
+
+    preference: int = 1
+    priority: int = 100
+
+
+class PreparedModel(ABC):
+    """A compiled model. ``run`` may be called from several worker threads at once."""
+
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    memory_bytes: int
+
+    @abstractmethod
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Execute once; raise to report FAILED (the message reaches the client)."""
+
+    def abort(self) -> None:  # noqa: B027 - optional hook
+        """Best effort: make a ``run`` in progress return early (cancel, revoke)."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Free the model's memory; no run follows."""
+
+    def artifacts(self) -> tuple[list[bytes], list[bytes]]:
+        """The model cache and data cache blobs to write (one per cache file).
+
+        The default declines to cache; a driver that reports cache files overrides it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not produce cache artifacts")
+
+
+class Driver(ABC):
+    """A device driver loaded into a driver host process."""
+
+    #: The HAL version this driver implements; must equal npud's.
+    HAL_VERSION: ClassVar[int] = HAL_VERSION
+    name: str = "driver"
+    version: str = "0"
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
+
+    @abstractmethod
+    def capabilities(self) -> DriverCapabilities: ...
+
+    def get_number_of_cache_files_needed(self) -> tuple[int, int]:
+        """(model cache files, data cache files); (0, 0) = no caching."""
+        return 0, 0
+
+    @abstractmethod
+    def compile(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel: ...
+
+    def load_artifacts(
+        self, model_blobs: list[bytes], data_blobs: list[bytes], options: CompileOptions
+    ) -> PreparedModel:
+        """Rebuild a model from verified cache blobs (called only after verification)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot prepare from cache")
+
+    def temperature(self, now: float, utilization: float) -> float | None:
+        """Advance the driver's thermal model to ``now`` given the channels' busy fraction
+        since the last call; None if the driver has no thermal model."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release backend resources at host shutdown."""
+
+
+def check_driver_class(name: str, cls: object) -> type[Driver]:
+    """Refuse a plugin that does not speak our HAL or lacks a required method."""
+    if not isinstance(cls, type):
+        raise DriverRefused(f"driver {name!r}: entry point is {cls!r}, not a class")
+    version = getattr(cls, "HAL_VERSION", None)
+    if version != HAL_VERSION:
+        raise DriverRefused(
+            f"driver {name!r} ({cls.__module__}.{cls.__qualname__}) implements HAL version "
+            f"{version!r}; npud speaks HAL version {HAL_VERSION}"
+        )
+    missing = []
+    for meth, why in REQUIRED_DRIVER_METHODS.items():
+        fn = getattr(cls, meth, None)
+        if fn is None or not callable(fn) or getattr(fn, "__isabstractmethod__", False):
+            missing.append(f"{meth}() [{why}]")
+    if missing:
+        raise DriverRefused(
+            f"driver {name!r} ({cls.__module__}.{cls.__qualname__}) does not implement HAL "
+            f"version {HAL_VERSION}: missing {', '.join(missing)}"
+        )
+    return cls
+
+
+def check_driver_instance(name: str, driver: Driver) -> tuple[int, int]:
+    """Checks that need an instance: cache file counts (NNAPI refuses > 32)."""
+    try:
+        counts = driver.get_number_of_cache_files_needed()
+        n_model, n_data = (int(counts[0]), int(counts[1]))
+    except Exception as exc:
+        raise DriverRefused(
+            f"driver {name!r}: get_number_of_cache_files_needed() failed: {exc}"
+        ) from None
+    for kind, n in (("model", n_model), ("data", n_data)):
+        if not 0 <= n <= MAX_CACHE_FILES:
+            raise DriverRefused(
+                f"driver {name!r} needs {n} {kind} cache files; at most {MAX_CACHE_FILES} allowed"
+            )
+    return n_model, n_data
+
+
+def check_prepared_model(name: str, model: object) -> None:
+    missing = [m for m in REQUIRED_MODEL_METHODS if not callable(getattr(model, m, None))]
+    if missing:
+        raise DriverRefused(f"driver {name!r}: its prepared model lacks {', '.join(missing)}")
+
+
+def load_driver_class(plugin: str) -> type[Driver]:
+    """Find ``plugin`` in the entry-point group (or a ``module:Class`` path) and check it."""
+    target: object
+    if ":" in plugin:
+        import importlib
+
+        mod_name, _, attr = plugin.partition(":")
+        try:
+            target = getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise DriverRefused(f"driver {plugin!r} cannot be imported: {exc}") from None
+        return check_driver_class(plugin, target)
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == plugin]
+    if not found:
+        known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        raise DriverRefused(
+            f"no driver plugin {plugin!r} in entry-point group {ENTRY_POINT_GROUP!r} "
+            f"(installed: {', '.join(known) or 'none'})"
+        )
+    try:
+        target = found[0].load()
+    except Exception as exc:
+        raise DriverRefused(f"driver {plugin!r} failed to import: {exc}") from None
+    return check_driver_class(plugin, target)
+
+
+def instantiate(plugin: str, options: dict[str, Any]) -> tuple[Driver, tuple[int, int]]:
+    cls = load_driver_class(plugin)
+    try:
+        sig = inspect.signature(cls)
+        driver = cls(options) if sig.parameters else cls()
+    except DriverRefused:
+        raise
+    except Exception as exc:
+        raise DriverRefused(f"driver {plugin!r} failed to start: {exc}") from None
+    counts = check_driver_instance(plugin, driver)
+    return driver, counts

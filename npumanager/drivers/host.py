@@ -1,0 +1,657 @@
+"""The driver host process: one driver plugin behind DIR/drivers/NAME.sock.
+
+It owns the per-connection state (prepared models, shared-memory pools,
+running work), the grants npud issued (enforced admission), the scheduler and
+the worker threads that run the backend. ``hal.*`` methods are for npud and
+admins only; ``device.*`` methods serve any uid, decided per call from its
+kernel-verified uid. Preparing (grants, compile, cache) lives in
+:mod:`npumanager.drivers.prepare`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npumanager.clock import Clock, MonotonicClock
+from npumanager.config import Config
+from npumanager.constants import ThermalStatus
+from npumanager.drivers import tensors
+from npumanager.drivers.base import Driver, PreparedModel
+from npumanager.drivers.protocol import SERVICE, configs_from_payload, work_to_msg
+from npumanager.drivers.scheduler import Job, Scheduler
+from npumanager.errors import (
+    ExecutionFailed,
+    GrantRevoked,
+    InvalidArgument,
+    PermissionDenied,
+    WorkCancelled,
+)
+from npumanager.hal.types import HAL_VERSION, EndReason
+from npumanager.proto.v1 import driver_pb2 as pb
+from npumanager.proto.v1.wire_pb2 import Empty
+from npumanager.wire.conn import CallContext, Handler, RpcConnection, close_fds
+from npumanager.wire.server import RpcServer, resolve_group
+
+log = logging.getLogger("npumanager.drivers.host")
+
+_TOMBSTONES = 4096
+
+
+@dataclass
+class HostConfig:
+    """A [[driver]] entry and the manager keys the host needs."""
+
+    name: str
+    plugin: str = "reference"
+    channels: int = 2
+    enforce_admission: bool = True
+    thermal_cutoff: int = 500
+    inline_limit: int = tensors.DEFAULT_INLINE_LIMIT
+    grant_wait_s: float = 0.5
+    inline_run_us: float = 150.0
+    max_model_bytes: int = 4 << 30
+    socket_mode: int = 0o666
+    admin_group: str | int | None = None
+    max_frame: int = 1 << 20
+    cache_max_entries: int = 4096
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Config, name: str) -> HostConfig:
+        entries = [d for d in cfg.drivers() if d.get("name") == name]
+        if entries:
+            d = entries[0]
+        else:  # `npu driver X` for a driver the config does not list: X is the plugin
+            template = Config().drivers()[0]
+            d = {**template, "name": name, "plugin": name}
+        mgr = cfg.section("manager")
+        return cls(
+            name=name,
+            plugin=str(d.get("plugin", name)),
+            channels=int(d.get("channels", 2)),
+            enforce_admission=bool(mgr.get("enforce_admission", True)),
+            thermal_cutoff=int(d.get("thermal_holdback_priority", 500)),
+            inline_limit=int(d.get("inline_limit_bytes", tensors.DEFAULT_INLINE_LIMIT)),
+            grant_wait_s=float(d.get("grant_wait_s", 0.5)),
+            inline_run_us=float(d.get("inline_run_us", 150.0)),
+            max_model_bytes=int(d.get("max_model_bytes", 4 << 30)),
+            socket_mode=int(mgr.get("socket_mode", 0o666)),
+            admin_group=mgr.get("admin_group") or None,
+            max_frame=int(mgr.get("max_frame", 1 << 20)),
+            cache_max_entries=int(cfg.section("cache").get("max_entries", 4096)),
+            options=dict(d.get("options", {})),
+        )
+
+
+@dataclass(eq=False)
+class Grant:
+    grant_id: str
+    uid: int
+    request_id: int
+    models: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    model_id: int
+    prepared: PreparedModel
+    uid: int
+    conn: RpcConnection
+    grant_id: str | None
+    jobs: set[Job] = field(default_factory=set)
+    #: Smoothed step time in microseconds (None until measured a few times).
+    run_us: float | None = None
+    runs: int = 0
+
+
+@dataclass(eq=False)
+class Execution:
+    """What a job carries through the scheduler."""
+
+    model: ModelEntry
+    conn: RpcConnection
+    exec_id: int
+    inputs: dict[str, np.ndarray]
+    feedback: dict[str, str]
+    future: asyncio.Future[tuple[list[pb.Tensor], list[int]]]
+    out_pool: tensors.MappedPool | None
+    out_offset: int
+    out_capacity: int
+    out_pool_id: int = 0
+    result: tuple[list[pb.Tensor], list[int]] | None = None
+    revoked: str | None = None
+
+
+def _conn_models(conn: RpcConnection) -> set[int]:
+    models: set[int] = conn.state.setdefault("models", set())
+    return models
+
+
+def _conn_pools(conn: RpcConnection) -> dict[int, tensors.MappedPool]:
+    pools: dict[int, tensors.MappedPool] = conn.state.setdefault("pools", {})
+    return pools
+
+
+def _conn_jobs(conn: RpcConnection) -> set[Job]:
+    jobs: set[Job] = conn.state.setdefault("jobs", set())
+    return jobs
+
+
+class DriverHost:
+    def __init__(
+        self,
+        hc: HostConfig,
+        driver: Driver,
+        runtime_dir: Path,
+        state_dir: Path,
+        *,
+        cache_counts: tuple[int, int] = (0, 0),
+        clock: Clock | None = None,
+    ) -> None:
+        self.hc = hc
+        self.driver = driver
+        self.runtime_dir = runtime_dir
+        self.state_dir = state_dir
+        self.cache_counts = cache_counts
+        self.clock: Clock = clock or MonotonicClock()
+        self.scheduler = Scheduler(hc.channels, self.clock, self, thermal_cutoff=hc.thermal_cutoff)
+        self.socket_path = runtime_dir / "drivers" / f"{hc.name}.sock"
+        self.models: dict[int, ModelEntry] = {}
+        self.grants: dict[str, Grant] = {}
+        self.ended_grants: OrderedDict[str, bool] = OrderedDict()
+        self.tombstones: OrderedDict[int, str] = OrderedDict()
+        self.callback_conn: RpcConnection | None = None
+        self.manager_conn: RpcConnection | None = None
+        self._next_model = 1
+        self._next_pool = 1
+        self._busy_s = 0.0
+        self._util_last: tuple[float, float] | None = None  # (monotonic now, busy_s)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._grant_event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._workers = ThreadPoolExecutor(hc.channels, thread_name_prefix=f"npu-{hc.name}-ch")
+        self.compile_pool = ThreadPoolExecutor(2, thread_name_prefix=f"npu-{hc.name}-compile")
+        self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
+        self.server: RpcServer | None = None
+        from npumanager.drivers.prepare import Preparer
+
+        self.preparer = Preparer(self)
+
+    def __repr__(self) -> str:
+        return (f"<DriverHost {self.hc.name}: {len(self.models)} models, {len(self.grants)} "
+                f"grants | {self.scheduler!r}>")
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def handlers(self) -> dict[str, Handler]:
+        p = self.preparer
+        return {
+            "hal.set_scheduling_configs": self._admin(self._set_configs),
+            "hal.update_scheduling_configs": self._admin(self._update_configs),
+            "hal.set_callback": self._admin(self._set_callback),
+            "hal.attach_manager": self._admin(self._attach_manager),
+            "hal.grant_issued": self._admin(self._grant_issued),
+            "hal.grant_ended": self._admin(self._grant_ended),
+            "hal.set_thermal_status": self._admin(self._set_thermal),
+            "hal.get_temperature": self._admin(self._get_temperature),
+            "device.capabilities": self._capabilities,
+            "device.get_number_of_cache_files_needed": self._cache_files_needed,
+            "device.prepare_model": p.prepare_model,
+            "device.prepare_model_from_cache": p.prepare_model_from_cache,
+            "device.register_pool": self._register_pool,
+            "device.unregister_pool": self._unregister_pool,
+            "device.execute": self._execute,
+            "device.cancel": self._cancel,
+            "device.release": self._release,
+        }
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._grant_event = asyncio.Event()
+        (self.runtime_dir / "drivers").mkdir(parents=True, exist_ok=True)
+        self.server = RpcServer(
+            str(self.socket_path), SERVICE, self.handlers(), mode=self.hc.socket_mode,
+            max_frame=self.hc.max_frame, admin_gid=resolve_group(self.hc.admin_group),
+            on_disconnect=self._disconnected,
+        )
+        await self.server.start()
+
+    async def close(self) -> None:
+        for job in self.scheduler.jobs():
+            self.scheduler.cancel(job, EndReason.CANCELLED_SYSTEM)
+        if self.server is not None:
+            await self.server.close(goodbye=f"driver {self.hc.name} is shutting down")
+        if self._timer is not None:
+            self._timer.cancel()
+        self._workers.shutdown(wait=True, cancel_futures=True)
+        self.compile_pool.shutdown(wait=True, cancel_futures=True)
+        self.preparer.close()
+        self.cache_pool.shutdown(wait=True, cancel_futures=True)
+        for entry in list(self.models.values()):
+            entry.prepared.release()
+        self.models.clear()
+        self.driver.close()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "host not started"
+        return self._loop
+
+    def _admin(self, fn: Handler) -> Handler:
+        def guarded(ctx: CallContext, payload: bytes) -> Any:
+            if not ctx.conn.state.get("admin"):
+                close_fds(ctx.fds)
+                raise PermissionDenied(
+                    f"{ctx.method} is for npud and admins only (uid {ctx.peer.uid} is neither)"
+                )
+            return fn(ctx, payload)
+
+        return guarded
+
+    def _disconnected(self, conn: RpcConnection, exc: BaseException | None) -> None:
+        if conn is self.callback_conn:
+            self.callback_conn = None
+        if conn is self.manager_conn:
+            self.manager_conn = None
+        for job in list(_conn_jobs(conn)):
+            self.scheduler.cancel(job, EndReason.CANCELLED_USER)
+        for model_id in list(_conn_models(conn)):
+            self._drop_model(model_id, None)
+        for pool in _conn_pools(conn).values():
+            pool.close()
+        _conn_pools(conn).clear()
+        self._arm()
+
+    # --- timers (debounce windows) ----------------------------------------------------
+
+    def _arm(self) -> None:
+        deadline = self.scheduler.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None and self._loop is not None:
+            delay = max(0.0, deadline - self.clock.now())
+            self._timer = self._loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.scheduler.fire_due()
+        self._arm()
+
+    # --- SchedulerSink ------------------------------------------------------------
+
+    def work_event(self, kind: str, info: Any, reason: int) -> None:
+        conn = self.callback_conn
+        if conn is not None and not conn.closed:
+            conn.push(f"hal.on_work_{kind}", pb.WorkEvent(info=work_to_msg(info), reason=reason))
+
+    def run_step(self, job: Job, channel: int) -> None:
+        ex: Execution = job.payload
+        model = ex.model
+        inline = (
+            self.hc.inline_run_us > 0 and job.steps == 1 and model.run_us is not None
+            and model.runs >= 3 and model.run_us < self.hc.inline_run_us
+        )
+        if inline:
+            # Cheaper than a thread hand-off; never re-enter the scheduler mid-dispatch.
+            self.loop.call_soon(self._run_inline, job)
+            return
+        fut = self._workers.submit(self._run_step, job)
+        fut.add_done_callback(
+            lambda f: self.loop.call_soon_threadsafe(self._step_finished, job, f.result())
+        )
+
+    def _run_inline(self, job: Job) -> None:
+        self._step_finished(job, self._run_step(job))
+
+    def _run_step(self, job: Job) -> BaseException | None:
+        """One step, on a worker thread (or inline): run, feed back, place final outputs."""
+        ex: Execution = job.payload
+        prepared = ex.model.prepared
+        t0 = time.perf_counter()
+        try:
+            outs = prepared.run(ex.inputs)
+        except BaseException as exc:  # the backend's error goes to the client
+            return exc
+        finally:
+            dt = time.perf_counter() - t0
+            self._busy_s += dt
+            m = ex.model
+            us = dt * 1e6
+            m.run_us = us if m.run_us is None else 0.8 * m.run_us + 0.2 * us
+            m.runs += 1
+        try:
+            if job.step + 1 < job.steps:
+                fed = dict(ex.inputs)
+                for out_name, in_name in ex.feedback.items():
+                    fed[in_name] = outs[out_name]
+                ex.inputs = fed
+            else:
+                ex.result = self._place_outputs(ex, outs)
+        except BaseException as exc:
+            return exc
+        return None
+
+    def _step_finished(self, job: Job, error: BaseException | None) -> None:
+        self.scheduler.step_done(job, error)
+        self._arm()
+
+    def abort_step(self, job: Job) -> None:
+        ex: Execution = job.payload
+        ex.model.prepared.abort()
+
+    def job_finished(self, job: Job) -> None:
+        ex: Execution = job.payload
+        ex.model.jobs.discard(job)
+        _conn_jobs(ex.conn).discard(job)
+        fut = ex.future
+        if fut.done():
+            if ex.result is not None:
+                close_fds(ex.result[1])
+            return
+        reason = job.end_reason
+        if reason == EndReason.COMPLETED and ex.result is not None:
+            fut.set_result(ex.result)
+            return
+        if ex.result is not None:
+            close_fds(ex.result[1])
+        if reason == EndReason.FAILED:
+            err = job.error
+            fut.set_exception(ExecutionFailed(f"{type(err).__name__}: {err}"))
+        elif ex.revoked is not None:
+            fut.set_exception(GrantRevoked(ex.revoked))
+        elif reason == EndReason.CANCELLED_SYSTEM:
+            fut.set_exception(WorkCancelled("the work was cancelled by the system"))
+        else:
+            fut.set_exception(WorkCancelled("the work was cancelled"))
+
+    # --- outputs -----------------------------------------------------------------
+
+    def _place_outputs(
+        self, ex: Execution, outs: dict[str, np.ndarray]
+    ) -> tuple[list[pb.Tensor], list[int]]:
+        msgs: list[pb.Tensor] = []
+        big: list[tuple[str, np.ndarray]] = []
+        offset = ex.out_offset
+        end = ex.out_offset + ex.out_capacity
+        inline_budget = self.hc.max_frame // 2
+        for name, arr in outs.items():
+            arr = np.ascontiguousarray(arr)
+            if arr.nbytes <= self.hc.inline_limit or ex.out_pool is None:
+                if arr.nbytes <= inline_budget:
+                    msgs.append(tensors.inline_msg(name, arr))
+                    inline_budget -= arr.nbytes
+                    continue
+                big.append((name, arr))
+                continue
+            start = tensors.align(offset)
+            if start + arr.nbytes <= end:
+                view = tensors.view_in(ex.out_pool.buf, start, arr.nbytes, arr.dtype.name,
+                                       arr.shape, name)
+                np.copyto(view, arr)
+                msgs.append(pb.Tensor(name=name, dtype=arr.dtype.name, shape=arr.shape,
+                                      pool_id=ex.out_pool_id, offset=start, nbytes=arr.nbytes))
+                offset = start + arr.nbytes
+            else:
+                big.append((name, arr))
+        if not big:
+            return msgs, []
+        # Outputs that fit neither inline nor the client's pool: one memfd with the reply.
+        total = sum(tensors.align(a.nbytes) for _, a in big)
+        pool = tensors.ClientPool(total)
+        try:
+            pos = 0
+            for name, arr in big:
+                view = tensors.view_in(pool.buf, pos, arr.nbytes, arr.dtype.name, arr.shape, name)
+                np.copyto(view, arr)
+                del view
+                msgs.append(pb.Tensor(name=name, dtype=arr.dtype.name, shape=arr.shape,
+                                      offset=pos, nbytes=arr.nbytes, in_reply_fd=True))
+                pos += tensors.align(arr.nbytes)
+            fd = os.dup(pool.fd)
+        finally:
+            pool.close()
+        return msgs, [fd]
+
+    # --- hal.* ---------------------------------------------------------------------
+
+    def _set_configs(self, ctx: CallContext, payload: bytes) -> Empty:
+        self.scheduler.set_configs(configs_from_payload(payload))
+        return Empty()
+
+    def _update_configs(self, ctx: CallContext, payload: bytes) -> Empty:
+        self.scheduler.update_configs(configs_from_payload(payload))
+        return Empty()
+
+    def _set_callback(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.SetCallback.FromString(payload)
+        if msg.clear:
+            self.callback_conn = None
+        else:
+            self.callback_conn = ctx.conn
+            self.scheduler.set_debounce_ms(msg.debounce_ms)
+        return Empty()
+
+    def _attach_manager(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.AttachManager.FromString(payload)
+        self.manager_conn = ctx.conn
+        self.hc.enforce_admission = msg.enforce_admission
+        return Empty()
+
+    def _grant_issued(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.GrantIssued.FromString(payload)
+        if msg.grant_id and msg.grant_id not in self.grants:
+            self.grants[msg.grant_id] = Grant(msg.grant_id, msg.uid, msg.request_id)
+            self.ended_grants.pop(msg.grant_id, None)
+        if self._grant_event is not None:
+            self._grant_event.set()
+            self._grant_event = asyncio.Event()
+        return Empty()
+
+    def _grant_ended(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.GrantEnded.FromString(payload)
+        self.end_grant(msg.grant_id, msg.revoked)
+        return Empty()
+
+    def end_grant(self, grant_id: str, revoked: bool) -> None:
+        grant = self.grants.pop(grant_id, None)
+        self.ended_grants[grant_id] = revoked
+        while len(self.ended_grants) > _TOMBSTONES:
+            self.ended_grants.popitem(last=False)
+        if grant is None:
+            return
+        why = (f"grant {grant_id[:8]}… was revoked by npud; the model was released"
+               if revoked else f"grant {grant_id[:8]}… has ended; the model was released")
+        for model_id in list(grant.models):
+            self._drop_model(model_id, why)
+        self._arm()
+
+    def _set_thermal(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.ThermalStatusMsg.FromString(payload)
+        try:
+            status = ThermalStatus(msg.status)
+        except ValueError:
+            raise InvalidArgument(f"unknown thermal status {msg.status}") from None
+        self.scheduler.set_thermal(status)
+        self._arm()
+        return Empty()
+
+    def utilization(self) -> float:
+        now, busy = time.monotonic(), self._busy_s
+        last = self._util_last
+        self._util_last = (now, busy)
+        if last is None or now <= last[0]:
+            return 0.0
+        return min(1.0, (busy - last[1]) / (self.hc.channels * (now - last[0])))
+
+    def _get_temperature(self, ctx: CallContext, payload: bytes) -> pb.Temperature:
+        util = self.utilization()
+        celsius = self.driver.temperature(self.clock.now(), util)
+        return pb.Temperature(celsius=float("nan") if celsius is None else celsius,
+                              utilization=util)
+
+    # --- device.* --------------------------------------------------------------
+
+    def capabilities_msg(self) -> pb.Capabilities:
+        caps = self.driver.capabilities()
+        return pb.Capabilities(
+            name=self.hc.name, version=str(self.driver.version), backend=caps.backend,
+            channels=self.hc.channels, memory_bytes=caps.memory_bytes,
+            model_cache_files=self.cache_counts[0], data_cache_files=self.cache_counts[1],
+            hal_version=HAL_VERSION, inline_limit=self.hc.inline_limit,
+            enforce_admission=self.hc.enforce_admission,
+        )
+
+    def _capabilities(self, ctx: CallContext, payload: bytes) -> pb.Capabilities:
+        return self.capabilities_msg()
+
+    def _cache_files_needed(self, ctx: CallContext, payload: bytes) -> pb.CacheFilesNeeded:
+        return pb.CacheFilesNeeded(n_model=self.cache_counts[0], n_data=self.cache_counts[1])
+
+    def add_model(self, conn: RpcConnection, prepared: PreparedModel, grant: Grant | None
+                  ) -> ModelEntry:
+        model_id = self._next_model
+        self._next_model += 1
+        entry = ModelEntry(model_id, prepared, conn.peer.uid, conn,
+                           grant.grant_id if grant else None)
+        self.models[model_id] = entry
+        _conn_models(conn).add(model_id)
+        if grant is not None:
+            grant.models.add(model_id)
+        if self.manager_conn is not None and grant is not None:
+            self.manager_conn.push(
+                "hal.model_memory",
+                pb.ModelMemory(grant_id=grant.grant_id, nbytes=prepared.memory_bytes),
+            )
+        return entry
+
+    def _drop_model(self, model_id: int, revoked_why: str | None) -> None:
+        entry = self.models.pop(model_id, None)
+        if entry is None:
+            return
+        _conn_models(entry.conn).discard(model_id)
+        if entry.grant_id is not None and entry.grant_id in self.grants:
+            self.grants[entry.grant_id].models.discard(model_id)
+        reason = EndReason.CANCELLED_USER
+        if revoked_why is not None:
+            self.tombstones[model_id] = revoked_why
+            while len(self.tombstones) > _TOMBSTONES:
+                self.tombstones.popitem(last=False)
+            reason = EndReason.CANCELLED_SYSTEM
+        for job in list(entry.jobs):
+            ex: Execution = job.payload
+            ex.revoked = revoked_why
+            self.scheduler.cancel(job, reason)
+        entry.prepared.release()
+
+    def model_for(self, ctx: CallContext, model_id: int) -> ModelEntry:
+        entry = self.models.get(model_id)
+        if entry is None or entry.conn is not ctx.conn:
+            why = self.tombstones.get(model_id)
+            if why is not None and model_id in _conn_models(ctx.conn) | {model_id}:
+                raise GrantRevoked(why)
+            raise InvalidArgument(f"no prepared model {model_id} on this connection")
+        return entry
+
+    def _register_pool(self, ctx: CallContext, payload: bytes) -> pb.PoolId:
+        msg = pb.RegisterPool.FromString(payload)
+        fds, ctx.fds = ctx.fds, []
+        try:
+            if len(fds) != 1:
+                raise InvalidArgument(f"register_pool takes one memfd, got {len(fds)} fds")
+            pool = tensors.MappedPool(fds[0], msg.size)
+        finally:
+            close_fds(fds)
+        pool_id = self._next_pool
+        self._next_pool += 1
+        _conn_pools(ctx.conn)[pool_id] = pool
+        return pb.PoolId(pool_id=pool_id)
+
+    def _unregister_pool(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.PoolId.FromString(payload)
+        pool = _conn_pools(ctx.conn).pop(msg.pool_id, None)
+        if pool is not None:
+            pool.close()
+        return Empty()
+
+    def _input(self, ctx: CallContext, t: pb.Tensor) -> np.ndarray:
+        if t.pool_id == 0:
+            return tensors.inline_array(t)
+        pool = _conn_pools(ctx.conn).get(t.pool_id)
+        if pool is None:
+            raise InvalidArgument(f"input {t.name!r} names unknown pool {t.pool_id}")
+        return tensors.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
+
+    async def _execute(
+        self, ctx: CallContext, payload: bytes
+    ) -> tuple[pb.ExecuteResult, list[int]]:
+        close_fds(ctx.fds)
+        msg = pb.Execute.FromString(payload)
+        entry = self.model_for(ctx, msg.model_id)
+        inputs = {t.name: self._input(ctx, t) for t in msg.inputs}
+        expected = {i.name for i in entry.prepared.inputs}
+        if set(inputs) != expected:
+            raise InvalidArgument(
+                f"model takes inputs {sorted(expected)}, got {sorted(inputs)}"
+            )
+        out_names = {o.name for o in entry.prepared.outputs}
+        feedback = dict(msg.feedback)
+        for out_name, in_name in feedback.items():
+            if out_name not in out_names or in_name not in expected:
+                raise InvalidArgument(f"feedback {out_name!r} -> {in_name!r} names no "
+                                      f"output/input of this model")
+        out_pool = None
+        if msg.out_pool_id:
+            out_pool = _conn_pools(ctx.conn).get(msg.out_pool_id)
+            if out_pool is None or msg.out_offset + msg.out_capacity > out_pool.size:
+                raise InvalidArgument("the output area lies outside a registered pool")
+        ex = Execution(
+            model=entry, conn=ctx.conn, exec_id=msg.exec_id, inputs=inputs, feedback=feedback,
+            future=self.loop.create_future(), out_pool=out_pool,
+            out_offset=msg.out_offset, out_capacity=msg.out_capacity if out_pool else 0,
+            out_pool_id=msg.out_pool_id if out_pool else 0,
+        )
+        job = self.scheduler.submit(
+            uid=ctx.peer.uid, pid=max(ctx.peer.pid, 0),
+            original_uid=msg.original_uid if msg.has_original_uid else None,
+            feature_id=msg.feature_id if msg.has_feature_id else None,
+            job_priority=msg.job_priority, steps=max(1, msg.steps),
+            group_id=msg.group_id or None, payload=ex,
+        )
+        if job.state != "done":
+            entry.jobs.add(job)
+            _conn_jobs(ctx.conn).add(job)
+        self._arm()
+        outputs, fds = await ex.future
+        return pb.ExecuteResult(outputs=outputs, work_id=job.id, steps_run=job.step), fds
+
+    def _cancel(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.Cancel.FromString(payload)
+        for job in list(_conn_jobs(ctx.conn)):
+            ex: Execution = job.payload
+            if ex.model.model_id == msg.model_id and msg.exec_id in (0, ex.exec_id):
+                self.scheduler.cancel(job, EndReason.CANCELLED_USER)
+        self._arm()
+        return Empty()
+
+    def _release(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.Release.FromString(payload)
+        if msg.model_id in _conn_models(ctx.conn):
+            self._drop_model(msg.model_id, None)
+        self._arm()
+        return Empty()

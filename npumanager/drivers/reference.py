@@ -1,0 +1,225 @@
+"""The reference driver: real ONNX models on the CPU with ONNX Runtime.
+
+It also carries a first-order thermal model so thermal management works (and
+demos) on any machine: the temperature approaches ``ambient + (max - ambient)
+* utilization`` exponentially with time constant ``thermal_tau_s``.
+Compilation caching hooks (``artifacts``/``load_artifacts``) are filled in by
+the cache modules when present.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from npumanager.drivers.base import (
+    CompileOptions,
+    Driver,
+    DriverCapabilities,
+    PreparedModel,
+    TensorInfo,
+)
+from npumanager.errors import InvalidArgument
+
+# ONNX Runtime element type strings -> numpy dtype names.
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16",
+    "tensor(uint16)": "uint16",
+    "tensor(int32)": "int32",
+    "tensor(uint32)": "uint32",
+    "tensor(int64)": "int64",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}
+
+
+def _shape(dims: list[Any]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in dims)
+
+
+def _initializer_bytes(onnx_bytes: bytes) -> int:
+    import onnx
+
+    model = onnx.load_model_from_string(onnx_bytes)
+    total = 0
+    for init in model.graph.initializer:
+        n = int(np.prod(init.dims, dtype=np.int64)) if init.dims else 1
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        except (KeyError, ValueError):
+            itemsize = 4
+        total += n * itemsize
+    return total
+
+
+def _caching_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("npumanager.drivers.cache_artifacts") is not None
+
+
+class ThermalModel:
+    """First-order heating/cooling (Newton's law) driven by channel utilization."""
+
+    def __init__(self, ambient_c: float, max_c: float, tau_s: float) -> None:
+        self.ambient_c = ambient_c
+        self.max_c = max_c
+        self.tau_s = max(tau_s, 1e-3)
+        self.celsius = ambient_c
+        self._last: float | None = None
+
+    def update(self, now: float, utilization: float) -> float:
+        if self._last is not None and now > self._last:
+            u = min(max(utilization, 0.0), 1.0)
+            target = self.ambient_c + (self.max_c - self.ambient_c) * u
+            k = 1.0 - math.exp(-(now - self._last) / self.tau_s)
+            self.celsius += (target - self.celsius) * k
+        self._last = now if self._last is None else max(self._last, now)
+        return self.celsius
+
+
+class OrtModel(PreparedModel):
+    #: (model, data) cache files artifacts() splits into (set by the driver).
+    cache_counts: tuple[int, int] = (1, 1)
+
+    def __init__(self, session: Any, memory_bytes: int, serialized: bytes | None) -> None:
+        self.session = session
+        self.inputs = [
+            TensorInfo(i.name, _ORT_TYPES.get(i.type, "float32"), _shape(i.shape))
+            for i in session.get_inputs()
+        ]
+        self.outputs = [
+            TensorInfo(o.name, _ORT_TYPES.get(o.type, "float32"), _shape(o.shape))
+            for o in session.get_outputs()
+        ]
+        self._output_names = [o.name for o in self.outputs]
+        self.memory_bytes = memory_bytes
+        self._serialized = serialized
+        self._lock = threading.Lock()
+        self._run_options: set[Any] = set()
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        opts = ort.RunOptions()
+        with self._lock:
+            self._run_options.add(opts)
+        try:
+            outs = self.session.run(self._output_names, inputs, opts)
+        finally:
+            with self._lock:
+                self._run_options.discard(opts)
+        return dict(zip(self._output_names, outs, strict=True))
+
+    def abort(self) -> None:
+        # ORT checks the flag between kernels, so a long run ends early with an error.
+        with self._lock:
+            for opts in self._run_options:
+                opts.terminate = True
+
+    def release(self) -> None:
+        self.session = None
+        self._serialized = None
+
+    def artifacts(self) -> tuple[list[bytes], list[bytes]]:
+        from npumanager.drivers import cache_artifacts  # written by the cache engineer
+
+        return cache_artifacts.reference_artifacts(self)
+
+
+class ReferenceDriver(Driver):
+    name = "reference"
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        import onnxruntime as ort
+
+        self.version = f"1.0+ort{ort.__version__}"
+        self.intra_op_threads = int(self.options.get("intra_op_threads", 1))
+        self.thermal = ThermalModel(
+            ambient_c=float(self.options.get("ambient_c", 35.0)),
+            max_c=float(self.options.get("max_c", 95.0)),
+            tau_s=float(self.options.get("thermal_tau_s", 30.0)),
+        )
+        try:
+            phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            phys = 8 << 30
+        self.memory_bytes = int(self.options.get("memory_bytes", phys))
+        self.n_model_cache = int(self.options.get("model_cache_files", 1))
+        self.n_data_cache = int(self.options.get("data_cache_files", 1))
+
+    def capabilities(self) -> DriverCapabilities:
+        import onnxruntime as ort
+
+        return DriverCapabilities(
+            backend=f"onnxruntime {ort.__version__} CPU", memory_bytes=self.memory_bytes
+        )
+
+    def get_number_of_cache_files_needed(self) -> tuple[int, int]:
+        if not _caching_available():
+            return 0, 0
+        return self.n_model_cache, self.n_data_cache
+
+    def session_options(self, options: CompileOptions) -> Any:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.intra_op_threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        # LOW_POWER (0) asks for less work at compile time; the others optimize fully.
+        so.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            if options.preference == 0
+            else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        )
+        return so
+
+    def compile(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
+        import onnxruntime as ort
+
+        try:
+            session = ort.InferenceSession(
+                onnx_bytes, sess_options=self.session_options(options),
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception as exc:
+            raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
+        model = OrtModel(session, self._estimate_memory(onnx_bytes, session), onnx_bytes)
+        model.cache_counts = (self.n_model_cache, self.n_data_cache)  # for artifacts()
+        return model
+
+    def _estimate_memory(self, onnx_bytes: bytes, session: Any) -> int:
+        # Weights as stored, plus an arena estimate: every static input and output
+        # twice (ORT's allocations for them and their intermediates' peak).
+        try:
+            weights = _initializer_bytes(onnx_bytes)
+        except Exception:
+            weights = len(onnx_bytes)
+        io = 0
+        for t in list(session.get_inputs()) + list(session.get_outputs()):
+            info = TensorInfo(t.name, _ORT_TYPES.get(t.type, "float32"), _shape(t.shape))
+            io += info.static_nbytes() or 0
+        return weights + 2 * io + (1 << 20)
+
+    def load_artifacts(
+        self, model_blobs: list[bytes], data_blobs: list[bytes], options: CompileOptions
+    ) -> PreparedModel:
+        from npumanager.drivers import cache_artifacts  # written by the cache engineer
+
+        return cache_artifacts.reference_load(
+            self, model_blobs, data_blobs, options
+        )
+
+    def temperature(self, now: float, utilization: float) -> float | None:
+        return self.thermal.update(now, utilization)

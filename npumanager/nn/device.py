@@ -1,0 +1,265 @@
+"""Devices: discovery through npud, the device connection, prepare with NNAPI caching.
+
+A :class:`Device` holds one connection to its driver host (reopened after
+the driver restarts; models prepared on the old connection are gone and
+raise DeviceUnavailable). Any lost connection surfaces as
+``DeviceUnavailable``, never as a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import Message
+
+from npumanager import paths
+from npumanager.drivers.protocol import SERVICE
+from npumanager.errors import (
+    DeviceUnavailable,
+    GrantRequired,
+    GrantRevoked,
+    InvalidArgument,
+    NpuError,
+    ServiceUnavailable,
+)
+from npumanager.nn.model import Model
+from npumanager.proto.v1 import driver_pb2 as pb
+from npumanager.proto.v1.wire_pb2 import Empty
+from npumanager.wire.client import SyncRpcClient
+from npumanager.wire.conn import close_fds
+
+log = logging.getLogger("npumanager.nn")
+
+#: Models larger than this travel to the driver in a memfd, not in the frame.
+_ONNX_INLINE_LIMIT = 512 * 1024
+
+
+class ExecutionPreference(IntEnum):
+    LOW_POWER = 0
+    FAST_SINGLE_ANSWER = 1
+    SUSTAINED_SPEED = 2
+
+
+class Priority(IntEnum):
+    """NNAPI compilation priority (larger = more important, as in NNAPI)."""
+
+    LOW = 90
+    MEDIUM = 100
+    HIGH = 110
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    name: str
+    version: str
+    backend: str
+    channels: int
+    memory_bytes: int
+    model_cache_files: int
+    data_cache_files: int
+    hal_version: int
+    inline_limit: int
+    enforce_admission: bool
+
+
+def _grant_id(grant: object) -> str:
+    """The grant id of a listener, a lease, or a plain string."""
+    if grant is None:
+        return ""
+    if isinstance(grant, str):
+        return grant
+    gid = getattr(grant, "grant_id", None)
+    if not gid:
+        gid = getattr(getattr(grant, "listener", None), "grant_id", None)
+    if not isinstance(gid, str) or not gid:
+        raise GrantRequired(
+            f"{type(grant).__name__} carries no grant: pass the listener from "
+            "on_can_load_model(CAN_LOAD_NOW) or a lease from reserve()"
+        )
+    return gid
+
+
+def _model_bytes(model: str | os.PathLike[str] | bytes) -> bytes:
+    if isinstance(model, bytes | bytearray | memoryview):
+        return bytes(model)
+    try:
+        return Path(model).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read model {model}: {exc}") from None
+
+
+class Device:
+    """A device (driver) as the runtime sees it."""
+
+    def __init__(self, name: str, runtime_dir: str | os.PathLike[str] | None = None,
+                 socket_path: str | None = None) -> None:
+        self.name = name
+        self.socket_path = socket_path or str(paths.driver_socket(name, runtime_dir))
+        self._lock = threading.Lock()
+        self._rpc: SyncRpcClient | None = None
+        self._caps: Capabilities | None = None
+
+    def __repr__(self) -> str:
+        state = "connected" if self._rpc is not None and not self._rpc.closed else "idle"
+        return f"<Device {self.name} at {self.socket_path} {state}>"
+
+    # --- connection ----------------------------------------------------------------
+
+    def connection(self) -> SyncRpcClient:
+        with self._lock:
+            if self._rpc is None or self._rpc.closed:
+                if self._rpc is not None:
+                    self._rpc.close()
+                    self._caps = None
+                try:
+                    self._rpc = SyncRpcClient(self.socket_path, SERVICE, threaded=False,
+                                              client_name="nn")
+                except ServiceUnavailable as exc:
+                    raise DeviceUnavailable(f"device {self.name} is not available: {exc}"
+                                            ) from None
+            return self._rpc
+
+    def call(self, rpc: SyncRpcClient, method: str, msg: Message,
+             fds: Sequence[int] = ()) -> tuple[bytes, list[int]]:
+        try:
+            return rpc.call(method, msg, fds=fds)
+        except ServiceUnavailable as exc:
+            raise DeviceUnavailable(f"device {self.name} is not available: {exc}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._rpc is not None:
+                self._rpc.close()
+                self._rpc = None
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- IDevice ---------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        rpc = self.connection()
+        if self._caps is None:
+            payload, _ = self.call(rpc, "device.capabilities", Empty())
+            m = pb.Capabilities.FromString(payload)
+            self._caps = Capabilities(
+                name=m.name, version=m.version, backend=m.backend, channels=m.channels,
+                memory_bytes=m.memory_bytes, model_cache_files=m.model_cache_files,
+                data_cache_files=m.data_cache_files, hal_version=m.hal_version,
+                inline_limit=m.inline_limit or 65536, enforce_admission=m.enforce_admission,
+            )
+        return self._caps
+
+    @property
+    def version(self) -> str:
+        return self.capabilities.version
+
+    def get_number_of_cache_files_needed(self) -> tuple[int, int]:
+        rpc = self.connection()
+        payload, _ = self.call(rpc, "device.get_number_of_cache_files_needed", Empty())
+        m = pb.CacheFilesNeeded.FromString(payload)
+        return m.n_model, m.n_data
+
+    def prepare_model(
+        self,
+        model: str | os.PathLike[str] | bytes,
+        grant: Any = None,
+        preference: ExecutionPreference | int = ExecutionPreference.FAST_SINGLE_ANSWER,
+        priority: Priority | int = Priority.MEDIUM,
+        cache_dir: str | os.PathLike[str] | None = None,
+        token: bytes | None = None,
+    ) -> Model:
+        """Prepare ``model`` (ONNX path or bytes) under ``grant``; NNAPI caching if asked."""
+        from npumanager.nn.token import check_token
+
+        if int(preference) not in (0, 1, 2):
+            raise InvalidArgument(f"unknown execution preference {preference!r}")
+        if int(priority) not in (90, 100, 110):
+            raise InvalidArgument(f"unknown priority {priority!r}")
+        if token is not None:
+            check_token(token)
+        grant_id = _grant_id(grant)
+        onnx = _model_bytes(model)
+        rpc = self.connection()
+        if cache_dir is None or token is None:
+            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), b"", [], 0)
+        n_model, n_data = self.get_number_of_cache_files_needed()
+        if n_model + n_data == 0:
+            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), b"", [], 0)
+        from npumanager.nn.cache_files import cache_file_names, open_cache_files
+        from npumanager.nn.token import driver_token
+
+        dtoken = driver_token(token, self.name, self.version, int(preference), int(priority))
+        model_paths, data_paths = cache_file_names(cache_dir, dtoken, n_model, n_data)
+        fds = open_cache_files([*model_paths, *data_paths], create=False)
+        if fds is not None:
+            try:
+                return self._prepare_from_cache(rpc, grant_id, dtoken, n_model, n_data, fds,
+                                                int(preference), int(priority))
+            except (GrantRequired, GrantRevoked, DeviceUnavailable):
+                raise  # a full compile would fail the same way
+            except NpuError as exc:
+                log.info("%s: cache miss (%s); compiling", self.name, exc)
+            finally:
+                close_fds(fds)
+        fds = open_cache_files([*model_paths, *data_paths], create=True)
+        if fds is None:
+            log.info("%s: cache files cannot be opened in %s; compiling without caching",
+                     self.name, cache_dir)
+            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), b"", [], 0)
+        try:
+            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), dtoken,
+                                 fds, n_model)
+        finally:
+            close_fds(fds)
+
+    def _prepare(self, rpc: SyncRpcClient, onnx: bytes, grant_id: str, preference: int,
+                 priority: int, token: bytes, cache_fds: list[int], n_model: int) -> Model:
+        msg = pb.PrepareModel(
+            grant_id=grant_id, preference=preference, priority=priority, token=token,
+            n_model_cache=n_model if cache_fds else 0,
+            n_data_cache=len(cache_fds) - n_model if cache_fds else 0,
+        )
+        fds = list(cache_fds)
+        memfd = -1
+        if len(onnx) > _ONNX_INLINE_LIMIT:
+            memfd = os.memfd_create("npu-model", os.MFD_CLOEXEC)
+            _write_all(memfd, onnx)
+            msg.onnx_in_memfd = True
+            msg.onnx_size = len(onnx)
+            fds.append(memfd)
+        else:
+            msg.onnx = onnx
+        try:
+            payload, _ = self.call(rpc, "device.prepare_model", msg, fds=fds)
+        finally:
+            if memfd >= 0:
+                os.close(memfd)
+        return Model(self, rpc, pb.PreparedModelMsg.FromString(payload))
+
+    def _prepare_from_cache(self, rpc: SyncRpcClient, grant_id: str, token: bytes,
+                            n_model: int, n_data: int, fds: list[int], preference: int,
+                            priority: int) -> Model:
+        msg = pb.PrepareModelFromCache(grant_id=grant_id, token=token, n_model_cache=n_model,
+                                       n_data_cache=n_data, preference=preference,
+                                       priority=priority)
+        payload, _ = self.call(rpc, "device.prepare_model_from_cache", msg, fds=fds)
+        return Model(self, rpc, pb.PreparedModelMsg.FromString(payload))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

@@ -1,0 +1,308 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SchedulingConfigMsg(_message.Message):
+    __slots__ = ("uid", "app_priority", "min_priority", "max_priority", "has_direct_access", "can_attribute_other_uid")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    APP_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MIN_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    HAS_DIRECT_ACCESS_FIELD_NUMBER: _ClassVar[int]
+    CAN_ATTRIBUTE_OTHER_UID_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    app_priority: int
+    min_priority: int
+    max_priority: int
+    has_direct_access: bool
+    can_attribute_other_uid: bool
+    def __init__(self, uid: _Optional[int] = ..., app_priority: _Optional[int] = ..., min_priority: _Optional[int] = ..., max_priority: _Optional[int] = ..., has_direct_access: _Optional[bool] = ..., can_attribute_other_uid: _Optional[bool] = ...) -> None: ...
+
+class SchedulingConfigs(_message.Message):
+    __slots__ = ("configs",)
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    configs: _containers.RepeatedCompositeFieldContainer[SchedulingConfigMsg]
+    def __init__(self, configs: _Optional[_Iterable[_Union[SchedulingConfigMsg, _Mapping]]] = ...) -> None: ...
+
+class SetCallback(_message.Message):
+    __slots__ = ("clear", "debounce_ms")
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCE_MS_FIELD_NUMBER: _ClassVar[int]
+    clear: bool
+    debounce_ms: int
+    def __init__(self, clear: _Optional[bool] = ..., debounce_ms: _Optional[int] = ...) -> None: ...
+
+class WorkInfoMsg(_message.Message):
+    __slots__ = ("id", "group_id", "uid", "debug_pid", "original_uid", "has_feature_id", "debug_feature_id", "job_priority", "effective_priority", "timestamp_ms", "device_number")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    DEBUG_PID_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_UID_FIELD_NUMBER: _ClassVar[int]
+    HAS_FEATURE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEBUG_FEATURE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    group_id: bytes
+    uid: int
+    debug_pid: int
+    original_uid: int
+    has_feature_id: bool
+    debug_feature_id: int
+    job_priority: int
+    effective_priority: int
+    timestamp_ms: int
+    device_number: int
+    def __init__(self, id: _Optional[int] = ..., group_id: _Optional[bytes] = ..., uid: _Optional[int] = ..., debug_pid: _Optional[int] = ..., original_uid: _Optional[int] = ..., has_feature_id: _Optional[bool] = ..., debug_feature_id: _Optional[int] = ..., job_priority: _Optional[int] = ..., effective_priority: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., device_number: _Optional[int] = ...) -> None: ...
+
+class WorkEvent(_message.Message):
+    __slots__ = ("info", "reason")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    info: WorkInfoMsg
+    reason: int
+    def __init__(self, info: _Optional[_Union[WorkInfoMsg, _Mapping]] = ..., reason: _Optional[int] = ...) -> None: ...
+
+class AttachManager(_message.Message):
+    __slots__ = ("enforce_admission",)
+    ENFORCE_ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    enforce_admission: bool
+    def __init__(self, enforce_admission: _Optional[bool] = ...) -> None: ...
+
+class GrantIssued(_message.Message):
+    __slots__ = ("uid", "request_id", "grant_id")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    request_id: int
+    grant_id: str
+    def __init__(self, uid: _Optional[int] = ..., request_id: _Optional[int] = ..., grant_id: _Optional[str] = ...) -> None: ...
+
+class GrantEnded(_message.Message):
+    __slots__ = ("grant_id", "revoked")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    grant_id: str
+    revoked: bool
+    def __init__(self, grant_id: _Optional[str] = ..., revoked: _Optional[bool] = ...) -> None: ...
+
+class ModelMemory(_message.Message):
+    __slots__ = ("grant_id", "nbytes")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    grant_id: str
+    nbytes: int
+    def __init__(self, grant_id: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class ThermalStatusMsg(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: int
+    def __init__(self, status: _Optional[int] = ...) -> None: ...
+
+class Temperature(_message.Message):
+    __slots__ = ("celsius", "utilization")
+    CELSIUS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    celsius: float
+    utilization: float
+    def __init__(self, celsius: _Optional[float] = ..., utilization: _Optional[float] = ...) -> None: ...
+
+class Capabilities(_message.Message):
+    __slots__ = ("name", "version", "backend", "channels", "memory_bytes", "model_cache_files", "data_cache_files", "hal_version", "inline_limit", "enforce_admission")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CACHE_FILES_FIELD_NUMBER: _ClassVar[int]
+    DATA_CACHE_FILES_FIELD_NUMBER: _ClassVar[int]
+    HAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INLINE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ENFORCE_ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    backend: str
+    channels: int
+    memory_bytes: int
+    model_cache_files: int
+    data_cache_files: int
+    hal_version: int
+    inline_limit: int
+    enforce_admission: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., channels: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., model_cache_files: _Optional[int] = ..., data_cache_files: _Optional[int] = ..., hal_version: _Optional[int] = ..., inline_limit: _Optional[int] = ..., enforce_admission: _Optional[bool] = ...) -> None: ...
+
+class CacheFilesNeeded(_message.Message):
+    __slots__ = ("n_model", "n_data")
+    N_MODEL_FIELD_NUMBER: _ClassVar[int]
+    N_DATA_FIELD_NUMBER: _ClassVar[int]
+    n_model: int
+    n_data: int
+    def __init__(self, n_model: _Optional[int] = ..., n_data: _Optional[int] = ...) -> None: ...
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PrepareModel(_message.Message):
+    __slots__ = ("onnx", "onnx_in_memfd", "onnx_size", "grant_id", "preference", "priority", "token", "n_model_cache", "n_data_cache")
+    ONNX_FIELD_NUMBER: _ClassVar[int]
+    ONNX_IN_MEMFD_FIELD_NUMBER: _ClassVar[int]
+    ONNX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFERENCE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    N_MODEL_CACHE_FIELD_NUMBER: _ClassVar[int]
+    N_DATA_CACHE_FIELD_NUMBER: _ClassVar[int]
+    onnx: bytes
+    onnx_in_memfd: bool
+    onnx_size: int
+    grant_id: str
+    preference: int
+    priority: int
+    token: bytes
+    n_model_cache: int
+    n_data_cache: int
+    def __init__(self, onnx: _Optional[bytes] = ..., onnx_in_memfd: _Optional[bool] = ..., onnx_size: _Optional[int] = ..., grant_id: _Optional[str] = ..., preference: _Optional[int] = ..., priority: _Optional[int] = ..., token: _Optional[bytes] = ..., n_model_cache: _Optional[int] = ..., n_data_cache: _Optional[int] = ...) -> None: ...
+
+class PrepareModelFromCache(_message.Message):
+    __slots__ = ("grant_id", "token", "n_model_cache", "n_data_cache", "preference", "priority")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    N_MODEL_CACHE_FIELD_NUMBER: _ClassVar[int]
+    N_DATA_CACHE_FIELD_NUMBER: _ClassVar[int]
+    PREFERENCE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    grant_id: str
+    token: bytes
+    n_model_cache: int
+    n_data_cache: int
+    preference: int
+    priority: int
+    def __init__(self, grant_id: _Optional[str] = ..., token: _Optional[bytes] = ..., n_model_cache: _Optional[int] = ..., n_data_cache: _Optional[int] = ..., preference: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class PreparedModelMsg(_message.Message):
+    __slots__ = ("model_id", "memory_bytes", "inputs", "outputs", "from_cache", "cache_written")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    FROM_CACHE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    model_id: int
+    memory_bytes: int
+    inputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    outputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    from_cache: bool
+    cache_written: bool
+    def __init__(self, model_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., from_cache: _Optional[bool] = ..., cache_written: _Optional[bool] = ...) -> None: ...
+
+class RegisterPool(_message.Message):
+    __slots__ = ("size",)
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    def __init__(self, size: _Optional[int] = ...) -> None: ...
+
+class PoolId(_message.Message):
+    __slots__ = ("pool_id",)
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    pool_id: int
+    def __init__(self, pool_id: _Optional[int] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data", "pool_id", "offset", "nbytes", "in_reply_fd")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_REPLY_FD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    pool_id: int
+    offset: int
+    nbytes: int
+    in_reply_fd: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., pool_id: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., in_reply_fd: _Optional[bool] = ...) -> None: ...
+
+class Execute(_message.Message):
+    __slots__ = ("model_id", "inputs", "job_priority", "has_feature_id", "feature_id", "has_original_uid", "original_uid", "steps", "feedback", "out_pool_id", "out_offset", "out_capacity", "exec_id", "group_id")
+    class FeedbackEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    JOB_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    HAS_FEATURE_ID_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_ORIGINAL_UID_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_UID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    OUT_POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    OUT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OUT_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    model_id: int
+    inputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    job_priority: int
+    has_feature_id: bool
+    feature_id: int
+    has_original_uid: bool
+    original_uid: int
+    steps: int
+    feedback: _containers.ScalarMap[str, str]
+    out_pool_id: int
+    out_offset: int
+    out_capacity: int
+    exec_id: int
+    group_id: bytes
+    def __init__(self, model_id: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., job_priority: _Optional[int] = ..., has_feature_id: _Optional[bool] = ..., feature_id: _Optional[int] = ..., has_original_uid: _Optional[bool] = ..., original_uid: _Optional[int] = ..., steps: _Optional[int] = ..., feedback: _Optional[_Mapping[str, str]] = ..., out_pool_id: _Optional[int] = ..., out_offset: _Optional[int] = ..., out_capacity: _Optional[int] = ..., exec_id: _Optional[int] = ..., group_id: _Optional[bytes] = ...) -> None: ...
+
+class ExecuteResult(_message.Message):
+    __slots__ = ("outputs", "work_id", "steps_run")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_RUN_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    work_id: int
+    steps_run: int
+    def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., work_id: _Optional[int] = ..., steps_run: _Optional[int] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ("model_id", "exec_id")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    model_id: int
+    exec_id: int
+    def __init__(self, model_id: _Optional[int] = ..., exec_id: _Optional[int] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("model_id",)
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    model_id: int
+    def __init__(self, model_id: _Optional[int] = ...) -> None: ...

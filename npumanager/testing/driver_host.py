@@ -1,0 +1,85 @@
+"""Start a real driver host process for tests and benchmarks (``npu driver NAME``)."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from npumanager.errors import ServiceUnavailable
+
+
+class DriverProcess:
+    def __init__(self, proc: subprocess.Popen[bytes], name: str, socket_path: Path) -> None:
+        self.proc = proc
+        self.name = name
+        self.socket_path = socket_path
+        self.ready_line = ""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while b"ready" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ServiceUnavailable(f"driver {self.name} did not become ready")
+            r, _, _ = select.select([self.proc.stdout], [], [], left)
+            if not r:
+                continue
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                raise ServiceUnavailable(
+                    f"driver {self.name} exited with {self.proc.wait()} before it was ready"
+                )
+            buf += chunk
+        self.ready_line = buf.decode(errors="replace").strip()
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def driver_command(name: str, runtime_dir: Path, state_dir: Path | None = None,
+                   config: Path | None = None, args: Sequence[str] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "npumanager", "driver", name, "--runtime-dir", str(runtime_dir)]
+    if state_dir is not None:
+        cmd += ["--state-dir", str(state_dir)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    return cmd + list(args)
+
+
+@contextmanager
+def running_driver(name: str, runtime_dir: Path, state_dir: Path | None = None,
+                   config: Path | None = None, args: Sequence[str] = (),
+                   timeout: float = 30.0) -> Iterator[DriverProcess]:
+    """A driver host subprocess, ready when the block starts, stopped when it ends."""
+    (runtime_dir / "drivers").mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        driver_command(name, runtime_dir, state_dir, config, args),
+        stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL,
+    )
+    dp = DriverProcess(proc, name, runtime_dir / "drivers" / f"{name}.sock")
+    try:
+        dp.wait_ready(timeout)
+        yield dp
+    finally:
+        dp.stop()
