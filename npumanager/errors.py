@@ -86,6 +86,10 @@ class ExecutionFailed(GeneralFailure):
     """The backend raised while executing; the message carries its error."""
 
 
+class DriverRefused(DeviceError):
+    """A driver plugin does not implement the HAL npud speaks; it is not started."""
+
+
 class WorkCancelled(DeviceError):
     """The work was cancelled (by the client, or by the system when preempted)."""
 
