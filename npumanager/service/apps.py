@@ -237,6 +237,19 @@ class AppTable:
             if e.unit is None or self.identity_mode == "unit"
         ]
 
+    def scheduling_table(self) -> list[SchedulingConfig]:
+        """Alias of :meth:`scheduling_configs` (the name npud's shell uses)."""
+        return self.scheduling_configs()
+
+    def importances(self) -> dict[int, int]:
+        """Static importances from the config, by app key: uid entries, plus unit entries
+        under unit identity. npud feeds them as ImportanceChanged at start."""
+        return {
+            e.key: e.importance
+            for e in self.entries
+            if e.importance is not None and (e.unit is None or self.identity_mode == "unit")
+        }
+
     def identity(self, uid: int, pid: int) -> int:
         """The key npud uses for this client's app: its uid, or (identity = "unit") the
         synthetic id of its systemd unit; a process in no unit keeps its uid."""

@@ -274,6 +274,7 @@ class ThermalMonitor:
             "status_value": int(self._effective),
             "computed_status": self._computed.name,
             "override": None if self._override is None else self._override.name,
+            "overridden": self._override is not None,
             "since_s": round(now - self._changed_at, 3),
             "temperature_c": num(self.temperature_c),
             "headroom": num(self.headroom()),

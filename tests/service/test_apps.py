@@ -96,6 +96,8 @@ importance = "foreground_service"
     assert e is not None and e.importance == Importance.FOREGROUND
     assert t.lookup(4242, 1) is None
     assert len(t.entries) == 5
+    assert t.scheduling_table() == t.scheduling_configs()
+    assert t.importances() == {1000: 100, 1002: 1200}  # the unit entry needs unit identity
 
 
 def test_no_apps_by_default() -> None:
@@ -173,6 +175,7 @@ def test_unit_identity_keys_apps_sharing_one_uid_apart(child: int, proc_root: Pa
         assert t.name_of(b) == "unit app-gimp-2.scope"
         # Under unit identity, unit entries are in the static table under their key.
         assert t.scheduling_configs() == [SchedulingConfig(b, 100)]
+        assert t.importances() == {b: 100}
         # A process in no unit keeps its uid.
         assert t.identity(1000, 999_999_999) == 1000
         assert t.name_of(0) == "uid 0 (root)"

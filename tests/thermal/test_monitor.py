@@ -121,6 +121,7 @@ def test_override_forces_status_and_reset_returns_to_sensors(
     assert (d["status"], d["override"], d["computed_status"]) == ("SEVERE", "SEVERE", "MODERATE")
     assert m.override(None) == T.MODERATE
     assert m.describe()["override"] is None
+    assert m.describe()["overridden"] is False
     assert [(h.status, h.cause) for h in m.history] == [
         (T.SEVERE, "override"),
         (T.MODERATE, "override reset"),
