@@ -1,0 +1,669 @@
+"""ManagerState: npud's decisions as a pure, synchronous state machine.
+
+``handle(event) -> list[Instruction]`` (types in :mod:`.events`). No I/O and
+no clock reads: time is ``event.now``; grant ids come from an injected
+callable. An event the caller got wrong raises an ``npumanager.errors``
+exception before anything changes.
+
+How it decides (ARCHITECTURE "The manager", with these precise choices):
+
+* A request's rank is importance(uid) + model priority (NORMAL 0, BACKGROUND
+  1000, OPPORTUNISTIC 2000); lower ranks first, ties first come first served.
+* Only holders (GRANTED, LOADED, UNLOAD_REQUESTED) count against the budget,
+  and only GRANTED/LOADED holders are victims. A grant is issued only when it
+  fits next to every holder, those already asked to unload included, so the
+  budget is never exceeded; holders asked to unload still count until they
+  report unloaded or are revoked at the unload deadline.
+* Waiters that may be granted now sit in a rank-ordered queue. Service is
+  strictly in rank order (head of line): a request is never granted while a
+  better-ranked (or equal-ranked, earlier) eligible waiter waits, so a big
+  request at the head is not starved by a stream of smaller, later or worse
+  ranked ones. Only the head may ask victims to unload. Waiters that cannot be
+  granted whatever happens to the queue — thermally held back, or larger than
+  the whole (scaled) budget — are *parked* instead and do not block others;
+  they rejoin the queue when the thermal status, policy or budget changes.
+* Victims of the head: holders of other uids from the least important rank
+  up, never one more important than the head; an equal-rank holder yields
+  only if the head's uid completed work less recently. Among equal ranks the
+  uid that completed work most recently goes first, then the newest request.
+  Victims are asked only if, with the holders already unloading, they free
+  enough; else the head gets NOT_PRIORITIZED and stays queued.
+* The thermal governor (every policy): the budget is scaled per status; from
+  ``opportunistic_wait_from`` (MODERATE) new OPPORTUNISTIC requests are
+  parked; holders ranked worse than the status's keep-rank are asked to unload
+  (THERMAL), worst first; requests ranked worse wait parked.
+* Shrinking the budget (policy change, thermal, a driver reporting less
+  memory, a model larger than declared under MEMORY) asks the worst-ranked
+  holders of any uid to unload until the rest fits (POLICY_CHANGED, THERMAL,
+  MEMORY_PRESSURE). A driver going down shrinks the MEMORY budget for new
+  grants only: its holders keep their grants while it restarts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from npumanager.constants import (
+    LoadStatus,
+    ModelPriority,
+    ModelSize,
+    Policy,
+    RequestStatus,
+    ThermalStatus,
+    UnloadReason,
+)
+from npumanager.errors import InvalidArgument, LimitExceeded, UnknownRequest
+from npumanager.hal.types import EndReason, SchedulingConfig
+from npumanager.service import policy as pol
+from npumanager.service.events import (
+    ArmTimer,
+    AskUnload,
+    CancelLoad,
+    CancelTimer,
+    ClientGone,
+    Decision,
+    DriverDown,
+    DriverUp,
+    EndGrant,
+    Event,
+    ImportanceChanged,
+    Instruction,
+    IssueGrant,
+    ModelLoaded,
+    ModelMemory,
+    ModelUnloaded,
+    PolicySet,
+    PushSchedulingConfigs,
+    RequestKey,
+    RequestLoad,
+    SendCanLoad,
+    SendComplete,
+    SetDriverThermal,
+    ThermalChanged,
+    TimerFired,
+    WorkEnded,
+)
+from npumanager.service.policy import ManagerParams, PolicySettings
+from npumanager.service.ranking import ManagedRequest, RankQueue, RequestState
+
+__all__ = ["ManagerParams", "ManagerState", "RequestState"]
+
+_NEVER = float("-inf")
+_Q, _W = RequestState.QUEUED, RequestState.WAITING
+_G, _L, _U = RequestState.GRANTED, RequestState.LOADED, RequestState.UNLOAD_REQUESTED
+
+
+def _default_grant_ids() -> str:
+    return secrets.token_hex(16)
+
+
+class ManagerState:
+    """The manager's whole state; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        params: ManagerParams | None = None,
+        *,
+        grant_ids: Callable[[], str] = _default_grant_ids,
+    ) -> None:
+        self.params = params or ManagerParams()
+        self._grant_ids = grant_ids
+        self._settings: PolicySettings = self.params.policy
+        self._thermal = ThermalStatus.NONE
+        self._requests: dict[RequestKey, ManagedRequest] = {}
+        self._by_conn: dict[int, set[RequestKey]] = {}
+        self._by_uid: dict[int, set[RequestKey]] = {}
+        self._submitted: dict[int, set[int]] = {}  # conn -> request ids ever submitted on it
+        self._holders: dict[RequestKey, ManagedRequest] = {}
+        self._grants: dict[str, RequestKey] = {}
+        self._timers: dict[str, RequestKey] = {}
+        self._queue = RankQueue()
+        self._parked: dict[RequestKey, ManagedRequest] = {}
+        self._used = 0  # charges of every holder
+        self._freeing = 0  # charges of holders asked to unload
+        self._importance: dict[int, int] = {}
+        self._last_completed: dict[int, float] = {}
+        self._drivers: dict[str, int] = {}
+        self._drivers_down: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._log: deque[Decision] = deque(maxlen=self.params.decision_log_size)
+        self._out: list[Instruction] = []
+        self._last_out: list[Instruction] = []
+        self._ev: Event | None = None
+        self._grant_cap: int | None = None
+        self._hold_cap: int | None = None
+        self._refresh_capacity()
+
+    # --- public reads ---------------------------------------------------------
+
+    @property
+    def settings(self) -> PolicySettings:
+        return self._settings
+
+    @property
+    def thermal_status(self) -> ThermalStatus:
+        return self._thermal
+
+    @property
+    def budget_used(self) -> int:
+        return self._used
+
+    @property
+    def budget_total(self) -> int | None:
+        """The budget new grants must fit in (thermally scaled); None = unlimited."""
+        return self._grant_cap
+
+    def importance(self, uid: int) -> int:
+        if uid == 0:
+            return pol.ROOT_IMPORTANCE
+        return self._importance.get(uid, self.params.default_importance)
+
+    def app_priority(self, uid: int) -> int:
+        return max(0, min(1000, self.importance(uid)))
+
+    def request_state(self, uid: int, request_id: int) -> RequestState | None:
+        req = self._requests.get((uid, request_id))
+        return None if req is None else req.state
+
+    def live_grants(self) -> list[tuple[str, int, int]]:
+        """(grant_id, uid, request_id) of every live grant: re-issue them to a restarted driver."""
+        return [(g, k[0], k[1]) for g, k in self._grants.items()]
+
+    def scheduling_table(self) -> list[SchedulingConfig]:
+        """The full table for a (re)connecting driver: every uid whose importance was set."""
+        return [
+            SchedulingConfig(uid=u, app_priority=self.app_priority(u)) for u in self._importance
+        ]
+
+    def story(self, uid: int, request_id: int) -> list[Decision]:
+        key = (uid, request_id)
+        return [d for d in self._log if d.key == key]
+
+    def decisions(self) -> list[Decision]:
+        return list(self._log)
+
+    # --- events ---------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """Apply one event; return the instructions to carry out, in order."""
+        method = self._HANDLERS.get(type(event))
+        if method is None:
+            raise InvalidArgument(f"ManagerState cannot handle {type(event).__name__}")
+        self._ev = event
+        self._out = []
+        method(self, event)
+        out, self._out = self._out, []
+        self._last_out = out
+        return out
+
+    def _on_request(self, ev: RequestLoad) -> None:
+        key = (ev.uid, ev.request_id)
+        if ev.request_id in self._submitted.get(ev.conn, ()):
+            raise InvalidArgument(
+                f"request {ev.request_id} was already submitted on this connection; "
+                "a request may be submitted once per connection"
+            )
+        if key in self._requests:
+            raise InvalidArgument(f"request {ev.request_id} of uid {ev.uid} is still live")
+        if len(self._by_uid.get(ev.uid, ())) >= self.params.max_requests_per_uid:
+            raise LimitExceeded(
+                f"uid {ev.uid} already has {self.params.max_requests_per_uid} live requests"
+            )
+        try:
+            size, priority = ModelSize(ev.size), ModelPriority(ev.priority)
+        except ValueError as exc:
+            raise InvalidArgument(f"bad model load request: {exc}") from None
+        self._submitted.setdefault(ev.conn, set()).add(ev.request_id)
+        req = ManagedRequest(
+            key=key, conn=ev.conn, pid=ev.pid, size=size, priority=priority, created=ev.now,
+            seq=next(self._seq), rank=self.importance(ev.uid) + int(priority),
+        )  # fmt: skip
+        self._requests[key] = req
+        self._by_conn.setdefault(ev.conn, set()).add(key)
+        self._by_uid.setdefault(ev.uid, set()).add(key)
+        self._decide(key, "requested", size=size.name, priority=priority.name, rank=req.rank)
+        if not self._eligible(req):
+            self._park(req)
+            self._set_waiting(req, _Q)
+        else:
+            head = self._queue.peek()
+            if head is not None and head.rank <= req.rank:
+                # Never granted past a better (or equal, earlier) waiter: it queues behind.
+                self._queue.push(req)
+                self._set_waiting(req, _Q)
+            elif self._fits(self._charge(req)):
+                self._grant(req)  # the hot path: O(1) whatever waits behind it
+                return
+            else:
+                self._queue.push(req)  # the new head: it may ask victims
+                self._seek_victims(req)
+        if req.state.waits and self.params.max_queue_wait_s > 0:
+            self._arm(req, "wait", ev.now + self.params.max_queue_wait_s)
+
+    def _on_cancel(self, ev: CancelLoad) -> None:
+        req = self._get(ev.uid, ev.request_id)
+        self._finish(req, RequestStatus.CANCELLED)
+        self._pump()
+
+    def _on_loaded(self, ev: ModelLoaded) -> None:
+        req = self._get(ev.uid, ev.request_id)
+        if not req.state.holds:
+            raise InvalidArgument(f"request {ev.request_id} was not granted; it cannot be loaded")
+        if req.state is _G:
+            req.state = _L
+        if not req.loaded:
+            req.loaded = True
+            self._decide(req.key, "loaded")
+
+    def _on_unloaded(self, ev: ModelUnloaded) -> None:
+        req = self._get(ev.uid, ev.request_id)
+        if not req.state.holds:
+            raise InvalidArgument(f"request {ev.request_id} was not granted; it cannot be unloaded")
+        self._finish(req, RequestStatus.COMPLETE)
+        self._pump()
+
+    def _on_client_gone(self, ev: ClientGone) -> None:
+        for key in sorted(self._by_conn.get(ev.conn, ())):
+            self._finish(self._requests[key], None)
+        self._submitted.pop(ev.conn, None)
+        self._pump()
+
+    def _on_importance(self, ev: ImportanceChanged) -> None:
+        if isinstance(ev.importance, bool) or not isinstance(ev.importance, int):
+            raise InvalidArgument(f"importance must be an integer, got {ev.importance!r}")
+        if ev.importance < 0:
+            raise InvalidArgument(f"importance must be >= 0, got {ev.importance}")
+        if ev.uid == 0:
+            self._decide(None, "importance ignored", uid=0, reason="uid 0 is fixed at foreground")
+            return
+        old_app = self.app_priority(ev.uid)
+        old = self.importance(ev.uid)
+        self._importance[ev.uid] = ev.importance
+        self._decide(None, "importance", uid=ev.uid, old=old, new=ev.importance)
+        for key in sorted(self._by_uid.get(ev.uid, ())):
+            req = self._requests[key]
+            new_rank = ev.importance + int(req.priority)
+            if new_rank == req.rank:
+                continue
+            if req.state.waits:
+                self._unplace(req)
+                req.rank = new_rank
+                self._place(req)
+            else:
+                req.rank = new_rank
+        new_app = self.app_priority(ev.uid)
+        if new_app != old_app:
+            self._emit(PushSchedulingConfigs((SchedulingConfig(uid=ev.uid, app_priority=new_app),)))
+        self._enforce(UnloadReason.THERMAL)  # the capacity is unchanged: only the rank limit
+        self._pump()
+
+    def _on_policy(self, ev: PolicySet) -> None:
+        settings = pol.make_settings(
+            ev.policy,
+            max_budget=ev.max_budget,
+            weights=ev.weights,
+            memory_budget_bytes=ev.memory_budget_bytes,
+            defaults=self.params.policy,
+        )  # raises before anything changes
+        self._settings = settings
+        self._used = self._freeing = 0
+        for h in self._holders.values():
+            h.charge = self._charge(h)
+            self._used += h.charge
+            if h.state is _U:
+                self._freeing += h.charge
+        self._refresh_capacity()
+        self._decide(None, "policy", **settings.as_dict())
+        self._rebalance(UnloadReason.POLICY_CHANGED)
+
+    def _on_work_ended(self, ev: WorkEnded) -> None:
+        if ev.reason != EndReason.COMPLETED:
+            return
+        self._last_completed[ev.uid] = ev.now
+        for key in sorted(self._by_uid.get(ev.uid, ())):
+            h = self._requests[key]
+            if h.state in (_G, _L) and self._queue.peer_waiting(h.rank, ev.uid):
+                self._ask_unload(h, UnloadReason.FAIRNESS)
+
+    def _on_thermal(self, ev: ThermalChanged) -> None:
+        status = ThermalStatus(ev.status)
+        self._emit(SetDriverThermal(status))
+        old, self._thermal = self._thermal, status
+        self._refresh_capacity()
+        self._decide(None, "thermal", old=old.name, new=status.name, budget=self._grant_cap)
+        self._rebalance(UnloadReason.THERMAL)
+
+    def _on_timer(self, ev: TimerFired) -> None:
+        key = self._timers.get(ev.key)
+        if key is None:
+            return  # cancelled or already settled: a late timer does nothing
+        req = self._requests[key]
+        if ev.key == req.unload_timer:
+            assert req.unload_deadline is not None
+            if ev.now < req.unload_deadline:
+                self._emit(ArmTimer(ev.key, req.unload_deadline))  # fired early: wait on
+                return
+            del self._timers[ev.key]
+            req.unload_timer = None
+            self._decide(key, "unload deadline passed")
+            self._finish(req, RequestStatus.REVOKED)
+        else:
+            at = req.created + self.params.max_queue_wait_s
+            if ev.now < at:
+                self._emit(ArmTimer(ev.key, at))
+                return
+            del self._timers[ev.key]
+            req.wait_timer = None
+            self._decide(key, "max queue wait passed")
+            self._finish(req, RequestStatus.CANCELLED)
+        self._pump()
+
+    def _on_driver_up(self, ev: DriverUp) -> None:
+        if ev.memory_bytes < 0:
+            raise InvalidArgument(f"driver {ev.name}: memory must be >= 0 bytes")
+        self._drivers[ev.name] = ev.memory_bytes
+        self._drivers_down.pop(ev.name, None)
+        self._refresh_capacity()
+        self._decide(None, "driver up", name=ev.name, memory_bytes=ev.memory_bytes)
+        self._rebalance(UnloadReason.MEMORY_PRESSURE)
+
+    def _on_driver_down(self, ev: DriverDown) -> None:
+        if ev.name in self._drivers:
+            self._drivers_down[ev.name] = self._drivers.pop(ev.name)
+        self._refresh_capacity()
+        self._decide(None, "driver down", name=ev.name)
+        self._rebalance(UnloadReason.MEMORY_PRESSURE)
+
+    def _on_model_memory(self, ev: ModelMemory) -> None:
+        if ev.nbytes < 0:
+            raise InvalidArgument(f"model memory must be >= 0 bytes, got {ev.nbytes}")
+        key = self._grants.get(ev.grant_id)
+        if key is None:
+            return  # the grant already ended
+        req = self._requests[key]
+        # One report per model prepared under the grant: a grant's models add up.
+        req.real_bytes += ev.nbytes
+        new = self._charge(req)
+        delta, req.charge = new - req.charge, new
+        self._used += delta
+        if req.state is _U:
+            self._freeing += delta
+        self._decide(key, "model memory", nbytes=ev.nbytes, charge=new)
+        if delta > 0:
+            self._enforce(UnloadReason.MEMORY_PRESSURE)
+
+    _HANDLERS: dict[type[Event], Callable[[ManagerState, Any], None]] = {
+        RequestLoad: _on_request,
+        CancelLoad: _on_cancel,
+        ModelLoaded: _on_loaded,
+        ModelUnloaded: _on_unloaded,
+        ClientGone: _on_client_gone,
+        ImportanceChanged: _on_importance,
+        PolicySet: _on_policy,
+        WorkEnded: _on_work_ended,
+        ThermalChanged: _on_thermal,
+        TimerFired: _on_timer,
+        DriverUp: _on_driver_up,
+        DriverDown: _on_driver_down,
+        ModelMemory: _on_model_memory,
+    }
+
+    # --- the rules --------------------------------------------------------------
+
+    def _charge(self, req: ManagedRequest) -> int:
+        return pol.charge(self._settings, req.size, req.real_bytes, self.params.size_bytes)
+
+    def _refresh_capacity(self) -> None:
+        scale = self.params.thermal_budget_scale.get(
+            self._thermal, pol.DEFAULT_THERMAL_SCALE[self._thermal]
+        )
+        in_bytes = self._settings.policy is Policy.MEMORY
+        live = sum(self._drivers.values())
+        down = sum(self._drivers_down.values())
+        base = pol.base_budget(self._settings, live)
+        self._grant_cap = pol.scale_budget(base, scale, in_bytes=in_bytes)
+        held = pol.base_budget(self._settings, live + down)
+        self._hold_cap = pol.scale_budget(held, scale, in_bytes=in_bytes)
+
+    def _keep_rank(self) -> int | None:
+        return pol.keep_rank(self.params.thermal_keep_rank, self._thermal)
+
+    def _fits(self, charge: int) -> bool:
+        return self._grant_cap is None or self._used + charge <= self._grant_cap
+
+    def _eligible(self, req: ManagedRequest) -> bool:
+        """Whether the request may be granted at all under the present thermal status and budget."""
+        if not pol.rank_allowed(req.rank, self._keep_rank()):
+            return False
+        if req.opportunistic and self._thermal >= self.params.opportunistic_wait_from:
+            return False
+        return self._grant_cap is None or self._charge(req) <= self._grant_cap
+
+    def _victim_order(self, h: ManagedRequest) -> tuple[float, float, int]:
+        # Least important first; among equals, whoever completed work most recently; newest.
+        return (-h.rank, -self._last_completed.get(h.uid, _NEVER), -h.seq)
+
+    def _pump(self) -> None:
+        """Grant the queue's head while it fits; a head that does not fit may ask victims."""
+        while (head := self._queue.peek()) is not None:
+            if self._fits(self._charge(head)):
+                self._grant(head)
+                continue
+            self._seek_victims(head)
+            return
+
+    def _seek_victims(self, req: ManagedRequest) -> None:
+        assert self._grant_cap is not None
+        need = self._used + self._charge(req) - self._grant_cap
+        freed = self._freeing
+        chosen: list[ManagedRequest] = []
+        if freed < need and not req.opportunistic:  # OPPORTUNISTIC never preempts
+            mine = self._last_completed.get(req.uid, _NEVER)
+            candidates = [
+                h
+                for h in self._holders.values()
+                if h.state is not _U
+                and h.uid != req.uid
+                and (
+                    h.rank > req.rank
+                    or (h.rank == req.rank and mine < self._last_completed.get(h.uid, _NEVER))
+                )
+            ]
+            for h in sorted(candidates, key=self._victim_order):
+                if freed >= need:
+                    break
+                chosen.append(h)
+                freed += h.charge
+        if freed < need:
+            self._set_waiting(req, _Q)  # not enough: ask nobody
+            return
+        for h in chosen:
+            self._ask_unload(h, UnloadReason.PREEMPTED)
+        self._set_waiting(req, _W)
+
+    def _enforce(self, reason: UnloadReason) -> None:
+        """Ask holders to unload until the thermal rank limit and the budget hold."""
+        limit = self._keep_rank()
+        asking = [h for h in self._holders.values() if h.state is not _U]
+        if limit is not None:
+            for h in sorted(asking, key=self._victim_order):
+                if h.rank > limit:
+                    self._ask_unload(h, UnloadReason.THERMAL)
+        cap = self._hold_cap
+        if cap is not None and self._used - self._freeing > cap:
+            for h in sorted(asking, key=self._victim_order):
+                if self._used - self._freeing <= cap:
+                    break
+                if h.state is not _U:
+                    self._ask_unload(h, reason)
+
+    def _rebalance(self, reason: UnloadReason) -> None:
+        """After the budget, policy or thermal status changed: shed, re-sort waiters, grant."""
+        self._enforce(reason)
+        for req in [r for r in self._requests.values() if r.state.waits]:
+            if self._eligible(req) != req.in_queue:
+                self._unplace(req)
+                self._place(req)
+        self._pump()
+
+    # --- transitions ------------------------------------------------------------
+
+    def _grant(self, req: ManagedRequest) -> None:
+        if req.state.waits:
+            self._unplace(req)
+        self._cancel_timer(req, "wait")
+        grant_id = self._grant_ids()
+        if grant_id in self._grants:
+            raise AssertionError(f"grant id {grant_id!r} issued twice")
+        req.grant_id = grant_id
+        req.state = _G
+        req.charge = self._charge(req)
+        self._used += req.charge
+        self._holders[req.key] = req
+        self._grants[grant_id] = req.key
+        uid, rid = req.key
+        self._emit(IssueGrant(uid, rid, grant_id))
+        self._emit(SendCanLoad(req.conn, uid, rid, LoadStatus.CAN_LOAD_NOW, grant_id))
+        req.last_status = LoadStatus.CAN_LOAD_NOW
+        self._decide(req.key, "granted", grant=grant_id[:8], charge=req.charge, used=self._used)
+
+    def _set_waiting(self, req: ManagedRequest, state: RequestState) -> None:
+        req.state = state
+        status = LoadStatus.NOT_PRIORITIZED if state is _Q else LoadStatus.WAIT_FOR_UNLOAD
+        if req.last_status != status:
+            req.last_status = status
+            self._emit(SendCanLoad(req.conn, req.uid, req.request_id, status))
+            self._decide(req.key, status.name.lower(), rank=req.rank, parked=req.parked)
+
+    def _ask_unload(self, h: ManagedRequest, reason: UnloadReason) -> None:
+        assert h.state in (_G, _L), f"{h.key} asked to unload in state {h.state}"
+        h.state = _U
+        h.unload_reason = reason
+        self._freeing += h.charge
+        at = self._now() + self.params.unload_deadline_s
+        h.unload_deadline = at
+        self._emit(AskUnload(h.conn, h.uid, h.request_id, reason))
+        self._arm(h, "unload", at)
+        self._decide(h.key, "asked to unload", reason=reason.name, deadline=at)
+
+    def _finish(self, req: ManagedRequest, status: RequestStatus | None) -> None:
+        """End a request: COMPLETE, CANCELLED, REVOKED, or ``None`` (its client is gone: silent)."""
+        self._cancel_timer(req, "wait")
+        self._cancel_timer(req, "unload")
+        if req.state.waits:
+            self._unplace(req)
+        uid, rid = req.key
+        if req.state.holds:
+            assert req.grant_id is not None
+            del self._holders[req.key]
+            del self._grants[req.grant_id]
+            self._used -= req.charge
+            if req.state is _U:
+                self._freeing -= req.charge
+            self._emit(EndGrant(req.grant_id, uid, rid, revoked=status is RequestStatus.REVOKED))
+        if status is not None:
+            self._emit(SendComplete(req.conn, uid, rid, status))
+        del self._requests[req.key]
+        for index, k in ((self._by_conn, req.conn), (self._by_uid, uid)):
+            keys = index[k]
+            keys.discard(req.key)
+            if not keys:
+                del index[k]
+        what = status.name.lower() if status is not None else "dropped (client gone)"
+        self._decide(req.key, what, was=req.state.value)
+
+    def _park(self, req: ManagedRequest) -> None:
+        req.parked = True
+        self._parked[req.key] = req
+
+    def _place(self, req: ManagedRequest) -> None:
+        if self._eligible(req):
+            self._queue.push(req)
+        else:
+            self._park(req)
+
+    def _unplace(self, req: ManagedRequest) -> None:
+        if req.in_queue:
+            self._queue.remove(req)
+        elif req.parked:
+            req.parked = False
+            del self._parked[req.key]
+
+    def _arm(self, req: ManagedRequest, kind: str, at: float) -> None:
+        name = f"{kind}:{req.uid}:{req.request_id}:{req.seq}"
+        setattr(req, f"{kind}_timer", name)
+        self._timers[name] = req.key
+        self._emit(ArmTimer(name, at))
+
+    def _cancel_timer(self, req: ManagedRequest, kind: str) -> None:
+        name: str | None = getattr(req, f"{kind}_timer")
+        if name is not None:
+            setattr(req, f"{kind}_timer", None)
+            del self._timers[name]
+            self._emit(CancelTimer(name))
+
+    # --- plumbing ---------------------------------------------------------------
+
+    def _get(self, uid: int, request_id: int) -> ManagedRequest:
+        req = self._requests.get((uid, request_id))
+        if req is None:
+            raise UnknownRequest(f"uid {uid} has no live request {request_id}")
+        return req
+
+    def _now(self) -> float:
+        assert self._ev is not None
+        return self._ev.now
+
+    def _emit(self, ins: Instruction) -> None:
+        self._out.append(ins)
+
+    def _decide(self, key: RequestKey | None, what: str, **details: object) -> None:
+        ev = self._ev
+        assert ev is not None
+        self._log.append(Decision(ev.now, ev.stimulus_id, key, what, details))
+
+    def _counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in RequestState}
+        for h in self._holders.values():
+            counts[h.state.value] += 1
+        counts[_Q.value] = sum(1 for r in self._waiters() if r.state is _Q)
+        counts[_W.value] = len(self._queue) + len(self._parked) - counts[_Q.value]
+        return counts
+
+    def _waiters(self) -> Iterable[ManagedRequest]:
+        yield from self._queue.ordered()
+        yield from sorted(self._parked.values(), key=lambda r: (r.rank, r.seq))
+
+    # --- introspection ---------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check every invariant; raise AssertionError naming the first one broken."""
+        from npumanager.service.state_checks import validate_state
+
+        validate_state(self)
+
+    def dump(self, now: float) -> dict[str, Any]:
+        """A JSON-able snapshot (what ``npu status --json`` prints); ``now`` gives ages."""
+        from npumanager.service.state_checks import dump_state
+
+        return dump_state(self, now)
+
+    def __repr__(self) -> str:
+        c = self._counts()
+        cap = "unlimited" if self._grant_cap is None else str(self._grant_cap)
+        if self._settings.policy is Policy.MEMORY:
+            gib = float(pol.GIB)
+            used = f"{self._used / gib:.1f}"
+            cap = "unlimited" if self._grant_cap is None else f"{self._grant_cap / gib:.1f} GiB"
+        else:
+            used = str(self._used)
+        parts = [f"{c['loaded']} loaded", f"{c['granted']} granted"]
+        if c["unload_requested"]:
+            parts.append(f"{c['unload_requested']} unloading")
+        parts.append(f"{c['queued'] + c['waiting']} waiting")
+        thermal = "" if self._thermal == ThermalStatus.NONE else f" thermal={self._thermal.name}"
+        return f"policy={self._settings.name} {used}/{cap} used{thermal} | " + ", ".join(parts)

@@ -1,0 +1,278 @@
+"""Drive a ManagerState on virtual time, validating after every step.
+
+``Harness`` wraps ``handle``: it builds events with ``now`` and a stimulus id,
+calls ``validate()`` after each one, fires armed timers as virtual time
+advances, and feeds every instruction to ``StreamChecker``, which fails on any
+per-request instruction sequence that is not a legal lifecycle.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager.constants import (
+    LoadStatus,
+    ModelPriority,
+    ModelSize,
+    RequestStatus,
+    ThermalStatus,
+    UnloadReason,
+)
+from npumanager.hal.types import EndReason
+from npumanager.service import events as ev
+from npumanager.service.policy import ManagerParams
+from npumanager.service.state import ManagerState
+
+Key = tuple[int, int]
+
+
+@dataclass
+class Life:
+    """What the checker knows about one incarnation of a request key."""
+
+    conn: int
+    phase: str = "new"  # new, waiting, granting, granted, asked, grant_ended, ended
+    grant: str | None = None
+    asked: bool = False
+    revoked_grant: bool = False
+    statuses: list[Any] = field(default_factory=list)
+
+
+class StreamChecker:
+    def __init__(self) -> None:
+        self.lives: dict[Key, Life] = {}
+        self.ended: list[tuple[Key, Life]] = []
+        self.grants_live: set[str] = set()
+
+    def feed(self, event: ev.Event, out: list[ev.Instruction]) -> None:
+        if isinstance(event, ev.RequestLoad):
+            key = (event.uid, event.request_id)
+            assert key not in self.lives or self.lives[key].phase == "ended", key
+            self.lives[key] = Life(conn=event.conn)
+        for ins in out:
+            self._one(ins)
+        if isinstance(event, ev.ClientGone):
+            for key, life in self.lives.items():
+                if life.conn == event.conn and life.phase != "ended":
+                    assert life.grant is None or life.phase == "grant_ended", (
+                        f"{key}: client gone but its grant was not ended"
+                    )
+                    life.phase = "ended"
+        if isinstance(event, ev.RequestLoad):
+            life = self.lives[(event.uid, event.request_id)]
+            assert life.statuses, f"request {event.request_id} got no answer in the same step"
+        for key, life in self.lives.items():
+            assert life.phase not in ("granting", "grant_ended"), f"{key}: left {life.phase}"
+
+    def _one(self, ins: ev.Instruction) -> None:
+        if isinstance(ins, ev.ArmTimer | ev.CancelTimer | ev.PushSchedulingConfigs):
+            return
+        if isinstance(ins, ev.SetDriverThermal):
+            return
+        assert isinstance(
+            ins, ev.SendCanLoad | ev.IssueGrant | ev.AskUnload | ev.EndGrant | ev.SendComplete
+        ), ins
+        key = (ins.uid, ins.request_id)
+        life = self.lives.get(key)
+        assert life is not None, f"{ins} for a request never made"
+        assert life.phase != "ended", f"{ins} after the request ended"
+        if isinstance(ins, ev.SendCanLoad | ev.AskUnload | ev.SendComplete):
+            assert ins.conn == life.conn, f"{ins} to the wrong connection"
+        if isinstance(ins, ev.SendCanLoad):
+            life.statuses.append(ins.status)
+            if ins.status == LoadStatus.CAN_LOAD_NOW:
+                assert life.phase == "granting" and ins.grant_id == life.grant, (
+                    f"{key}: CAN_LOAD_NOW not right after its IssueGrant"
+                )
+                life.phase = "granted"
+            else:
+                assert life.phase in ("new", "waiting"), f"{key}: {ins.status} in {life.phase}"
+                assert ins.grant_id is None
+                life.phase = "waiting"
+        elif isinstance(ins, ev.IssueGrant):
+            assert life.phase in ("new", "waiting"), f"{key}: grant issued in {life.phase}"
+            assert ins.grant_id not in self.grants_live, "grant id reused"
+            life.grant = ins.grant_id
+            self.grants_live.add(ins.grant_id)
+            life.phase = "granting"
+        elif isinstance(ins, ev.AskUnload):
+            assert life.phase == "granted" and not life.asked, f"{key}: AskUnload in {life.phase}"
+            life.asked = True
+        elif isinstance(ins, ev.EndGrant):
+            assert life.phase == "granted" and ins.grant_id == life.grant, (
+                f"{key}: EndGrant in {life.phase}"
+            )
+            self.grants_live.discard(ins.grant_id)
+            life.revoked_grant = ins.revoked
+            life.phase = "grant_ended"
+        elif isinstance(ins, ev.SendComplete):
+            if life.grant is not None:
+                assert life.phase == "grant_ended", f"{key}: completed with its grant live"
+                assert life.revoked_grant == (ins.status == RequestStatus.REVOKED), (
+                    f"{key}: EndGrant(revoked={life.revoked_grant}) with {ins.status.name}"
+                )
+            else:
+                assert life.phase in ("new", "waiting"), f"{key}: completed in {life.phase}"
+                assert ins.status == RequestStatus.CANCELLED, f"{key}: ungranted but {ins.status}"
+            if ins.status == RequestStatus.REVOKED:
+                assert life.asked, f"{key}: revoked without being asked to unload"
+            life.statuses.append(ins.status)
+            life.phase = "ended"
+            self.ended.append((key, life))
+
+    def check_against(self, state: ManagerState) -> None:
+        for key, life in self.lives.items():
+            live = state.request_state(*key) is not None
+            assert live == (life.phase != "ended"), f"{key}: checker {life.phase}, state {live}"
+        assert self.grants_live == {g for g, _, _ in state.live_grants()}
+
+
+class Harness:
+    """A ManagerState on virtual time. Conn defaults to the uid (one connection per uid)."""
+
+    def __init__(self, params: ManagerParams | None = None, *, policy: Any = None) -> None:
+        counter = itertools.count(1)
+        if policy is not None:
+            params = (params or ManagerParams()).with_policy(policy)
+        self.state = ManagerState(params, grant_ids=lambda: f"grant-{next(counter):04d}")
+        self.now = 1000.0
+        self.checker = StreamChecker()
+        self.timers: dict[str, float] = {}
+        self._sid = itertools.count(1)
+        self.log: list[tuple[ev.Event, list[ev.Instruction]]] = []
+
+    # --- plumbing
+    def handle(self, event: ev.Event) -> list[ev.Instruction]:
+        out = self.state.handle(event)
+        self.state.validate()
+        self.checker.feed(event, out)
+        self.checker.check_against(self.state)
+        for ins in out:
+            if isinstance(ins, ev.ArmTimer):
+                self.timers[ins.key] = ins.at
+            elif isinstance(ins, ev.CancelTimer):
+                self.timers.pop(ins.key, None)
+        self.log.append((event, out))
+        return out
+
+    def mk(self, cls: type[ev.Event], **kw: Any) -> Any:
+        return cls(stimulus_id=f"s{next(self._sid)}", now=self.now, **kw)
+
+    def advance(self, dt: float) -> list[ev.Instruction]:
+        """Move time forward, firing every armed timer that comes due, in order."""
+        end = self.now + dt
+        out: list[ev.Instruction] = []
+        while True:
+            due = sorted((at, k) for k, at in self.timers.items() if at <= end)
+            if not due:
+                break
+            at, key = due[0]
+            del self.timers[key]
+            self.now = max(self.now, at)
+            out += self.handle(self.mk(ev.TimerFired, key=key))
+        self.now = end
+        return out
+
+    # --- events
+    def request(
+        self,
+        uid: int,
+        rid: int,
+        size: int = 0,
+        priority: int = 0,
+        conn: int | None = None,
+    ) -> list[ev.Instruction]:
+        return self.handle(
+            self.mk(
+                ev.RequestLoad,
+                uid=uid,
+                pid=uid + 10000,
+                conn=uid if conn is None else conn,
+                request_id=rid,
+                size=ModelSize(size),
+                priority=ModelPriority(priority),
+            )
+        )
+
+    def cancel(self, uid: int, rid: int) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.CancelLoad, uid=uid, conn=uid, request_id=rid))
+
+    def loaded(self, uid: int, rid: int) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.ModelLoaded, uid=uid, conn=uid, request_id=rid))
+
+    def unloaded(self, uid: int, rid: int) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.ModelUnloaded, uid=uid, conn=uid, request_id=rid))
+
+    def gone(self, conn: int) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.ClientGone, conn=conn))
+
+    def importance(self, uid: int, importance: int) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.ImportanceChanged, uid=uid, importance=importance))
+
+    def policy(self, policy: int, **kw: Any) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.PolicySet, policy=policy, **kw))
+
+    def completed(self, uid: int, reason: EndReason = EndReason.COMPLETED) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.WorkEnded, uid=uid, reason=reason))
+
+    def thermal(self, status: ThermalStatus) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.ThermalChanged, status=status))
+
+    def driver_up(self, name: str, memory: int) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.DriverUp, name=name, memory_bytes=memory))
+
+    def driver_down(self, name: str) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.DriverDown, name=name))
+
+    def memory(self, grant_id: str, nbytes: int) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.ModelMemory, grant_id=grant_id, nbytes=nbytes))
+
+    # --- reading outcomes
+    def grant_of(self, uid: int, rid: int) -> str:
+        for g, u, r in self.state.live_grants():
+            if (u, r) == (uid, rid):
+                return g
+        raise AssertionError(f"({uid}, {rid}) holds no grant")
+
+    def hold(self, uid: int, rid: int, size: int = 0, priority: int = 0) -> None:
+        """Request and load; the request must be granted at once."""
+        out = self.request(uid, rid, size, priority)
+        assert status_of(out, uid, rid) == LoadStatus.CAN_LOAD_NOW, out
+        self.loaded(uid, rid)
+
+    def state_of(self, uid: int, rid: int) -> str | None:
+        s = self.state.request_state(uid, rid)
+        return None if s is None else s.value
+
+
+def status_of(out: list[ev.Instruction], uid: int, rid: int) -> LoadStatus | None:
+    """The last load status sent to (uid, rid) in ``out``."""
+    found = None
+    for ins in out:
+        if isinstance(ins, ev.SendCanLoad) and (ins.uid, ins.request_id) == (uid, rid):
+            found = ins.status
+    return found
+
+
+def completes(out: list[ev.Instruction]) -> dict[Key, RequestStatus]:
+    return {(i.uid, i.request_id): i.status for i in out if isinstance(i, ev.SendComplete)}
+
+
+def unloads(out: list[ev.Instruction]) -> dict[Key, UnloadReason]:
+    return {(i.uid, i.request_id): i.reason for i in out if isinstance(i, ev.AskUnload)}
+
+
+def granted(out: list[ev.Instruction]) -> list[Key]:
+    return [
+        (i.uid, i.request_id)
+        for i in out
+        if isinstance(i, ev.SendCanLoad) and i.status == LoadStatus.CAN_LOAD_NOW
+    ]
+
+
+def for_key(out: list[ev.Instruction], uid: int, rid: int) -> list[ev.Instruction]:
+    return [
+        i for i in out if getattr(i, "uid", None) == uid and getattr(i, "request_id", None) == rid
+    ]
