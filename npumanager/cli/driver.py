@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -28,6 +29,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--channels", type=int, default=None, help="override the channel count")
     p.add_argument("--no-enforce-admission", action="store_true",
                    help="prepare without a grant from npud (testing, standalone use)")
+    # npud passes the resolved driver entry so overrides it was started with carry over.
+    p.add_argument("--host-config-json", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=main)
 
 
@@ -37,8 +40,10 @@ async def serve(args: argparse.Namespace) -> int:
     from npumanager.drivers.host import DriverHost, HostConfig
     from npumanager.paths import default_state_dir, ensure_private_dir, runtime_dir
 
-    cfg = Config.load(args.config)
-    hc = HostConfig.from_config(cfg, args.name)
+    if args.host_config_json:
+        hc = HostConfig(**json.loads(args.host_config_json))
+    else:
+        hc = HostConfig.from_config(Config.load(args.config), args.name)
     if args.channels:
         hc.channels = args.channels
     if args.no_enforce_admission:

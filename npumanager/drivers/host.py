@@ -27,7 +27,6 @@ from npumanager.config import Config
 from npumanager.constants import ThermalStatus
 from npumanager.drivers import tensors
 from npumanager.drivers.base import Driver, PreparedModel
-from npumanager.drivers.protocol import SERVICE, configs_from_payload, work_to_msg
 from npumanager.drivers.scheduler import Job, Scheduler
 from npumanager.errors import (
     ExecutionFailed,
@@ -37,6 +36,7 @@ from npumanager.errors import (
     WorkCancelled,
 )
 from npumanager.hal.types import HAL_VERSION, EndReason
+from npumanager.hal.wire import SERVICE, configs_from_payload, work_to_msg
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.conn import CallContext, Handler, RpcConnection, close_fds

@@ -1,5 +1,6 @@
 """The vendor-driver boundary (the android.hardware.npu analog)."""
 
+from npumanager.hal.client import IScheduling, connect_scheduling
 from npumanager.hal.types import (
     DEBOUNCE_DURATION_MS,
     HAL_VERSION,
@@ -18,8 +19,10 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "EndReason",
+    "IScheduling",
     "ISchedulingCallback",
     "SchedulingConfig",
     "StartReason",
     "WorkInfo",
+    "connect_scheduling",
 ]

@@ -20,7 +20,6 @@ from typing import Any
 from google.protobuf.message import Message
 
 from npumanager import paths
-from npumanager.drivers.protocol import SERVICE
 from npumanager.errors import (
     DeviceUnavailable,
     GrantRequired,
@@ -29,6 +28,7 @@ from npumanager.errors import (
     NpuError,
     ServiceUnavailable,
 )
+from npumanager.hal.wire import SERVICE
 from npumanager.nn.model import Model
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty

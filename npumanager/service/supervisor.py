@@ -1,0 +1,343 @@
+"""npud's driver supervisor: spawn, watch, restart and talk to the driver hosts.
+
+It implements :class:`DriverControl` for the daemon. Each configured driver
+runs as its own process (``python -m npumanager driver NAME``, the Android HAL
+service analog). Its death is noticed at once (process exit and connection
+close, whichever comes first) and it is restarted with exponential back-off.
+On every (re)connect npud attaches as the manager, pushes the full
+scheduling table, registers itself as the one HAL callback, and re-sends live
+grants and the thermal status. While a driver is down its clients get
+DeviceUnavailable from the runtime; npud keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from npumanager.clock import Clock
+from npumanager.config import Config
+from npumanager.constants import ThermalStatus
+from npumanager.hal.types import DEBOUNCE_DURATION_MS, EndReason, SchedulingConfig
+from npumanager.hal.wire import SERVICE, configs_msg, work_event_from_payload
+from npumanager.proto.v1 import driver_pb2 as pb
+from npumanager.proto.v1.common_pb2 import DeviceInfo
+from npumanager.proto.v1.wire_pb2 import Empty
+from npumanager.service.driver_link import DriverEvents
+from npumanager.wire.client import connect_async
+from npumanager.wire.conn import CallContext, RpcConnection, close_fds
+
+log = logging.getLogger("npumanager.service.supervisor")
+
+
+@dataclass
+class Backoff:
+    """Restart delays: ``first`` doubling up to ``maximum``; reset after a stable run."""
+
+    first: float
+    maximum: float
+    stable_s: float = 10.0
+    current: float = 0.0
+
+    def next_delay(self, up_for_s: float) -> float:
+        if up_for_s >= self.stable_s or self.current == 0.0:
+            self.current = self.first
+        else:
+            self.current = min(self.current * 2, self.maximum)
+        return self.current
+
+
+@dataclass(eq=False)
+class DriverSlot:
+    name: str
+    number: int
+    entry: dict[str, Any]
+    backoff: Backoff
+    info: DeviceInfo
+    proc: asyncio.subprocess.Process | None = None
+    conn: RpcConnection | None = None
+    up: bool = False
+    up_since: float = 0.0
+    starts: int = 0
+    temperature: float | None = None
+    last_exit: str = ""
+    task: asyncio.Task[None] | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class DriverSupervisor:
+    def __init__(self, cfg: Config, runtime_dir: Path, events: DriverEvents, clock: Clock,
+                 *, state_dir: Path | None = None, startup_wait_s: float = 20.0) -> None:
+        self.cfg = cfg
+        self.runtime_dir = Path(runtime_dir)
+        self.events = events
+        self.clock = clock
+        self.state_dir = state_dir
+        self.startup_wait_s = startup_wait_s
+        self.enforce_admission = bool(cfg.section("manager").get("enforce_admission", True))
+        self.poll_s = float(cfg.section("thermal").get("poll_interval_s", 1.0))
+        self.table: dict[int, SchedulingConfig] = {}
+        self.grants: dict[str, tuple[int, int]] = {}
+        self.thermal = ThermalStatus.NONE
+        self.stopping = False
+        self.slots: list[DriverSlot] = []
+        for i, entry in enumerate(cfg.drivers()):
+            name = str(entry["name"])
+            self.slots.append(DriverSlot(
+                name=name, number=i, entry=entry,
+                backoff=Backoff(float(entry.get("restart_backoff_s", 0.2)),
+                                float(entry.get("restart_backoff_max_s", 10.0))),
+                info=DeviceInfo(name=name, socket_path=str(self._socket(name)),
+                                available=False, device_number=i),
+            ))
+
+    def __repr__(self) -> str:
+        up = sum(s.up for s in self.slots)
+        return f"<DriverSupervisor {up}/{len(self.slots)} drivers up | {len(self.grants)} grants>"
+
+    def _socket(self, name: str) -> Path:
+        return self.runtime_dir / "drivers" / f"{name}.sock"
+
+    # --- DriverControl ------------------------------------------------------------
+
+    async def start(self) -> None:
+        (self.runtime_dir / "drivers").mkdir(parents=True, exist_ok=True)
+        for slot in self.slots:
+            slot.task = asyncio.get_running_loop().create_task(self._supervise(slot))
+        # npud is ready once its drivers are (or failed to come up in time).
+        waits = [asyncio.create_task(s.ready.wait()) for s in self.slots]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=self.startup_wait_s)
+            for t in pending:
+                t.cancel()
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for slot in self.slots:
+            if slot.task is not None:
+                slot.task.cancel()
+        for slot in self.slots:
+            if slot.task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await slot.task
+            await self._terminate(slot)
+
+    def devices(self) -> list[DeviceInfo]:
+        return [s.info for s in self.slots]
+
+    def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
+        self.table = {c.uid: c for c in table}
+        self._push_all("hal.set_scheduling_configs", configs_msg(table))
+
+    def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:
+        for c in entries:
+            self.table[c.uid] = c
+        self._push_all("hal.update_scheduling_configs", configs_msg(entries))
+
+    def grant_issued(self, uid: int, request_id: int, grant_id: str) -> None:
+        self.grants[grant_id] = (uid, request_id)
+        self._push_all("hal.grant_issued",
+                       pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))
+
+    def grant_ended(self, grant_id: str, revoked: bool) -> None:
+        self.grants.pop(grant_id, None)
+        self._push_all("hal.grant_ended", pb.GrantEnded(grant_id=grant_id, revoked=revoked))
+
+    def set_thermal_status(self, status: ThermalStatus) -> None:
+        self.thermal = status
+        self._push_all("hal.set_thermal_status", pb.ThermalStatusMsg(status=int(status)))
+
+    def temperatures(self) -> dict[str, float]:
+        return {s.name: s.temperature for s in self.slots
+                if s.up and s.temperature is not None}
+
+    # --- internals -------------------------------------------------------------------
+
+    def _push_all(self, method: str, msg: Any) -> None:
+        # Pushes go out synchronously, in order, before npud answers its client
+        # (a grant reaches the driver before the client can use it).
+        for slot in self.slots:
+            if slot.up and slot.conn is not None and not slot.conn.closed:
+                slot.conn.push(method, msg)
+
+    def _command(self, slot: DriverSlot) -> list[str]:
+        from npumanager.drivers.host import HostConfig
+
+        hc = HostConfig.from_config(self.cfg, slot.name)
+        hc.enforce_admission = self.enforce_admission
+        cmd = [sys.executable, "-m", "npumanager", "driver", slot.name,
+               "--runtime-dir", str(self.runtime_dir),
+               "--host-config-json", json.dumps(dataclasses.asdict(hc))]
+        if self.state_dir is not None:
+            cmd += ["--state-dir", str(self.state_dir)]
+        return cmd
+
+    async def _supervise(self, slot: DriverSlot) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stopping:
+            started = loop.time()
+            try:
+                await self._run_once(slot)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                slot.last_exit = str(exc)
+                log.warning("driver %s: %s", slot.name, exc)
+            finally:
+                was_up = slot.up
+                self._mark_down(slot)
+                await self._terminate(slot)
+                if was_up and not self.stopping:
+                    self.events.driver_down(slot.name, slot.last_exit or "driver exited")
+            slot.ready.set()  # it tried; npud's start does not wait for a broken driver
+            if self.stopping:
+                return
+            delay = slot.backoff.next_delay(loop.time() - started)
+            log.warning("driver %s is down (%s); restarting in %.1f s", slot.name,
+                        slot.last_exit, delay)
+            await asyncio.sleep(delay)
+
+    async def _run_once(self, slot: DriverSlot) -> None:
+        slot.starts += 1
+        slot.last_exit = ""
+        proc = await asyncio.create_subprocess_exec(
+            *self._command(slot), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        )
+        slot.proc = proc
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            await self._wait_ready(slot, proc, exited)
+            closed = asyncio.Event()
+
+            def on_close(conn: RpcConnection, exc: BaseException | None) -> None:
+                closed.set()
+
+            conn, _ = await connect_async(str(self._socket(slot.name)), SERVICE,
+                                          self._handlers(slot), client_name="npud",
+                                          on_close=on_close)
+            slot.conn = conn
+            await self._handshake(slot, conn)
+            slot.up = True
+            slot.up_since = self.clock.now()
+            slot.info.available = True
+            log.info("driver %s is up (pid %d, %s)", slot.name, proc.pid, slot.info.version)
+            self.events.driver_up(slot.info)
+            slot.ready.set()
+            await self._watch(slot, conn, exited, closed)
+        finally:
+            if not exited.done():
+                exited.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await exited
+
+    async def _wait_ready(self, slot: DriverSlot, proc: asyncio.subprocess.Process,
+                          exited: asyncio.Future[int]) -> None:
+        assert proc.stdout is not None
+        line_task = asyncio.ensure_future(proc.stdout.readline())
+        both: set[asyncio.Future[Any]] = {line_task, exited}
+        done, _ = await asyncio.wait(both, timeout=60.0,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if line_task in done and b"ready" in line_task.result():
+            return
+        line_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await line_task
+        if exited.done():
+            slot.last_exit = f"exited with code {exited.result()} before it was ready"
+        else:
+            slot.last_exit = "did not become ready"
+        raise RuntimeError(slot.last_exit)
+
+    async def _handshake(self, slot: DriverSlot, conn: RpcConnection) -> None:
+        await conn.call("hal.attach_manager",
+                        pb.AttachManager(enforce_admission=self.enforce_admission))
+        await conn.call("hal.set_scheduling_configs", configs_msg(list(self.table.values())))
+        await conn.call("hal.set_callback", pb.SetCallback(debounce_ms=DEBOUNCE_DURATION_MS))
+        for grant_id, (uid, request_id) in self.grants.items():
+            conn.push("hal.grant_issued",
+                      pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))
+        if self.thermal != ThermalStatus.NONE:
+            conn.push("hal.set_thermal_status", pb.ThermalStatusMsg(status=int(self.thermal)))
+        payload, _ = await conn.call("device.capabilities", Empty())
+        caps = pb.Capabilities.FromString(payload)
+        slot.info = DeviceInfo(
+            name=slot.name, version=caps.version, socket_path=str(self._socket(slot.name)),
+            channels=caps.channels, memory_bytes=caps.memory_bytes, available=False,
+            model_cache_files=caps.model_cache_files, data_cache_files=caps.data_cache_files,
+            backend=caps.backend, device_number=slot.number,
+        )
+
+    async def _watch(self, slot: DriverSlot, conn: RpcConnection, exited: asyncio.Future[int],
+                     closed: asyncio.Event) -> None:
+        closed_wait = asyncio.ensure_future(closed.wait())
+        try:
+            while True:
+                either: set[asyncio.Future[Any]] = {exited, closed_wait}
+                done, _ = await asyncio.wait(either, timeout=self.poll_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if exited in done:
+                    slot.last_exit = f"exited with code {exited.result()}"
+                    return
+                if closed_wait in done:
+                    slot.last_exit = "its connection closed"
+                    return
+                await self._poll_temperature(slot, conn)
+        finally:
+            closed_wait.cancel()
+
+    async def _poll_temperature(self, slot: DriverSlot, conn: RpcConnection) -> None:
+        try:
+            payload, _ = await asyncio.wait_for(conn.call("hal.get_temperature", Empty()),
+                                                self.poll_s)
+        except Exception:
+            return
+        t = pb.Temperature.FromString(payload).celsius
+        slot.temperature = None if t != t else t
+
+    def _handlers(self, slot: DriverSlot) -> dict[str, object]:
+        def on_ended(ctx: CallContext, payload: bytes) -> None:
+            close_fds(ctx.fds)
+            info, reason = work_event_from_payload(payload)
+            self.events.work_ended(slot.name, info, EndReason(reason))
+
+        def ignore(ctx: CallContext, payload: bytes) -> None:
+            close_fds(ctx.fds)
+
+        def on_memory(ctx: CallContext, payload: bytes) -> None:
+            close_fds(ctx.fds)
+            msg = pb.ModelMemory.FromString(payload)
+            self.events.model_memory(slot.name, msg.grant_id, msg.nbytes)
+
+        return {"hal.on_work_requested": ignore, "hal.on_work_started": ignore,
+                "hal.on_work_ended": on_ended, "hal.model_memory": on_memory, "goodbye": ignore}
+
+    def _mark_down(self, slot: DriverSlot) -> None:
+        slot.up = False
+        slot.temperature = None
+        slot.info.available = False
+        if slot.conn is not None:
+            slot.conn.close()
+            slot.conn = None
+
+    async def _terminate(self, slot: DriverSlot) -> None:
+        proc, slot.proc = slot.proc, None
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.feed_eof()
