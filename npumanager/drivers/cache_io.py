@@ -54,6 +54,12 @@ def _check_fd(fd: int, *, need_read: bool) -> None:
         raise InvalidArgument(f"cache fd {fd} is read-only")
 
 
+def check_fds(fds: Sequence[int], *, need_read: bool) -> None:
+    """InvalidArgument unless every fd is an open regular file readable (or writable)."""
+    for fd in fds:
+        _check_fd(fd, need_read=need_read)
+
+
 @contextmanager
 def locked(
     fds: Sequence[int], *, exclusive: bool, timeout_s: float = LOCK_TIMEOUT_S
@@ -200,4 +206,11 @@ def dup_fds(fds: Sequence[int]) -> list[int]:
     return out
 
 
-__all__ = ["LOCK_TIMEOUT_S", "dup_fds", "locked", "read_cache_files", "write_cache_files"]
+__all__ = [
+    "LOCK_TIMEOUT_S",
+    "check_fds",
+    "dup_fds",
+    "locked",
+    "read_cache_files",
+    "write_cache_files",
+]

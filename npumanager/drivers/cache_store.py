@@ -10,8 +10,8 @@ together in the only safe order:
   with the other's tag. Any failure is swallowed (returns False): a failed save
   never changes a prepare result.
 - ``load``: check the arguments (InvalidArgument), read each file once into
-  memory under a shared lock, verify the keyed tag of those buffers against
-  the map (GeneralFailure on mismatch) and only then return them for
+  memory and verify the keyed tag of those buffers against the map, both under
+  a shared lock (GeneralFailure on mismatch), and only then return them for
   deserialization. The files are never read again.
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from npumanager.cache.verifier import CacheVerifier, verifier_dir
 from npumanager.drivers.cache_io import (
     LOCK_TIMEOUT_S,
+    check_fds,
     locked,
     read_cache_files,
     write_cache_files,
@@ -111,11 +112,16 @@ class DriverCache:
         if not self.enabled:
             raise GeneralFailure("this driver does not support compilation caching")
         raw = self.check_args(token, model_fds, data_fds)
-        bufs = read_cache_files(
-            [*model_fds, *data_fds], self.max_bytes, lock_timeout_s=self.lock_timeout_s
-        )
-        model_bufs, data_bufs = bufs[: self.n_model], bufs[self.n_model :]
-        if not self.verifier.verify(raw, model_bufs, data_bufs):
+        fds = [*model_fds, *data_fds]
+        check_fds(fds, need_read=True)
+        # Verify while still holding the shared lock: a cooperating rewrite (multi-stage)
+        # replaces files and tag together under the exclusive lock, so a reader sees
+        # either the old files with the old tag or the new with the new, never a mix.
+        with locked(fds, exclusive=False, timeout_s=self.lock_timeout_s):
+            bufs = read_cache_files(fds, self.max_bytes, lock=False)
+            model_bufs, data_bufs = bufs[: self.n_model], bufs[self.n_model :]
+            ok = self.verifier.verify(raw, model_bufs, data_bufs)
+        if not ok:
             raise GeneralFailure("the compilation cache does not match what this driver wrote")
         return model_bufs, data_bufs
 
