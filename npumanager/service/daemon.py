@@ -443,7 +443,7 @@ class Daemon:
             "internal_errors": self.internal_errors,
             "timers": len(self._timers),
         }
-        out["thermal"] = self.thermal_info()
+        out["thermal"] = {**out.get("thermal", {}), **self.thermal_info()}
         out["devices"] = [device_dict(d) for d in self.drivers.devices()]
         return out
 

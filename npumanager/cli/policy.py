@@ -1,0 +1,69 @@
+"""`npu policy set NAME [--max-budget N] [--weight SIZE=W ...]` (admin)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from npumanager.cli.main import add_runtime_dir
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser("policy", help="change npud's admission policy")
+    add_runtime_dir(p)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    s = verbs.add_parser("set", help="set the policy (admin only)")
+    add_runtime_dir(s)
+    s.add_argument("name", help="status_quo, turn_taking, budget or memory (or 0-3)")
+    s.add_argument("--max-budget", type=int, default=None, help="BUDGET: the budget (> 0)")
+    s.add_argument("--weight", action="append", default=[], metavar="SIZE=W",
+                   help="BUDGET: weight of a size class (0 <1GB, 1 1-2GB, 2 >2GB); repeatable")
+    s.add_argument("--memory-budget-bytes", type=int, default=None,
+                   help="MEMORY: the budget in bytes (default: the drivers' memory)")
+    s.set_defaults(func=main)
+
+
+def parse_policy(text: str) -> int:
+    from npumanager.constants import Policy
+
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return int(Policy[text.strip().upper().replace("-", "_")])
+    except KeyError:
+        names = ", ".join(m.name.lower() for m in Policy)
+        raise SystemExit(f"npu policy: unknown policy {text!r}; use one of {names}") from None
+
+
+def main(args: argparse.Namespace) -> int:
+    from npumanager.client import KEY_MEMORY_BUDGET_BYTES, NpuManager
+    from npumanager.constants import KEY_MAX_BUDGET, KEY_MODEL_SIZE_WEIGHTS, Policy
+
+    policy = parse_policy(args.name)
+    bundle: dict[str, Any] = {}
+    if args.max_budget is not None:
+        bundle[KEY_MAX_BUDGET] = args.max_budget
+    if args.memory_budget_bytes is not None:
+        bundle[KEY_MEMORY_BUDGET_BYTES] = args.memory_budget_bytes
+    if args.weight:
+        weights: dict[str, int] = {}
+        for w in args.weight:
+            size, sep, value = w.partition("=")
+            try:
+                if not sep:
+                    raise ValueError
+                weights[str(int(size))] = int(value)
+            except ValueError:
+                raise SystemExit(f"npu policy: --weight wants SIZE=W (e.g. 2=4), not {w!r}") \
+                    from None
+        bundle[KEY_MODEL_SIZE_WEIGHTS] = weights
+    with NpuManager(args.runtime_dir) as mgr:
+        mgr.set_policy(policy, bundle or None)
+    try:
+        name = Policy(policy).name
+    except ValueError:
+        name = str(policy)
+    print(f"policy set to {name}" + (f" {bundle}" if bundle else ""))
+    return 0

@@ -1,0 +1,144 @@
+"""npud as a process: hostile frames, shutdown, the CLI against a live daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from npumanager import (
+    Importance,
+    ModelLoadRequest,
+    ModelLoadRequestCallback,
+    ModelSize,
+    NpuManager,
+    RequestStatus,
+)
+from npumanager.errors import ServiceUnavailable
+from npumanager.proto.v1.wire_pb2 import Frame, Hello
+from npumanager.testing.daemon import DaemonProcess
+from npumanager.testing.procs import spawn_as
+from npumanager.wire.framing import PROTOCOL_VERSION, REQUEST, encode
+
+from .apps import scripted_app
+from .conftest import BG, FG, StartDaemon, wait_state, wait_until
+
+
+def _npu(runtime_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "npumanager", *args, "--runtime-dir",
+                           str(runtime_dir)], capture_output=True, text=True, timeout=20)
+
+
+def test_socket_mode_and_ready_line(npud: DaemonProcess, runtime_dir: Path) -> None:
+    assert npud.ready_line is not None and "ready" in npud.ready_line
+    st = os.stat(runtime_dir / "npu.sock")
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
+    assert stat.S_IMODE(os.stat(runtime_dir).st_mode) == 0o755
+
+
+@pytest.mark.parametrize("garbage", [
+    struct.pack(">I", 1 << 30),                      # announces a 1 GiB frame
+    struct.pack(">I", 6) + b"\xff\xfe\xfd\xfc\xfb\xfa",  # not a protobuf
+    b"\x00\x00\x00\x03abc",                           # truncated nonsense
+])
+def test_malformed_frames_do_not_hurt_other_clients(admin: NpuManager, runtime_dir: Path,
+                                                    garbage: bytes) -> None:
+    with spawn_as(FG, None, scripted_app, runtime_dir, [(1, 0, 0)], until="exit") as app:
+        wait_state(admin, FG, 1, "loaded")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(str(runtime_dir / "npu.sock"))
+        hello = Hello(protocol_version=PROTOCOL_VERSION, service="manager")
+        s.sendall(encode(Frame(kind=REQUEST, call_id=1, method="hello",
+                               payload=hello.SerializeToString())))
+        s.recv(4096)
+        # A request whose payload is not a LoadRequest: a typed error, connection kept.
+        s.sendall(encode(Frame(kind=REQUEST, call_id=2, method="request", payload=b"\xff\xff")))
+        s.sendall(garbage)
+        data = b""
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        assert b"InvalidArgument" in data or b"ProtocolError" in data or b"FrameTooLarge" in data
+        # Everyone else is still served and nothing was lost.
+        assert admin.dump()["daemon"]["internal_errors"] == 0
+        wait_state(admin, FG, 1, "loaded")
+        app.send(("exit",))
+        assert app.wait() == [("can", 1, "CAN_LOAD_NOW")]
+
+
+def test_sigterm_ends_live_requests_and_calls_raise_service_unavailable(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    npud = start_npud()
+    ended = threading.Event()
+    outcomes: list[tuple[int, RequestStatus]] = []
+
+    class CB(ModelLoadRequestCallback):
+        def on_can_load_model(self, request, status, listener):  # type: ignore[no-untyped-def]
+            listener.notify_model_loaded(request)
+
+        def on_model_load_request_complete(self, request, status):  # type: ignore[no-untyped-def]
+            outcomes.append((request.id, status))
+            ended.set()
+
+    with NpuManager(runtime_dir) as mgr:
+        mgr.request_can_load_model(ModelLoadRequest(1, ModelSize.GREATER_THAN_2G), CB())
+        wait_until(lambda: mgr.dump()["counts"]["loaded"] == 1)
+        assert npud.stop() == 0
+        assert ended.wait(5), "live request never ended after npud went away"
+        assert outcomes == [(1, RequestStatus.CANCELLED)]
+        with pytest.raises(ServiceUnavailable):
+            mgr.dump()
+        with pytest.raises(ServiceUnavailable):
+            mgr.request_can_load_model(ModelLoadRequest(2), CB())
+    assert not (runtime_dir / "npu.sock").exists()
+    assert "npud stopped" in npud.output
+
+
+def test_no_daemon_is_service_unavailable(runtime_dir: Path) -> None:
+    with pytest.raises(ServiceUnavailable):
+        NpuManager(runtime_dir)
+
+
+def test_cli_status_policy_importance_thermal(admin: NpuManager, runtime_dir: Path) -> None:
+    with spawn_as(BG, None, scripted_app, runtime_dir, [(3, 2, 0)], until="exit") as app:
+        wait_state(admin, BG, 3, "loaded")
+        r = _npu(runtime_dir, "policy", "set", "budget", "--max-budget", "6", "--weight", "2=3")
+        assert r.returncode == 0, r.stderr
+        r = _npu(runtime_dir, "importance", "set", str(BG), "perceptible")
+        assert r.returncode == 0, r.stderr
+        r = _npu(runtime_dir, "thermal", "override", "moderate")
+        assert r.returncode == 0, r.stderr
+        assert "MODERATE" in r.stdout
+        r = _npu(runtime_dir, "status", "--json")
+        assert r.returncode == 0, r.stderr
+        dump = json.loads(r.stdout)
+        r = _npu(runtime_dir, "status")
+        assert r.returncode == 0, r.stderr
+        text = r.stdout
+        r = _npu(runtime_dir, "status", "--story", f"{BG}:3")
+        assert r.returncode == 0, r.stderr
+        story = r.stdout
+        assert _npu(runtime_dir, "thermal", "reset").returncode == 0
+        assert _npu(runtime_dir, "policy", "set", "budget", "--weight", "2=0").returncode == 1
+        app.send(("exit",))
+        app.wait()
+    assert dump["policy"]["max_budget"] == 6
+    assert dump["uids"][str(BG)]["importance"] == int(Importance.PERCEPTIBLE)
+    assert dump["thermal"]["status"] == "MODERATE"
+    [req] = [x for x in dump["requests"] if x["uid"] == BG]
+    assert req["request_id"] == 3 and req["state"] == "loaded" and req["age_s"] >= 0
+    assert "loaded" in text and str(BG) in text
+    assert f"request 3 of uid {BG}" in story and "grant" in story.lower()
+    assert admin.thermal_status().status.name == "NONE"
