@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from npumanager.constants import (
@@ -214,7 +214,10 @@ class ManagerState:
                 f"uid {ev.uid} already has {self.params.max_requests_per_uid} live requests"
             )
         try:
-            size, priority = ModelSize(ev.size), ModelPriority(ev.priority)
+            size = ev.size if type(ev.size) is ModelSize else ModelSize(ev.size)
+            priority = (
+                ev.priority if type(ev.priority) is ModelPriority else ModelPriority(ev.priority)
+            )
         except ValueError as exc:
             raise InvalidArgument(f"bad model load request: {exc}") from None
         self._submitted.setdefault(ev.conn, set()).add(ev.request_id)
@@ -324,10 +327,14 @@ class ManagerState:
         if ev.reason != EndReason.COMPLETED:
             return
         self._last_completed[ev.uid] = ev.now
+        asked = False
         for key in sorted(self._by_uid.get(ev.uid, ())):
             h = self._requests[key]
             if h.state in (_G, _L) and self._queue.peer_waiting(h.rank, ev.uid):
                 self._ask_unload(h, UnloadReason.FAIRNESS)
+                asked = True
+        if asked:
+            self._pump()  # the head may now wait for this unload (WAIT_FOR_UNLOAD)
 
     def _on_thermal(self, ev: ThermalChanged) -> None:
         status = ThermalStatus(ev.status)
@@ -628,15 +635,9 @@ class ManagerState:
 
     def _counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in RequestState}
-        for h in self._holders.values():
-            counts[h.state.value] += 1
-        counts[_Q.value] = sum(1 for r in self._waiters() if r.state is _Q)
-        counts[_W.value] = len(self._queue) + len(self._parked) - counts[_Q.value]
+        for r in self._requests.values():
+            counts[r.state.value] += 1
         return counts
-
-    def _waiters(self) -> Iterable[ManagedRequest]:
-        yield from self._queue.ordered()
-        yield from sorted(self._parked.values(), key=lambda r: (r.rank, r.seq))
 
     # --- introspection ---------------------------------------------------------
 

@@ -10,6 +10,7 @@ from npumanager.constants import (
     ModelPriority,
     Policy,
     RequestStatus,
+    ThermalStatus,
     UnloadReason,
 )
 from npumanager.errors import InvalidArgument, LimitExceeded, UnknownRequest
@@ -44,7 +45,10 @@ def test_lifecycle_grant_load_unload_complete() -> None:
     h = budget()
     out = h.request(FG, 1)
     assert [type(i) for i in out] == [ev.IssueGrant, ev.SendCanLoad]
-    assert out[0].grant_id == out[1].grant_id == "grant-0001"
+    assert out == [
+        ev.IssueGrant(FG, 1, "grant-0001"),
+        ev.SendCanLoad(FG, FG, 1, LoadStatus.CAN_LOAD_NOW, "grant-0001"),
+    ]
     assert h.state_of(FG, 1) == "granted"
     assert h.loaded(FG, 1) == []
     assert h.state_of(FG, 1) == "loaded"
@@ -153,9 +157,7 @@ def test_max_requests_per_uid() -> None:
 def test_bad_size_or_priority_refused() -> None:
     h = budget()
     with pytest.raises(InvalidArgument):
-        h.handle(
-            h.mk(ev.RequestLoad, uid=FG, pid=1, conn=FG, request_id=1, size=9)  # type: ignore[arg-type]
-        )
+        h.handle(h.mk(ev.RequestLoad, uid=FG, pid=1, conn=FG, request_id=1, size=9))
     assert h.state_of(FG, 1) is None
 
 
@@ -609,6 +611,7 @@ def test_fairness_on_completed_asks_the_holder_when_an_equal_peer_waits() -> Non
     assert h.state_of(VIS + 10, 2) == "queued"
     out = h.completed(VIS)
     assert unloads(out) == {(VIS, 1): UnloadReason.FAIRNESS}
+    assert status_of(out, VIS + 10, 2) == LoadStatus.WAIT_FOR_UNLOAD
     out = h.unloaded(VIS, 1)
     assert granted(out) == [(VIS + 10, 2)]
 
@@ -791,6 +794,12 @@ def test_from_config_reads_defaults() -> None:
     assert p.max_budget == 4 and dict(p.weights) == {0: 1, 1: 2, 2: 4}
     assert p.unload_deadline_s == 5.0 and p.max_queue_wait_s == 0.0
     assert p.max_requests_per_uid == 256 and p.default_importance == 1000
+    assert p.size_bytes == {0: 1 << 30, 1: 2 << 30, 2: 4 << 30}
+    assert p.thermal_budget_scale[ThermalStatus.MODERATE] == 0.75
+    assert p.thermal_keep_rank[ThermalStatus.SEVERE] == 230
+    assert p.thermal_keep_rank[ThermalStatus.MODERATE] is None
+    assert p.thermal_keep_rank[ThermalStatus.SHUTDOWN] == -1
+    assert p.opportunistic_wait_from is ThermalStatus.MODERATE
 
 
 def test_from_config_overrides_and_rejects_bad_values() -> None:
@@ -806,5 +815,35 @@ def test_from_config_overrides_and_rejects_bad_values() -> None:
     assert p.policy.policy is Policy.TURN_TAKING and p.max_budget == 1
     assert p.unload_deadline_s == 1.5 and p.max_queue_wait_s == 9.0
     for bad in ({"name": "nope"}, {"max_budget": 0}, {"weights": {"2": -1}}):
+        with pytest.raises(InvalidArgument):
+            ManagerParams.from_config(Config.load(overrides={"policy": bad}))
+
+
+def test_from_config_thermal_knobs() -> None:
+    from npumanager.config import Config
+
+    cfg = Config.load(
+        overrides={
+            "policy": {
+                "thermal_budget_scale": {"moderate": 0.5, "4": 0.1},
+                "thermal_keep_rank": {"severe": 1000000, "critical": 300},
+                "opportunistic_wait_from": "severe",
+                "size_bytes": {"0": 512},
+            }
+        }
+    )
+    p = ManagerParams.from_config(cfg)
+    assert p.thermal_budget_scale[ThermalStatus.MODERATE] == 0.5
+    assert p.thermal_budget_scale[ThermalStatus.CRITICAL] == 0.1
+    assert p.thermal_keep_rank[ThermalStatus.SEVERE] is None
+    assert p.thermal_keep_rank[ThermalStatus.CRITICAL] == 300
+    assert p.opportunistic_wait_from is ThermalStatus.SEVERE
+    assert p.size_bytes[0] == 512
+    for bad in (
+        {"thermal_budget_scale": {"moderate": 2.0}},
+        {"thermal_budget_scale": {"lukewarm": 0.5}},
+        {"thermal_keep_rank": {"severe": -5}},
+        {"size_bytes": {"0": 0}},
+    ):
         with pytest.raises(InvalidArgument):
             ManagerParams.from_config(Config.load(overrides={"policy": bad}))
