@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from npumanager.drivers.reference_cache import artifacts_from_onnx, session_from_artifacts
-from npumanager.errors import GeneralFailure
+from npumanager.errors import GeneralFailure, InvalidArgument
 
 if TYPE_CHECKING:
-    from npumanager.drivers.base import CompileOptions
+    from npumanager.drivers.base import CompileOptions, PreparedModel
     from npumanager.drivers.reference import OrtModel, ReferenceDriver
 
 
@@ -55,4 +55,57 @@ def reference_load(
     return OrtModel(session, weights + 2 * _io_bytes(session) + (1 << 20), None)
 
 
-__all__ = ["reference_artifacts", "reference_load"]
+def reference_staged(
+    driver: ReferenceDriver, onnx_bytes: bytes, options: CompileOptions, mode: str
+) -> PreparedModel:
+    """The reference driver's JIT / multi-stage model (driver option ``compile_mode``).
+
+    Options: ``recompile_after`` (executions before the multi-stage recompile,
+    default 8). JIT compiles at the level the preference asks for; multi-stage
+    starts at "basic" and ends there too.
+    """
+    from npumanager.drivers.reference import OrtModel
+    from npumanager.drivers.reference_cache import base_session_options, compile_with_artifacts
+    from npumanager.drivers.staged import DEFAULT_RECOMPILE_AFTER, StagedModel, onnx_signature
+
+    threads = int(getattr(driver, "intra_op_threads", 1))
+    counts = (int(driver.n_model_cache), int(driver.n_data_cache))
+    full = "basic" if options.preference == 0 else "all"
+
+    def compile_fn(
+        level: str, want: bool
+    ) -> tuple[PreparedModel, tuple[list[bytes], list[bytes]] | None]:
+        import onnxruntime as ort
+
+        blobs: tuple[list[bytes], list[bytes]] | None = None
+        if want and counts[0] > 0:
+            session, m, d = compile_with_artifacts(
+                onnx_bytes, level, *counts, intra_op_threads=threads
+            )
+            blobs = (m, d)
+        else:
+            try:
+                session = ort.InferenceSession(
+                    onnx_bytes,
+                    sess_options=base_session_options(level, threads),
+                    providers=["CPUExecutionProvider"],
+                )
+            except Exception as exc:
+                raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
+        model = OrtModel(session, driver._estimate_memory(onnx_bytes, session), onnx_bytes)
+        model.cache_counts = counts
+        return model, blobs
+
+    inputs, outputs, weights = onnx_signature(onnx_bytes)
+    return StagedModel(
+        mode,
+        compile_fn,
+        inputs=inputs,
+        outputs=outputs,
+        memory_bytes=weights + (1 << 20),
+        recompile_after=int(driver.options.get("recompile_after", DEFAULT_RECOMPILE_AFTER)),
+        full_level=full,
+    )
+
+
+__all__ = ["reference_artifacts", "reference_load", "reference_staged"]
