@@ -141,6 +141,17 @@ def test_nvml_absent_reports_nothing_never_crashes() -> None:
     src.close()
 
 
+def test_real_pynvml_without_gpu_reports_nothing() -> None:
+    """The real bindings (nvidia-ml-py): here there is no NVIDIA driver, so nvmlInit fails;
+    on a GPU machine every GPU reports a plausible temperature."""
+    pytest.importorskip("pynvml")
+    src = Nvml(use_thresholds=True)
+    readings = src.read()
+    assert all(r.source == "nvml" and 0.0 < r.temp_c < 150.0 for r in readings)
+    assert src.read() == [] or len(src.read()) == len(readings)
+    src.close()
+
+
 def test_nvml_source_in_config_without_pynvml(
     sysfs: FakeSysfs, make_monitor: MonitorFactory
 ) -> None:
