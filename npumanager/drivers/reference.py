@@ -188,6 +188,11 @@ class ReferenceDriver(Driver):
     def compile(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
         import onnxruntime as ort
 
+        mode = str(self.options.get("compile_mode", "eager"))
+        if mode != "eager":  # JIT / multi-stage (cache engineer's drivers/staged.py)
+            from npumanager.drivers import cache_artifacts
+
+            return cache_artifacts.reference_staged(self, onnx_bytes, options, mode)
         try:
             session = ort.InferenceSession(
                 onnx_bytes, sess_options=self.session_options(options),
