@@ -131,6 +131,26 @@ class Preparer:
             log.warning("%s: compilation cache not saved: %s", self.host.hc.name, exc)
             return False
 
+    def _attach_rewriter(self, prepared: PreparedModel, token: bytes, model_fds: list[int],
+                         data_fds: list[int]) -> None:
+        """JIT / multi-stage models rewrite the cache later (cache engineer's drivers/staged.py):
+        hand them dups of the cache fds and a save that runs on the cache thread."""
+        attach = getattr(prepared, "attach_cache", None)
+        if attach is None:
+            return
+        from npumanager.drivers.staged import CacheRewriter
+
+        pool = self.host.cache_pool
+
+        def save(tok: bytes, m: list[int], d: list[int], mb: list[bytes], db: list[bytes]) -> bool:
+            ok: bool = pool.submit(lambda: self._driver_cache().save(tok, m, d, mb, db)).result()
+            return ok
+
+        try:
+            attach(CacheRewriter(save, token, model_fds, data_fds))
+        except Exception as exc:  # caching is best effort
+            log.warning("%s: cache rewrites disabled: %s", self.host.hc.name, exc)
+
     def _load(self, token: bytes, model_fds: list[int], data_fds: list[int]
               ) -> tuple[list[bytes], list[bytes]]:
         bufs: tuple[list[bytes], list[bytes]] = self._driver_cache().load(
@@ -199,6 +219,7 @@ class Preparer:
             written = await loop.run_in_executor(
                 host.cache_pool, self._save, prepared, bytes(msg.token), model_fds, data_fds
             )
+            self._attach_rewriter(prepared, bytes(msg.token), model_fds, data_fds)
             self._still_live(grant, prepared)
         return self._reply(ctx, prepared, grant, from_cache=False, written=written)
 
