@@ -847,3 +847,48 @@ def test_from_config_thermal_knobs() -> None:
     ):
         with pytest.raises(InvalidArgument):
             ManagerParams.from_config(Config.load(overrides={"policy": bad}))
+
+
+def test_hot_path_never_scans_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With thousands of requests queued, a request that fits, its load and its unload
+    touch only the queue's head (the bench's "p99 at 10,000 queued" target)."""
+    import itertools
+
+    from npumanager.service.ranking import RankQueue
+    from npumanager.service.state import ManagerState
+
+    ids = itertools.count()
+    s = ManagerState(grant_ids=lambda: f"g{next(ids)}")
+
+    def e(cls: type[ev.Event], **kw: object) -> ev.Event:
+        return cls(stimulus_id="x", now=1.0, **kw)  # type: ignore[arg-type]
+
+    s.handle(e(ev.ImportanceChanged, uid=FG, importance=100))
+    s.handle(e(ev.ImportanceChanged, uid=VIS, importance=200))
+    s.handle(e(ev.RequestLoad, uid=VIS, pid=1, conn=VIS, request_id=0, size=MID))
+    for i in range(3_000):
+        uid = 20_000 + i % 100
+        s.handle(e(ev.RequestLoad, uid=uid, pid=1, conn=uid, request_id=i, size=BIG))
+    assert s.dump(1.0)["counts"]["queued"] == 3_000
+
+    def boom(*_: object, **__: object) -> None:
+        raise AssertionError("the hot path scanned the queue")
+
+    monkeypatch.setattr(RankQueue, "ordered", boom)
+    monkeypatch.setattr(ManagerState, "_rebalance", boom)
+    monkeypatch.setattr(ManagerState, "_counts", boom)
+    pops = 0
+    real_peek = RankQueue.peek
+
+    def counting_peek(self: RankQueue) -> object:
+        nonlocal pops
+        pops += 1
+        return real_peek(self)
+
+    monkeypatch.setattr(RankQueue, "peek", counting_peek)
+    for rid in range(1, 50):
+        out = s.handle(e(ev.RequestLoad, uid=FG, pid=1, conn=FG, request_id=rid))
+        assert granted(out) == [(FG, rid)]
+        s.handle(e(ev.ModelLoaded, uid=FG, conn=FG, request_id=rid))
+        s.handle(e(ev.ModelUnloaded, uid=FG, conn=FG, request_id=rid))
+    assert pops <= 2 * 49  # one look at the head per request and per unload

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -97,13 +98,13 @@ def run(h: Harness, steps: list[tuple[Any, ...]]) -> None:
     h.state.validate()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step_st, max_size=60))
 def test_random_event_sequences_keep_invariants(steps: list[tuple[Any, ...]]) -> None:
     run(Harness(ManagerParams(max_requests_per_uid=3)), steps)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step_st, max_size=60))
 def test_random_sequences_with_queue_wait_and_short_deadline(
     steps: list[tuple[Any, ...]],
@@ -111,7 +112,7 @@ def test_random_sequences_with_queue_wait_and_short_deadline(
     run(Harness(ManagerParams(max_queue_wait_s=10.0, unload_deadline_s=1.0)), steps)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step_st, max_size=40))
 def test_everyone_leaving_empties_the_state(steps: list[tuple[Any, ...]]) -> None:
     h = Harness()
@@ -122,3 +123,10 @@ def test_everyone_leaving_empties_the_state(steps: list[tuple[Any, ...]]) -> Non
     assert h.state.live_grants() == []
     assert h.state.budget_used == 0
     assert h.state.dump(h.now)["requests"] == []
+
+
+@pytest.mark.slow
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step_st, max_size=120))
+def test_long_random_event_sequences_keep_invariants(steps: list[tuple[Any, ...]]) -> None:
+    run(Harness(ManagerParams(max_requests_per_uid=3, max_queue_wait_s=20.0)), steps)
