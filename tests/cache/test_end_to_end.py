@@ -1,0 +1,122 @@
+"""Compilation caching end to end: nn client -> SCM_RIGHTS -> real driver host process."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from npumanager import nn
+from npumanager.errors import InvalidArgument
+from npumanager.testing.driver_host import running_driver
+from tests.cache.models import LinearModel
+
+pytestmark = pytest.mark.slow
+
+APP_TOKEN = b"my-app-token-of-exactly-32-bytes"
+A = LinearModel(1)
+B = LinearModel(2)
+
+
+def files(app: Path, token: bytes, dev: nn.Device) -> list[Path]:
+    t = nn.driver_token(
+        token, dev.name, dev.version, nn.ExecutionPreference.FAST_SINGLE_ANSWER, 100
+    )
+    m, d = nn.cache_file_names(app, t, *dev.get_number_of_cache_files_needed())
+    return [Path(p) for p in m + d]
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Path:
+    d = tmp_path / "app-cache"
+    d.mkdir()
+    return d
+
+
+def prepare(dev: nn.Device, model: LinearModel, app: Path, token: bytes = APP_TOKEN) -> bool:
+    m = dev.prepare_model(model.onnx_bytes, cache_dir=app, token=token)
+    try:
+        out = m.execute({"x": model.x})
+        assert model.matches(out)
+        return bool(m.loaded_from_cache)
+    finally:
+        m.release()
+
+
+@pytest.fixture
+def driver_env(runtime_dir: Path, state_dir: Path) -> Iterator[tuple[Path, Path]]:
+    with running_driver("reference", runtime_dir, state_dir, args=["--no-enforce-admission"]):
+        yield runtime_dir, state_dir
+
+
+def test_second_run_skips_compilation_and_tampering_falls_back(
+    driver_env: tuple[Path, Path], app: Path
+) -> None:
+    rt, _ = driver_env
+    with nn.device("reference", rt) as dev:
+        assert dev.get_number_of_cache_files_needed() == (1, 1)
+        assert not prepare(dev, A, app)
+        assert prepare(dev, A, app)
+        paths = files(app, APP_TOKEN, dev)
+        assert all(p.exists() and p.stat().st_mode & 0o777 == 0o600 for p in paths)
+        # A flipped bit in the model cache: fallback compile, right outputs, then a hit.
+        data = bytearray(paths[0].read_bytes())
+        data[len(data) // 2] ^= 0x10
+        paths[0].write_bytes(bytes(data))
+        assert not prepare(dev, A, app)
+        assert prepare(dev, A, app)
+        # Another model's cache copied over this token's files.
+        other = b"another-app-token-of-32-bytes..."
+        assert not prepare(dev, B, app, other)
+        for src, dst in zip(files(app, other, dev), paths, strict=True):
+            shutil.copyfile(src, dst)
+        assert not prepare(dev, A, app)  # A's outputs (asserted inside), never B's
+        assert prepare(dev, A, app)
+        with pytest.raises(InvalidArgument):
+            dev.prepare_model(A.onnx_bytes, cache_dir=app, token=b"short")
+
+
+def test_cache_survives_a_driver_restart(runtime_dir: Path, state_dir: Path, app: Path) -> None:
+    args = ["--no-enforce-admission"]
+    with (
+        running_driver("reference", runtime_dir, state_dir, args=args),
+        nn.device("reference", runtime_dir) as dev,
+    ):
+        assert not prepare(dev, A, app)
+    with (
+        running_driver("reference", runtime_dir, state_dir, args=args),
+        nn.device("reference", runtime_dir) as dev,
+    ):
+        assert prepare(dev, A, app)
+
+
+def test_multistage_driver_rewrites_the_cache(
+    runtime_dir: Path, state_dir: Path, app: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "npu.toml"
+    config.write_text(
+        '[[driver]]\nname = "reference"\nplugin = "reference"\n'
+        'options = { compile_mode = "multistage", recompile_after = 2 }\n'
+    )
+    with (
+        running_driver(
+            "reference", runtime_dir, state_dir, config=config, args=["--no-enforce-admission"]
+        ),
+        nn.device("reference", runtime_dir) as dev,
+    ):
+        m = dev.prepare_model(A.onnx_bytes, cache_dir=app, token=APP_TOKEN)
+        assert not m.loaded_from_cache and m.cache_written
+        model_file = files(app, APP_TOKEN, dev)[0]
+        written_at = model_file.stat().st_mtime_ns
+        for _ in range(4):  # the second execution starts the background recompile
+            assert A.matches(m.execute({"x": A.x}))
+        # The driver rewrites the entry in the background (stage 2) under its locks.
+        deadline = time.monotonic() + 30
+        while model_file.stat().st_mtime_ns == written_at and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert model_file.stat().st_mtime_ns != written_at
+        m.release()
+        assert prepare(dev, A, app)
