@@ -112,17 +112,22 @@ class CacheVerifier:
     def __init__(
         self,
         state_dir: Path,
-        driver_version: str,
+        driver_version: str | None,
         max_entries: int = 4096,
         *,
         now: Callable[[], float] = time.time,
         busy_timeout_s: float = 30.0,
     ) -> None:
+        """``driver_version=None`` opens an existing map for administration (the CLI):
+        it adopts the stored version and key and never resets the map."""
         if max_entries < 1:
             raise InvalidArgument("max_entries must be at least 1")
+        self.admin = driver_version is None
+        if self.admin and not (Path(state_dir) / DB_NAME).is_file():
+            raise GeneralFailure(f"no cache map in {state_dir}")
         self.state_dir = ensure_private_dir(Path(state_dir))
         self.path = self.state_dir / DB_NAME
-        self.driver_version = driver_version
+        self.driver_version = driver_version or ""
         self.max_entries = max_entries
         self._now = now
         self._lock = threading.Lock()
@@ -150,7 +155,11 @@ class CacheVerifier:
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
-                self._check_version_locked()
+                if self.admin:
+                    stored = self._meta("driver_version")
+                    self.driver_version = stored if isinstance(stored, str) else ""
+                else:
+                    self._check_version_locked()
         except sqlite3.Error as exc:
             self._db.close()
             raise GeneralFailure(f"cannot initialise cache map {self.path}: {exc}") from exc
@@ -211,6 +220,8 @@ class CacheVerifier:
         self, token: bytes, model_bufs: Sequence[Buffer], data_bufs: Sequence[Buffer]
     ) -> None:
         """Remember the tag of what was just written (files fully written and synced)."""
+        if self.admin:
+            raise GeneralFailure("a map opened for administration does not record")
         token = _check_token(token)
         with self._lock:
             key = self._key_for_hashing()

@@ -1,0 +1,263 @@
+"""`npu cache ls|verify|gc|clear`: inspect and maintain a driver's compilation-cache map.
+
+The map (token -> keyed hash, sizes, times, hits) lives in the driver's private
+state dir (``STATE/cache/DRIVER``); the cache files live in apps' directories.
+``verify --dir`` re-reads the files of every mapped entry found in DIR and
+re-hashes them with the map's key; ``gc`` applies the entry bound (and with
+``--dir`` removes files there that no entry vouches for any more); ``clear``
+empties the map (and with ``--dir`` removes that directory's cache files).
+The map is opened for administration: its version and key are never changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from npumanager.cli.main import add_runtime_dir
+
+#: An NNAPI cache file name: 64 letters A..P spelling the token, 1|2, an index.
+_CACHE_FILE = re.compile(r"^([A-P]{64})([12])(\d{1,2})$")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("cache", help="inspect and maintain compilation-cache maps")
+    csub = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    specs = {
+        "ls": "list the map's entries (token, sizes, age, hits)",
+        "verify": "re-hash the cache files found in --dir; report damaged entries",
+        "gc": "evict least recently used entries past the bound",
+        "clear": "empty the map (and with --dir delete that dir's cache files)",
+    }
+    for name, help_text in specs.items():
+        c = csub.add_parser(name, help=help_text, description=help_text)
+        add_runtime_dir(c)
+        c.add_argument("--driver", default="reference", help="driver name (default: reference)")
+        c.add_argument(
+            "--state-dir",
+            default=None,
+            help="root of private state (default: $NPU_STATE_DIR, /var/lib/npu as root)",
+        )
+        c.add_argument("--dir", default=None, help="an app's cache directory")
+        c.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "gc":
+            c.add_argument(
+                "--max-entries", type=int, default=None, help="bound (default: [cache] config)"
+            )
+        c.set_defaults(func=main)
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from npumanager.cache.verifier import CacheVerifier, verifier_dir
+
+    root = Path(args.state_dir) if args.state_dir else None
+    return CacheVerifier(verifier_dir(args.driver, root), None)
+
+
+def _age(now: float, t: float) -> str:
+    s = max(0.0, now - t)
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s / n:.1f}{unit}"
+    return f"{s:.0f}s"
+
+
+def _size(n: int) -> str:
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if x < 1024 or unit == "GiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for i, c in enumerate(columns):
+        table.add_column(c, justify="left" if i == 0 or c == "status" else "right")
+    for r in rows:
+        table.add_row(*r)
+    Console().print(table)
+
+
+def _files_in(directory: Path) -> dict[bytes, list[Path]]:
+    """Cache files in ``directory`` by the token their name spells."""
+    out: dict[bytes, list[Path]] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return out
+    for name in names:
+        m = _CACHE_FILE.match(name)
+        if m is None:
+            continue
+        letters = m.group(1)
+        token = bytes(
+            (ord(letters[2 * i]) - 65) | ((ord(letters[2 * i + 1]) - 65) << 4) for i in range(32)
+        )
+        out.setdefault(token, []).append(directory / name)
+    return out
+
+
+def _remove(paths: list[Path]) -> int:
+    n = 0
+    for p in paths:
+        try:
+            p.unlink()
+            n += 1
+        except FileNotFoundError:
+            pass
+    return n
+
+
+def cmd_ls(args: argparse.Namespace, v: Any) -> int:
+    entries = v.entries()
+    now = time.time()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "driver": args.driver,
+                    "driver_version": v.driver_version,
+                    "map": str(v.path),
+                    "entries": [
+                        {
+                            "token": e.token.hex(),
+                            "model_files": e.n_model,
+                            "data_files": e.n_data,
+                            "model_bytes": e.model_bytes,
+                            "data_bytes": e.data_bytes,
+                            "created": e.created,
+                            "last_used": e.last_used,
+                            "hits": e.hits,
+                        }
+                        for e in entries
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    rows = [
+        [
+            e.token.hex()[:16],
+            f"{e.n_model}+{e.n_data}",
+            _size(e.model_bytes),
+            _size(e.data_bytes),
+            _age(now, e.created),
+            _age(now, e.last_used),
+            str(e.hits),
+        ]
+        for e in entries
+    ]
+    _table(
+        f"{args.driver} ({v.driver_version}): {len(entries)} entries in {v.path}",
+        ["token", "files", "model", "data", "age", "last used", "hits"],
+        rows,
+    )
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, v: Any) -> int:
+    from npumanager.drivers.cache_io import read_cache_files
+    from npumanager.errors import NpuError
+    from npumanager.nn.cache_files import cache_file_names, close_fds
+
+    if not args.dir:
+        print(
+            "npu cache verify: --dir DIR is required (the files live in apps' dirs)",
+            file=sys.stderr,
+        )
+        return 2
+    results: list[tuple[str, str, str]] = []
+    damaged = 0
+    for e in v.entries():
+        model, data = cache_file_names(args.dir, e.token, e.n_model, e.n_data)
+        paths = model + data
+        if not any(os.path.exists(p) for p in paths):
+            continue  # this entry's files live in another app's directory
+        fds: list[int] = []
+        status, detail = "ok", ""
+        try:
+            for p in paths:
+                fds.append(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+            bufs = read_cache_files(fds, 1 << 40)
+            if not v.verify(e.token, bufs[: e.n_model], bufs[e.n_model :], touch=False):
+                status, detail = "DAMAGED", "hash mismatch"
+        except FileNotFoundError as exc:
+            status, detail = "DAMAGED", f"missing {os.path.basename(str(exc.filename))}"
+        except (OSError, NpuError) as exc:
+            status, detail = "DAMAGED", str(exc)
+        finally:
+            close_fds(fds)
+        damaged += status != "ok"
+        results.append((e.token.hex()[:16], status, detail))
+    if args.json:
+        print(json.dumps([{"token": t, "status": s, "detail": d} for t, s, d in results]))
+    else:
+        _table(
+            f"{args.driver}: {len(results)} entries with files in {args.dir}, {damaged} damaged",
+            ["token", "status", "detail"],
+            [list(r) for r in results],
+        )
+    return 1 if damaged else 0
+
+
+def cmd_gc(args: argparse.Namespace, v: Any) -> int:
+    bound = args.max_entries
+    if bound is None:
+        from npumanager.config import Config
+
+        bound = int(Config.load(None).section("cache").get("max_entries", v.max_entries))
+    evicted = v.gc(bound)
+    removed = 0
+    if args.dir:
+        known = {e.token for e in v.entries()}
+        for token, paths in _files_in(Path(args.dir)).items():
+            if token not in known:
+                removed += _remove(paths)
+    if args.json:
+        print(json.dumps({"evicted": evicted, "files_removed": removed, "bound": bound}))
+    else:
+        print(f"evicted {evicted} entries (bound {bound}); removed {removed} orphaned files")
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace, v: Any) -> int:
+    dropped = v.clear()
+    removed = 0
+    if args.dir:
+        for paths in _files_in(Path(args.dir)).values():
+            removed += _remove(paths)
+    if args.json:
+        print(json.dumps({"cleared": dropped, "files_removed": removed}))
+    else:
+        print(f"cleared {dropped} entries; removed {removed} cache files")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    from npumanager.errors import GeneralFailure
+
+    try:
+        v = _open(args)
+    except GeneralFailure as exc:
+        print(f"npu cache: {exc} (nothing cached yet for driver {args.driver!r}?)", file=sys.stderr)
+        return 1 if args.cache_command == "verify" else 0
+    except PermissionError as exc:
+        print(f"npu cache: {exc} (the map is private to the driver's user)", file=sys.stderr)
+        return 1
+    try:
+        handler = {"ls": cmd_ls, "verify": cmd_verify, "gc": cmd_gc, "clear": cmd_clear}
+        return handler[args.cache_command](args, v)
+    finally:
+        v.close()

@@ -1,0 +1,105 @@
+"""`npu cache ls|verify|gc|clear` against a real map and real cache files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from npumanager.cli.main import main
+from npumanager.drivers.cache_store import DriverCache
+from npumanager.nn.cache_files import cache_file_names, close_fds, open_cache_files
+
+TOKENS = [bytes([i]) * 32 for i in range(1, 4)]
+
+
+@pytest.fixture
+def populated(state_dir: Path, tmp_path: Path) -> Path:
+    app = tmp_path / "app"
+    app.mkdir()
+    cache = DriverCache("reference", "drv-1", 1, 1, state_root=state_dir)
+    for i, t in enumerate(TOKENS):
+        m, d = cache_file_names(app, t, 1, 1)
+        fds = open_cache_files(m + d, create=True)
+        assert fds is not None
+        assert cache.save(t, fds[:1], fds[1:], [b"model%d" % i], [b"weights" * (i + 1)])
+        close_fds(fds)
+    cache.close()
+    (app / "unrelated.txt").write_text("keep me")
+    return app
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    rc = main(["cache", *argv])
+    return rc, capsys.readouterr().out
+
+
+def test_ls(populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = run(capsys, "ls", "--state-dir", str(state_dir), "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["driver_version"] == "drv-1"
+    assert {e["token"] for e in doc["entries"]} == {t.hex() for t in TOKENS}
+    assert all(e["hits"] == 0 and e["model_files"] == 1 for e in doc["entries"])
+    rc, out = run(capsys, "ls", "--state-dir", str(state_dir))
+    assert rc == 0 and "3 entries" in out and TOKENS[0].hex()[:16] in out
+
+
+def test_verify_reports_damage(
+    populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["verify", "--state-dir", str(state_dir), "--dir", str(populated)]
+    rc, out = run(capsys, *base, "--json")
+    assert rc == 0 and [r["status"] for r in json.loads(out)] == ["ok"] * 3
+    m, _ = cache_file_names(populated, TOKENS[1], 1, 1)
+    with open(m[0], "r+b") as f:
+        f.write(b"X")
+    rc, out = run(capsys, *base, "--json")
+    assert rc == 1
+    bad = [r for r in json.loads(out) if r["status"] != "ok"]
+    assert [r["token"] for r in bad] == [TOKENS[1].hex()[:16]]
+    rc, out = run(capsys, *base)
+    assert rc == 1 and "DAMAGED" in out
+    # verify never counts hits nor changes the map
+    rc, out = run(capsys, "ls", "--state-dir", str(state_dir), "--json")
+    assert all(e["hits"] == 0 for e in json.loads(out)["entries"])
+
+
+def test_gc_applies_the_bound_and_removes_orphans(
+    populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out = run(
+        capsys, "gc", "--state-dir", str(state_dir), "--max-entries", "1",
+        "--dir", str(populated), "--json",
+    )  # fmt: skip
+    assert rc == 0 and json.loads(out) == {"evicted": 2, "files_removed": 4, "bound": 1}
+    assert len(os.listdir(populated)) == 3  # one entry's two files + unrelated.txt
+
+
+def test_clear_with_dir(
+    populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out = run(capsys, "clear", "--state-dir", str(state_dir), "--dir", str(populated))
+    assert rc == 0 and "cleared 3 entries; removed 6 cache files" in out
+    assert os.listdir(populated) == ["unrelated.txt"]
+    rc, out = run(capsys, "ls", "--state-dir", str(state_dir), "--json")
+    assert json.loads(out)["entries"] == []
+
+
+def test_no_map_yet(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "ls", "--state-dir", str(state_dir)]) == 0
+    assert "no cache map" in capsys.readouterr().err
+    assert not (state_dir / "cache").exists()  # looking created nothing
+
+
+def test_cli_never_resets_the_map(
+    populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, "ls", "--state-dir", str(state_dir))
+    cache = DriverCache("reference", "drv-1", 1, 1, state_root=state_dir)
+    try:
+        assert len(cache.verifier.entries()) == 3
+    finally:
+        cache.close()
