@@ -127,7 +127,25 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
     def dump(ctx: CallContext, payload: bytes) -> HandlerResult:
         from npumanager.service.daemon import to_json
 
-        return JsonReply(json=to_json(d.dump()))
+        dump = d.dump()
+        text = to_json(dump)
+        limit = ctx.conn.max_frame - 1024
+        requests = dump.get("requests")
+        if len(text) > limit and isinstance(requests, list):
+            # Thousands of requests do not fit a frame: keep the oldest that do, say so.
+            total = len(requests)
+            keep = max(0, int(total * limit / len(text)) - 1)
+            while True:
+                dump["requests"] = requests[:keep]
+                dump["requests_truncated"] = total - keep
+                for k in ("queue", "parked"):
+                    if isinstance(dump.get(k), list) and len(dump[k]) > keep:
+                        dump[k] = dump[k][:keep]
+                text = to_json(dump)
+                if len(text) <= limit or keep == 0:
+                    break
+                keep //= 2
+        return JsonReply(json=text)
 
     def story(ctx: CallContext, payload: bytes) -> HandlerResult:
         from npumanager.service.daemon import to_json

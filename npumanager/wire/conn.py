@@ -142,6 +142,7 @@ class RpcConnection:
         self._calls: dict[int, asyncio.Future[tuple[bytes, list[int]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
+        self._corked = False
         self._closed_evt = asyncio.Event()
         self._loop.add_reader(sock.fileno(), self._on_readable)
 
@@ -175,16 +176,24 @@ class RpcConnection:
             return
         try:
             bodies = self._decoder.feed(data)
-            for body in bodies:
-                frame = parse_frame(body)
-                if frame.n_fds > len(self._fdq):
-                    raise ProtocolError(
-                        f"frame announces {frame.n_fds} fds but {len(self._fdq)} arrived"
-                    )
-                fds = [self._fdq.popleft() for _ in range(frame.n_fds)]
-                self._dispatch(frame, fds)
-                if self.closed:
-                    return
+            # Corked while dispatching: the pushes and replies these frames cause leave in
+            # one sendmsg (a push + its reply in one wakeup of the peer, not two).
+            self._corked = True
+            try:
+                for body in bodies:
+                    frame = parse_frame(body)
+                    if frame.n_fds > len(self._fdq):
+                        raise ProtocolError(
+                            f"frame announces {frame.n_fds} fds but {len(self._fdq)} arrived"
+                        )
+                    fds = [self._fdq.popleft() for _ in range(frame.n_fds)]
+                    self._dispatch(frame, fds)
+                    if self.closed:
+                        return
+            finally:
+                self._corked = False
+            if self._out and not self._writing:
+                self._flush_now()
         except ProtocolError as exc:
             # A malformed frame closes this connection only; tell the peer why.
             log.warning("%s: closing after protocol error: %s", self, exc)
@@ -279,12 +288,19 @@ class RpcConnection:
             log.warning("%s: peer is not reading (%d bytes queued); closing", self, self._out_bytes)
             self.close(ServiceUnavailable("peer not reading"))
             return
-        if not self._writing:
+        if not self._writing and not self._corked:
             self._flush_now()
 
     def _flush_now(self) -> None:
         while self._out:
             view, fds = self._out[0]
+            if not fds and len(self._out) > 1:
+                if self._flush_gathered():
+                    continue
+                if not self.closed and not self._writing:
+                    self._writing = True
+                    self._loop.add_writer(self.sock.fileno(), self._on_writable)
+                return
             try:
                 if fds:
                     n = self.sock.sendmsg(
@@ -309,6 +325,36 @@ class RpcConnection:
         if self._writing:
             self._writing = False
             self._loop.remove_writer(self.sock.fileno())
+
+    def _flush_gathered(self) -> bool:
+        """Send the queued frames up to the next one carrying fds in one sendmsg.
+
+        Returns False when the socket took less than offered (wait for writable)."""
+        bufs: list[memoryview] = []
+        total = 0
+        for view, fds in self._out:
+            if fds or len(bufs) >= 64:
+                break
+            bufs.append(view)
+            total += len(view)
+        try:
+            n = self.sock.sendmsg(bufs)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            self.close(exc)
+            return False
+        self._out_bytes -= n
+        left = n
+        while left > 0:
+            view = self._out[0][0]
+            if left >= len(view):
+                left -= len(view)
+                self._out.popleft()
+            else:
+                self._out[0] = (view[left:], [])
+                left = 0
+        return n == total
 
     def _on_writable(self) -> None:
         if not self.closed:

@@ -1,0 +1,371 @@
+"""Grant latency of npud, next to a raw Unix-socket echo measured in the same run.
+
+    python bench/grant_latency.py [--quick]
+
+Starts a real npud (`python -m npumanager serve --no-drivers`) in a temp runtime
+dir and a raw echo server (uvloop, a Protocol that writes back what it reads)
+in another process, then measures with asyncio clients (uvloop when installed):
+
+* request -> CAN_LOAD_NOW round trip, p50/p99, with 1 and 32 clients, next to
+  the raw echo round trip of a message of the request's frame size;
+* full lifecycles per second (request, CAN_LOAD_NOW, loaded, unloaded,
+  COMPLETE) with 32 clients, next to the raw echo rate (3 round trips = one
+  lifecycle's calls);
+* grant p99 with 10, 100, 1,000 and 10,000 requests queued (NOT_PRIORITIZED,
+  ranked behind the measured requests), next to the raw echo p99.
+
+Targets on a 2-core machine: grant p99 <= 2.5x raw; >= 5,000 lifecycles/s;
+p99 at 10,000 queued <= 2x p99 at 10 queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from npumanager import (
+    KEY_MAX_BUDGET,
+    LoadStatus,
+    ModelLoadRequest,
+    ModelLoadRequestCallback,
+    ModelPriority,
+    ModelSize,
+    Policy,
+    RequestStatus,
+)
+from npumanager.client import AsyncNpuManager
+from npumanager.proto.v1.manager_pb2 import LoadRequest
+from npumanager.proto.v1.wire_pb2 import Frame
+from npumanager.testing.daemon import DaemonProcess
+from npumanager.wire.framing import REQUEST, encode
+
+ECHO_SERVER = r"""
+import asyncio, os, sys
+try:
+    import uvloop
+    factory = uvloop.new_event_loop
+except ImportError:
+    factory = None
+class Echo(asyncio.Protocol):
+    def connection_made(self, t): self.t = t
+    def data_received(self, d): self.t.write(d)
+async def main(path):
+    loop = asyncio.get_running_loop()
+    srv = await loop.create_unix_server(Echo, path)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+with asyncio.Runner(loop_factory=factory) as r:
+    r.run(main(sys.argv[1]))
+"""
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop  # type: ignore[no-any-return]
+    except ImportError:
+        return None
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+# --- raw echo ------------------------------------------------------------------
+
+
+class _EchoClient(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.want = 0
+        self.got = 0
+        self.waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.t: Any = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.got += len(data)
+        if self.got >= self.want and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def roundtrip(self, msg: bytes) -> None:
+        self.want, self.got = len(msg), 0
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.t.write(msg)
+        await self.waiter
+
+
+async def echo_latency(path: str, msg: bytes, clients: int, n_each: int) -> list[float]:
+    loop = asyncio.get_running_loop()
+    protos = []
+    for _ in range(clients):
+        _t, p = await loop.create_unix_connection(_EchoClient, path)
+        protos.append(p)
+    lat: list[float] = []
+
+    async def run(p: _EchoClient) -> None:
+        for _ in range(50):
+            await p.roundtrip(msg)
+        for _ in range(n_each):
+            t0 = time.perf_counter()
+            await p.roundtrip(msg)
+            lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(run(p) for p in protos))
+    for p in protos:
+        p.t.close()
+    return lat
+
+
+async def echo_rate(path: str, msg: bytes, clients: int, seconds: float) -> float:
+    loop = asyncio.get_running_loop()
+    protos = []
+    for _ in range(clients):
+        _t, p = await loop.create_unix_connection(_EchoClient, path)
+        protos.append(p)
+    count = 0
+    stop = time.perf_counter() + seconds
+
+    async def run(p: _EchoClient) -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            await p.roundtrip(msg)
+            count += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(run(p) for p in protos))
+    dt = time.perf_counter() - t0
+    for p in protos:
+        p.t.close()
+    return count / dt
+
+
+# --- npud ------------------------------------------------------------------------
+
+
+class _Cb(ModelLoadRequestCallback):
+    """Resolves a future on CAN_LOAD_NOW (stamping the time) and on completion."""
+
+    __slots__ = ("done", "granted", "t_granted")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.granted: asyncio.Future[Any] = loop.create_future()
+        self.done: asyncio.Future[RequestStatus] = loop.create_future()
+        self.t_granted = 0.0
+
+    def on_can_load_model(self, request: ModelLoadRequest, status: LoadStatus,
+                          listener: Any) -> None:
+        if status == LoadStatus.CAN_LOAD_NOW:
+            self.t_granted = time.perf_counter()
+            self.granted.set_result(listener)
+
+    def on_model_load_request_complete(self, request: ModelLoadRequest,
+                                       status: RequestStatus) -> None:
+        self.done.set_result(status)
+
+
+class Ids:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n += 1
+        return self.n
+
+
+async def grant_once(mgr: AsyncNpuManager, rid: int,
+                     size: ModelSize = ModelSize.LESS_THAN_1GB) -> float:
+    """One request -> CAN_LOAD_NOW (timed), then unloaded without loading -> COMPLETE."""
+    loop = asyncio.get_running_loop()
+    cb = _Cb(loop)
+    req = ModelLoadRequest(rid, size)
+    t0 = time.perf_counter()
+    await mgr.request_can_load_model(req, cb)
+    listener = await cb.granted
+    dt = cb.t_granted - t0
+    await listener.notify_model_unloaded(req)
+    await cb.done
+    return dt
+
+
+async def grant_latency(rt: str, clients: int, n_each: int, ids: Ids) -> list[float]:
+    mgrs = [await AsyncNpuManager.connect(rt) for _ in range(clients)]
+    lat: list[float] = []
+
+    async def run(m: AsyncNpuManager) -> None:
+        for _ in range(30):
+            await grant_once(m, ids())
+        for _ in range(n_each):
+            lat.append(await grant_once(m, ids()))
+
+    await asyncio.gather(*(run(m) for m in mgrs))
+    for m in mgrs:
+        await m.close()
+    return lat
+
+
+async def lifecycles(rt: str, clients: int, seconds: float, ids: Ids) -> float:
+    mgrs = [await AsyncNpuManager.connect(rt) for _ in range(clients)]
+    loop = asyncio.get_running_loop()
+    count = 0
+    stop = time.perf_counter() + seconds
+
+    async def run(m: AsyncNpuManager) -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            cb = _Cb(loop)
+            req = ModelLoadRequest(ids())
+            await m.request_can_load_model(req, cb)
+            listener = await cb.granted
+            await listener.notify_model_loaded(req)
+            await listener.notify_model_unloaded(req)
+            if await cb.done == RequestStatus.COMPLETE:
+                count += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(run(m) for m in mgrs))
+    dt = time.perf_counter() - t0
+    for m in mgrs:
+        await m.close()
+    return count / dt
+
+
+async def queued_latency(rt: str, queued: int, n: int, ids: Ids) -> list[float]:
+    """Fill the queue with ``queued`` BACKGROUND requests that do not fit, then time grants
+    of NORMAL requests (ranked ahead of them) that do."""
+    holder = await AsyncNpuManager.connect(rt)
+    filler = await AsyncNpuManager.connect(rt)
+    mgr = await AsyncNpuManager.connect(rt)
+    loop = asyncio.get_running_loop()
+    # The holder takes 4 of 5: the queued BIG requests (4) cannot fit, SMALL ones (1) can.
+    await mgr.set_policy(Policy.BUDGET, {KEY_MAX_BUDGET: 5})
+    hcb = _Cb(loop)
+    hreq = ModelLoadRequest(ids(), ModelSize.GREATER_THAN_2G)
+    await holder.request_can_load_model(hreq, hcb)
+    await (await hcb.granted).notify_model_loaded(hreq)
+    ignore = ModelLoadRequestCallback()
+    batch = []
+    for _ in range(queued):
+        batch.append(filler.request_can_load_model(
+            ModelLoadRequest(ids(), ModelSize.GREATER_THAN_2G, ModelPriority.BACKGROUND), ignore))
+        if len(batch) >= 256:
+            await asyncio.gather(*batch)
+            batch.clear()
+    await asyncio.gather(*batch)
+    dump = await mgr.dump()
+    assert dump["counts"]["queued"] == queued, dump["counts"]
+    lat = []
+    for _ in range(50):
+        await grant_once(mgr, ids())
+    for _ in range(n):
+        lat.append(await grant_once(mgr, ids()))
+    await filler.close()
+    await holder.close()
+    await mgr.set_policy(Policy.BUDGET, {KEY_MAX_BUDGET: 64})
+    await mgr.close()
+    return lat
+
+
+# --- driver ----------------------------------------------------------------------
+
+
+def message_size() -> int:
+    body = LoadRequest(request_id=123456, size=0, priority=0).SerializeToString()
+    return len(encode(Frame(kind=REQUEST, call_id=123456, method="request", payload=body)))
+
+
+async def measure(rt: str, echo_path: str, quick: bool) -> list[tuple[str, str, str, str]]:
+    msg = b"x" * message_size()
+    n1 = 1000 if quick else 4000
+    n32 = 40 if quick else 150
+    secs = 1.0 if quick else 3.0
+    rows: list[tuple[str, str, str, str]] = []
+    ids = Ids()
+
+    def us(x: float) -> str:
+        return f"{x * 1e6:.0f} us"
+
+    for clients, n in ((1, n1), (32, n32)):
+        g = await grant_latency(rt, clients, n, ids)
+        e = await echo_latency(echo_path, msg, clients, n)
+        for p in (50, 99):
+            gp, ep = pct(g, p), pct(e, p)
+            rows.append((f"grant p{p}, {clients} client{'s' if clients > 1 else ''}",
+                         us(gp), us(ep), f"{gp / ep:.2f}x"))
+    rate = await lifecycles(rt, 32, secs, ids)
+    erate = await echo_rate(echo_path, msg, 32, secs)
+    rows.append(("lifecycles/s, 32 clients", f"{rate:,.0f}/s",
+                 f"{erate / 3:,.0f}/s (echo/3)", f"{rate / (erate / 3):.2f}x"))
+    base_p99 = None
+    e = await echo_latency(echo_path, msg, 1, n1)
+    ep99 = pct(e, 99)
+    for q in (10, 100, 1000, 10000):
+        g = await queued_latency(rt, q, 500 if quick else 2000, ids)
+        gp = pct(g, 99)
+        if base_p99 is None:
+            base_p99 = gp
+        rows.append((f"grant p99, {q:,} queued", us(gp), us(ep99),
+                     f"{gp / ep99:.2f}x (vs 10 queued {gp / base_p99:.2f}x)"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
+    os.chmod(tmp, 0o755)
+    echo_path = str(tmp / "echo.sock")
+    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_path],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert echo.stdout is not None and "ready" in echo.stdout.readline()
+        config = {
+            "manager": {"log_level": "warning", "max_requests_per_uid": 50000,
+                        "decision_log_size": 10000},
+            "policy": {"name": "BUDGET", "max_budget": 64},
+        }
+        with DaemonProcess(tmp / "rt", config) as npud:
+            rows = _run(str(npud.runtime_dir), echo_path, args.quick)
+    finally:
+        echo.terminate()
+        echo.wait()
+        if echo.stdout is not None:
+            echo.stdout.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"npud grant latency (message {message_size()} bytes; "
+          f"{os.cpu_count()} CPUs; uvloop: {_loop_factory() is not None})")
+    widths = [max(len(r[i]) for r in [*rows, HEADER]) for i in range(4)]
+    for r in [HEADER, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    return 0
+
+
+HEADER = ("measurement", "npud", "raw echo", "ratio")
+
+
+def _run(rt: str, echo_path: str, quick: bool) -> list[tuple[str, str, str, str]]:
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(measure(rt, echo_path, quick))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["main", "statistics"]
