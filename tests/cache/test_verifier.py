@@ -81,7 +81,7 @@ def test_tag_is_keyed_and_framed() -> None:
     assert compute_tag(k1, T1, [b"ab"], [b"c"]) != compute_tag(k2, T1, [b"ab"], [b"c"])
     assert compute_tag(k1, T1, [b"ab"], [b"c"]) != compute_tag(k1, T1, [b"a"], [b"bc"])
     assert compute_tag(k1, T1, [b"ab", b""], []) != compute_tag(k1, T1, [b"ab"], [b""])
-    big = os.urandom(3 << 20)
+    big = os.urandom(9 << 20)  # above MULTITHREAD_MIN_BYTES: the multi-threaded path
     assert compute_tag(k1, T1, [memoryview(big)], []) == compute_tag(k1, T1, [big], [])
 
 
