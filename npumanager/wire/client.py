@@ -93,7 +93,9 @@ class SyncRpcClient:
         self._decoder = FrameDecoder(max_frame)
         self._fdq: collections.deque[int] = collections.deque()
         self._send_lock = threading.Lock()
-        self._recv_lock = threading.Lock()  # unthreaded mode: one reader at a time
+        # Unthreaded mode: one reader at a time (``_pumping``), handed off per batch.
+        self._pump_cond = threading.Condition()
+        self._pumping = False
         self._lock = threading.Lock()
         self._next_call = 1
         self._waiters: dict[int, _Waiter] = {}
@@ -278,15 +280,26 @@ class SyncRpcClient:
         return w.payload, w.fds
 
     def _pump_until(self, w: _Waiter) -> None:
+        # One thread at a time reads; it routes every reply it receives. It must not
+        # block in recv while holding a lock other callers wait on: a caller whose reply
+        # it already routed would stay stuck until *its* reply came (a long execute).
+        # So the reader hands off after every batch and wakes the waiting callers.
         while not w.done.is_set():
-            with self._recv_lock:
+            with self._pump_cond:
+                while self._pumping and not w.done.is_set():
+                    self._pump_cond.wait()
                 if w.done.is_set():
-                    break
-                try:
-                    for frame, fds in self._recv_some():
-                        self._route(frame, fds)
-                except NpuError as exc:
-                    self._shutdown(self._close_reason or exc)
+                    return
+                self._pumping = True
+            try:
+                for frame, fds in self._recv_some():
+                    self._route(frame, fds)
+            except NpuError as exc:
+                self._shutdown(self._close_reason or exc)
+            finally:
+                with self._pump_cond:
+                    self._pumping = False
+                    self._pump_cond.notify_all()
 
     def close(self) -> None:
         """Close the connection; safe to call more than once, from any thread."""
@@ -301,6 +314,8 @@ class SyncRpcClient:
         for w in waiters:
             w.error = ServiceUnavailable("client closed")
             w.done.set()
+        with self._pump_cond:
+            self._pump_cond.notify_all()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -50,7 +50,9 @@ from npumanager.wire.framing import (
 
 log = logging.getLogger("npumanager.wire")
 
-RECV_SIZE = 256 * 1024
+# Below glibc's mmap threshold (128 KiB): a larger recv buffer is mmapped and unmapped on
+# every call, which tripled the round trip (measured: 23 µs vs 83 µs raw, 64 vs 256 KiB).
+RECV_SIZE = 64 * 1024
 MAX_FDS_PER_RECV = 64
 #: A peer that stops reading gets disconnected once this much is queued for it.
 MAX_WRITE_BACKLOG = 32 * 1024 * 1024
