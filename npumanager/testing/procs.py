@@ -146,9 +146,11 @@ class Child:
         self.kill()
 
 
-def spawn_as(uid: int, gid: int | None, fn: Callable[..., Any], *args: Any,
+def spawn_as(uid: int | None, gid: int | None, fn: Callable[..., Any], *args: Any,
              timeout: float = 30.0, **kwargs: Any) -> Child:
-    """Fork, become ``uid``/``gid`` (default gid = uid), run ``fn(*args, **kwargs)``."""
+    """Fork, become ``uid``/``gid`` (default gid = uid), run ``fn(*args, **kwargs)``.
+
+    ``uid=None`` keeps the parent's identity (a plain forked worker)."""
     gid = uid if gid is None else gid
     res_r, res_w = os.pipe()
     in_r, in_w = os.pipe()
@@ -165,9 +167,10 @@ def spawn_as(uid: int, gid: int | None, fn: Callable[..., Any], *args: Any,
             # Leave the parent's signal dispositions (pytest, asyncio) behind.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
+            if uid is not None and gid is not None:
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
             try:
                 value = fn(*args, **kwargs)
                 msg: tuple[str, Any] = ("ok", value)
@@ -192,7 +195,7 @@ def spawn_as(uid: int, gid: int | None, fn: Callable[..., Any], *args: Any,
     return Child(pid, res_r, in_w, timeout)
 
 
-def run_as(uid: int, gid: int | None, fn: Callable[..., Any], *args: Any,
+def run_as(uid: int | None, gid: int | None, fn: Callable[..., Any], *args: Any,
            timeout: float = 30.0, **kwargs: Any) -> Any:
     """Run ``fn`` as ``uid``/``gid`` in a forked child and return its result."""
     return spawn_as(uid, gid, fn, *args, timeout=timeout, **kwargs).wait()
