@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -71,6 +72,21 @@ async def serve(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s driver[{args.name}] %(levelname)s %(message)s")
+    profile_to = os.environ.get("NPU_DRIVER_PROFILE")  # a cProfile dump, for tuning
+    if profile_to:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return _run(args)
+        finally:
+            prof.disable()
+            prof.dump_stats(profile_to)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:

@@ -14,9 +14,10 @@ Rules (ARCHITECTURE "The HAL and the driver"):
   channel (the job is PAUSED, later RESUMED);
 - at thermal CRITICAL and above, work with effective priority above the
   cutoff is held back (stays queued; multi-step jobs pause between steps);
-- debouncing as AOSP: a uid's burst of work reports requested/started once
-  and its end once, one debounce window after its last work ended; a new
-  request inside the window continues the burst silently.
+- debouncing as AOSP: the end of a uid's burst of work is reported once, one
+  debounce window after its last work ended (with that work's info); a
+  request inside the window continues the burst and its requested/started
+  are suppressed. With a window of 0 every work item reports its own end.
 """
 
 from __future__ import annotations
@@ -216,8 +217,8 @@ class Scheduler:
         job = Job(info=info, steps=max(1, steps), seq=next(self._seq), payload=payload)
         self.stats.submitted += 1
         burst = self._bursts.setdefault(uid, _Burst())
-        if burst.pending is not None or burst.active > 0:
-            # The uid is debouncing (or mid-burst): this work continues the burst.
+        if burst.pending is not None:
+            # The uid is debouncing: this work continues its burst without new events.
             burst.pending = None
             job.reported = False
         burst.active += 1
@@ -335,14 +336,15 @@ class Scheduler:
         burst.active -= 1
         burst.last_info = self._stamp(job)
         burst.last_reason = reason
-        if burst.active <= 0:
-            burst.active = 0
-            if self.debounce_ms <= 0:
-                self.sink.work_event("ended", burst.last_info, int(reason))
+        if self.debounce_ms <= 0:
+            # No debouncing: every work item reports its own end at once.
+            self.sink.work_event("ended", burst.last_info, int(reason))
+            if burst.active <= 0:
                 del self._bursts[uid]
-            else:
-                burst.pending = _PendingEnd(
-                    burst.last_info, reason, self.clock.now() + self.debounce_ms / 1000.0
-                )
+        elif burst.active <= 0:
+            burst.active = 0
+            burst.pending = _PendingEnd(
+                burst.last_info, reason, self.clock.now() + self.debounce_ms / 1000.0
+            )
         self.sink.job_finished(job)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 OPSET = 17
 
 
-def _model(graph: object) -> bytes:
+def _model(graph: Any) -> bytes:
     from onnx import helper
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
