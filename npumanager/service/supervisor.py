@@ -286,7 +286,11 @@ class DriverSupervisor:
                     slot.last_exit = f"exited with code {exited.result()}"
                     return
                 if closed_wait in done:
-                    slot.last_exit = "its connection closed"
+                    # Usually the process is dying too: name its exit status if it comes
+                    # at once (a kill), else report the closed connection.
+                    await asyncio.wait({exited}, timeout=0.2)
+                    slot.last_exit = (f"exited with code {exited.result()}" if exited.done()
+                                      else "its connection closed")
                     return
                 await self._poll_temperature(slot, conn)
         finally:
