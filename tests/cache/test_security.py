@@ -240,6 +240,7 @@ class Rewriter:
         self.thread.join()
 
 
+@pytest.mark.slow
 def test_rewriter_during_save_and_load(setup: Setup) -> None:
     driver, cache, app = setup
     compile_and_save(driver, cache, B.onnx_bytes, TB, app)
