@@ -117,6 +117,16 @@ class ThermalMonitor:
             section, "headroom_span_c", DEFAULT_HEADROOM_SPAN_C, minimum=0.001
         )
         self.stale_after_s = _float(section, "stale_after_s", 30.0)
+        valid = section.get("valid_range_c", [-40.0, 200.0])
+        if (
+            not isinstance(valid, list | tuple)
+            or len(valid) != 2
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in valid)
+            or valid[0] >= valid[1]
+        ):
+            raise InvalidArgument(f"[thermal] valid_range_c must be [low, high], got {valid!r}")
+        self.valid_range_c = (float(valid[0]), float(valid[1]))
+        self._implausible: set[str] = set()
         self.source_names: list[str] = list(section.get("sources", ["driver"]))
         self.sources: list[ThermalSource] = (
             sources if sources is not None else self._build_sources(section, driver_temps)
@@ -169,7 +179,8 @@ class ThermalMonitor:
                 continue
             self._failing_sources.discard(src.name)
             for r in readings:
-                self._record(r, now)
+                if self._plausible(r):
+                    self._record(r, now)
         for name in [n for n, s in self._sensors.items() if now - s.last_seen > self.stale_after_s]:
             log.warning(
                 "thermal: sensor %s has not reported for %.0f s; dropping it",
@@ -189,6 +200,20 @@ class ThermalMonitor:
             )
             self._set_effective(cause, now)
         return self._effective
+
+    def _plausible(self, r: Reading) -> bool:
+        """Sensors report sentinels when they fail (-273.2, 255.0, 32767): not heat."""
+        low, high = self.valid_range_c
+        if low <= r.temp_c <= high:
+            self._implausible.discard(r.name)
+            return True
+        if r.name not in self._implausible:
+            self._implausible.add(r.name)
+            log.warning(
+                "thermal: sensor %s reads %.1f C, outside %s..%s C; ignoring it",
+                r.name, r.temp_c, low, high,
+            )  # fmt: skip
+        return False
 
     def _record(self, r: Reading, now: float) -> None:
         s = self._sensors.get(r.name)

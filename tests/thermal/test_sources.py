@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from npumanager.constants import ThermalStatus as T
+from npumanager.errors import InvalidArgument
 from npumanager.testing import VirtualClock
 from npumanager.testing.fake_sysfs import FakeSysfs
 from npumanager.thermal.sources import DriverModel, Hwmon, Nvml, ThermalZones
@@ -262,3 +263,25 @@ def test_a_source_that_raises_never_crashes_the_monitor(
         assert m.poll() == T.SEVERE
     assert sum("source exploding failed" in r.getMessage() for r in caplog.records) == 1
     assert m.describe()["failing_sources"] == ["exploding"]
+
+
+def test_implausible_readings_are_ignored_and_logged_once(
+    sysfs: FakeSysfs,
+    clock: VirtualClock,
+    make_monitor: MonitorFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = sysfs.add_zone("soc", -273.2)  # a failed sensor's sentinel
+    sysfs.add_hwmon("nvme", "Composite", 255.0)
+    sysfs.add_zone("acpitz", 61.0)
+    m = make_monitor()
+    with caplog.at_level(logging.WARNING, logger="npumanager.thermal"):
+        assert m.poll() == T.LIGHT  # not SHUTDOWN from the 255 C sentinel
+        assert m.poll() == T.LIGHT
+    msgs = [r.getMessage() for r in caplog.records if "outside" in r.getMessage()]
+    assert len(msgs) == 2
+    sysfs.set_temp(broken, 91.0)  # it recovers: counted again
+    clock.advance(1.0)
+    assert m.poll() == T.CRITICAL
+    with pytest.raises(InvalidArgument, match="valid_range_c"):
+        make_monitor(valid_range_c=[100.0, 0.0])
