@@ -120,3 +120,30 @@ def test_multistage_driver_rewrites_the_cache(
         assert model_file.stat().st_mtime_ns != written_at
         m.release()
         assert prepare(dev, A, app)
+
+
+def test_several_clients_prepare_the_same_token_at_once(
+    driver_env: tuple[Path, Path], app: Path
+) -> None:
+    import threading
+
+    rt, _ = driver_env
+    results: list[bool] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            with nn.device("reference", rt) as dev:
+                for _ in range(3):
+                    results.append(prepare(dev, A, app))  # asserts A's outputs inside
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 12 and any(results)
+    with nn.device("reference", rt) as dev:
+        assert prepare(dev, A, app)
