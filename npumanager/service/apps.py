@@ -131,11 +131,11 @@ def _bool(raw: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
 
 
 def parse_entry(index: int, raw: Mapping[str, Any]) -> AppEntry:
+    if not isinstance(raw, Mapping):
+        raise InvalidArgument(f"config [[app]] #{index + 1} must be a table, got {raw!r}")
     uid, unit = raw.get("uid"), raw.get("unit")
     what = f"unit={unit}" if unit is not None else f"uid={uid}"
     where = f"config [[app]] #{index + 1} ({what})"
-    if not isinstance(raw, Mapping):
-        raise InvalidArgument(f"config [[app]] #{index + 1} must be a table")
     unknown = set(raw) - _KEYS
     if unknown:
         raise InvalidArgument(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(_KEYS)}")

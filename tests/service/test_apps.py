@@ -120,9 +120,10 @@ def test_no_apps_by_default() -> None:
         ({"unit": "a/b.service"}, r"unit must be a systemd unit name"),
         ({"uid": 5, "direct_access": "yes"}, r"direct_access must be true or false"),
         ({"uid": 5, "max_priority": 1.5}, r"max_priority must be an integer"),
+        ("uid = 5", r"#1 must be a table"),
     ],
 )
-def test_bad_entry_is_rejected_at_load_naming_it(entry: dict[str, Any], message: str) -> None:
+def test_bad_entry_is_rejected_at_load_naming_it(entry: Any, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         table([entry])
 
