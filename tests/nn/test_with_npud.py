@@ -1,0 +1,103 @@
+"""The runtime with a real npud: discovery, grants from the manager, `npu run`, and a
+driver killed mid-run (clients get DeviceUnavailable, then work again after re-preparing)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from npumanager import LoadStatus, ModelLoadRequest, ModelLoadRequestCallback, NpuManager, nn
+from npumanager.errors import DeviceUnavailable
+from npumanager.testing.daemon import DaemonProcess
+from npumanager.testing.onnx_models import add_model, matmul_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def npud(runtime_dir: Path, state_dir: Path) -> Iterator[DaemonProcess]:
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    with DaemonProcess(runtime_dir, drivers=True, env=env, ready_timeout=60) as d:
+        yield d
+
+
+class Granted(ModelLoadRequestCallback):
+    def __init__(self) -> None:
+        self.listener: Any = None
+        self.event = threading.Event()
+
+    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+        if status == LoadStatus.CAN_LOAD_NOW:
+            self.listener = listener
+            self.event.set()
+
+
+def _driver_pid(rt: Path) -> int:
+    out = subprocess.run(["pgrep", "-f", f"npumanager driver reference --runtime-dir {rt}"],
+                         capture_output=True, text=True).stdout.split()
+    assert out, "no driver process"
+    return int(out[0])
+
+
+def test_devices_come_from_npud(npud: DaemonProcess, runtime_dir: Path) -> None:
+    devs = nn.devices(runtime_dir)
+    assert [d.name for d in devs] == ["reference"]
+    caps = devs[0].capabilities
+    assert caps.channels >= 1 and caps.model_cache_files >= 0
+    devs[0].close()
+
+
+def test_npu_run_prepares_executes_and_reports_unloaded(npud: DaemonProcess,
+                                                        runtime_dir: Path,
+                                                        tmp_path: Path) -> None:
+    path = tmp_path / "mm.onnx"
+    path.write_bytes(matmul_model(dim=64, depth=2, batch=4))
+    r = subprocess.run([sys.executable, "-m", "npumanager", "run", str(path), "--runtime-dir",
+                        str(runtime_dir), "--repeat", "5", "--job-priority", "10"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "y: shape (4, 64) float32" in r.stdout
+    assert "5 executions: p50" in r.stdout and "unloaded" in r.stdout
+
+
+def test_killed_driver_gives_device_unavailable_then_works_again(npud: DaemonProcess,
+                                                                 runtime_dir: Path) -> None:
+    with NpuManager.connect(runtime_dir) as mgr:
+        cb = Granted()
+        req = ModelLoadRequest(id=1)
+        mgr.request_can_load_model(req, cb)
+        assert cb.event.wait(10)
+        dev = nn.device("reference", runtime_dir)
+        try:
+            model = dev.prepare_model(add_model(), grant=cb.listener)
+            x = np.zeros((1, 4), np.float32)
+            np.testing.assert_array_equal(model.execute({"x": x})["y"], x + 1)
+            os.kill(_driver_pid(runtime_dir), signal.SIGKILL)
+            t0 = time.monotonic()
+            with pytest.raises(DeviceUnavailable):
+                model.execute({"x": x})
+            assert time.monotonic() - t0 < 5, "a dead driver must not hang its clients"
+            assert mgr.dump() is not None  # npud keeps serving
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    model = dev.prepare_model(add_model(), grant=cb.listener)
+                    break
+                except DeviceUnavailable:
+                    assert time.monotonic() < deadline, "the driver did not come back"
+                    time.sleep(0.1)
+            np.testing.assert_array_equal(model.execute({"x": x})["y"], x + 1)
+            model.release()
+            cb.listener.notify_model_unloaded(req)
+        finally:
+            dev.close()
