@@ -77,6 +77,18 @@ class PreparedModel(ABC):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Execute once; raise to report FAILED (the message reaches the client)."""
 
+    def run_into(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+                 ) -> dict[str, np.ndarray]:
+        """Execute once, writing the named outputs into the given arrays (views of the
+        client's shared memory) and returning those same arrays for them. Backends that
+        can bind output buffers override this to avoid the copy."""
+        outs = self.run(inputs)
+        for name, dest in outputs.items():
+            if name in outs and outs[name].shape == dest.shape:
+                np.copyto(dest, outs[name], casting="no")
+                outs[name] = dest
+        return outs
+
     def abort(self) -> None:  # noqa: B027 - optional hook
         """Best effort: make a ``run`` in progress return early (cancel, revoke)."""
 

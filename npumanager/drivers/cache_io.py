@@ -12,13 +12,15 @@ change at any time, at any offset, with any size. So:
 - a write-only or unreadable fd is an InvalidArgument, too much data a
   GeneralFailure.
 
-Cooperating writers (the driver's own saves and its multi-stage rewrites) take
-``flock`` locks over all files of an entry in a fixed order: exclusive to write,
-shared to read, so no reader sees a half-written entry and no two writers
-interleave. ``flock`` locks belong to the open file description, so two
-prepares in the same driver process (each with its own opened files) still
-exclude each other, unlike POSIX record locks. Lock waits are bounded: an app
-that holds a lock on its own files only makes its own cache miss.
+Cooperating writers (the driver's own saves and its multi-stage rewrites) lock
+all files of an entry in a fixed order: exclusive to write, shared to read, so
+no reader sees a half-written entry and no two writers interleave. Across
+processes that is ``flock`` (it belongs to the open file description, so it
+also separates two prepares of one process with their own opened files, unlike
+POSIX record locks); inside the process an inode-keyed readers-writer lock
+covers holders of the same open file description (dup'd fds). Lock waits are
+bounded: an app that holds a lock on its own files only makes its own cache
+miss.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import errno
 import fcntl
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -60,20 +63,88 @@ def check_fds(fds: Sequence[int], *, need_read: bool) -> None:
         _check_fd(fd, need_read=need_read)
 
 
+class _InodeLock:
+    """A readers-writer lock for one file inside this process (see :func:`locked`)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.readers = 0
+        self.writer = False
+        self.users = 0  # registry refcount, guarded by _REGISTRY_LOCK
+
+    def acquire(self, exclusive: bool, deadline: float) -> bool:
+        with self.cond:
+            while self.writer or (exclusive and self.readers):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.cond.wait(remaining)
+            if exclusive:
+                self.writer = True
+            else:
+                self.readers += 1
+            return True
+
+    def release(self, exclusive: bool) -> None:
+        with self.cond:
+            if exclusive:
+                self.writer = False
+            else:
+                self.readers -= 1
+            self.cond.notify_all()
+
+
+_REGISTRY_LOCK = threading.Lock()
+_REGISTRY: dict[tuple[int, int], _InodeLock] = {}
+
+
+def _inode_lock(key: tuple[int, int]) -> _InodeLock:
+    with _REGISTRY_LOCK:
+        lock = _REGISTRY.get(key)
+        if lock is None:
+            lock = _REGISTRY[key] = _InodeLock()
+        lock.users += 1
+        return lock
+
+
+def _drop_inode_lock(key: tuple[int, int], lock: _InodeLock) -> None:
+    with _REGISTRY_LOCK:
+        lock.users -= 1
+        if lock.users == 0 and _REGISTRY.get(key) is lock:
+            del _REGISTRY[key]
+
+
 @contextmanager
 def locked(
     fds: Sequence[int], *, exclusive: bool, timeout_s: float = LOCK_TIMEOUT_S
 ) -> Iterator[None]:
-    """Hold ``flock`` on every fd, in list order, for the block.
+    """Hold the entry's locks for the block: exclusive to write, shared to read.
 
-    Raises GeneralFailure if the locks are not all had within ``timeout_s``
-    (what was taken is released).
+    Two layers, both taken per file in (device, inode) order so every
+    participant locks in the same order: an in-process readers-writer lock
+    (``flock`` cannot exclude holders of the same open file description, which
+    dup'd fds share) and ``flock`` for other processes. A file passed twice is
+    locked once. Raises GeneralFailure if the locks are not all had within
+    ``timeout_s`` (what was taken is released).
     """
     op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     deadline = time.monotonic() + timeout_s
-    held: list[int] = []
+    by_inode: dict[tuple[int, int], int] = {}
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            raise GeneralFailure(f"cannot lock cache fd {fd}: {exc}") from exc
+        by_inode.setdefault((st.st_dev, st.st_ino), fd)
+    held: list[tuple[tuple[int, int], _InodeLock, int | None]] = []
     try:
-        for fd in fds:
+        for key in sorted(by_inode):
+            fd = by_inode[key]
+            ilock = _inode_lock(key)
+            if not ilock.acquire(exclusive, deadline):
+                _drop_inode_lock(key, ilock)
+                raise GeneralFailure("timed out waiting for a cache file lock")
+            held.append((key, ilock, None))
             delay = 0.001
             while True:
                 try:
@@ -83,17 +154,20 @@ def locked(
                     if time.monotonic() >= deadline:
                         raise GeneralFailure("timed out waiting for a cache file lock") from None
                     time.sleep(delay)
-                    delay = min(delay * 2, 0.05)
+                    delay = min(delay * 2, 0.005)
                 except OSError as exc:
                     raise GeneralFailure(f"cannot lock cache fd {fd}: {exc}") from exc
-            held.append(fd)
+            held[-1] = (key, ilock, fd)
         yield
     finally:
-        for fd in reversed(held):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            except OSError:
-                pass
+        for key, ilock, locked_fd in reversed(held):
+            if locked_fd is not None:
+                try:
+                    fcntl.flock(locked_fd, fcntl.LOCK_UN)
+                except OSError:
+                    pass
+            ilock.release(exclusive)
+            _drop_inode_lock(key, ilock)
 
 
 def _write_one(fd: int, blob: bytes | bytearray | memoryview) -> None:

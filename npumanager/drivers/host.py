@@ -165,6 +165,7 @@ class DriverHost:
         self.cache_counts = cache_counts
         self.clock: Clock = clock or MonotonicClock()
         self.scheduler = Scheduler(hc.channels, self.clock, self, thermal_cutoff=hc.thermal_cutoff)
+        self.scheduler.events_enabled = False  # until npud (or an admin) sets the callback
         self.socket_path = runtime_dir / "drivers" / f"{hc.name}.sock"
         self.models: dict[int, ModelEntry] = {}
         self.grants: dict[str, Grant] = {}
@@ -262,6 +263,7 @@ class DriverHost:
     def _disconnected(self, conn: RpcConnection, exc: BaseException | None) -> None:
         if conn is self.callback_conn:
             self.callback_conn = None
+            self.scheduler.events_enabled = False
         if conn is self.manager_conn:
             self.manager_conn = None
         for job in list(_conn_jobs(conn)):
@@ -323,9 +325,14 @@ class DriverHost:
         """One step, on a worker thread (or inline): run, feed back, place final outputs."""
         ex: Execution = job.payload
         prepared = ex.model.prepared
+        last = job.step + 1 >= job.steps
+        bound = self._bind_outputs(ex) if last and ex.out_pool is not None else {}
         t0 = time.perf_counter()
         try:
-            outs = prepared.run(ex.inputs)
+            if bound:
+                outs = prepared.run_into(ex.inputs, {n: v for n, (v, _) in bound.items()})
+            else:
+                outs = prepared.run(ex.inputs)
         except BaseException as exc:  # the backend's error goes to the client
             return exc
         finally:
@@ -336,13 +343,13 @@ class DriverHost:
             m.run_us = us if m.run_us is None else 0.8 * m.run_us + 0.2 * us
             m.runs += 1
         try:
-            if job.step + 1 < job.steps:
+            if not last:
                 fed = dict(ex.inputs)
                 for out_name, in_name in ex.feedback.items():
                     fed[in_name] = outs[out_name]
                 ex.inputs = fed
             else:
-                ex.result = self._place_outputs(ex, outs)
+                ex.result = self._place_outputs(ex, outs, bound)
         except BaseException as exc:
             return exc
         return None
@@ -382,15 +389,43 @@ class DriverHost:
 
     # --- outputs -----------------------------------------------------------------
 
+    def _bind_outputs(self, ex: Execution) -> dict[str, tuple[np.ndarray, int]]:
+        """Views in the client's pool for large static-shape outputs, so the backend
+        writes them in place (no copy on the way back)."""
+        assert ex.out_pool is not None
+        bound: dict[str, tuple[np.ndarray, int]] = {}
+        offset = ex.out_offset
+        end = ex.out_offset + ex.out_capacity
+        for spec in ex.model.prepared.outputs:
+            nbytes = spec.static_nbytes()
+            if nbytes is None or nbytes <= self.hc.inline_limit:
+                continue
+            start = tensors.align(offset)
+            if start + nbytes > end:
+                break
+            bound[spec.name] = (tensors.view_in(ex.out_pool.buf, start, nbytes, spec.dtype,
+                                                spec.shape, spec.name), start)
+            offset = start + nbytes
+        return bound
+
     def _place_outputs(
-        self, ex: Execution, outs: dict[str, np.ndarray]
+        self, ex: Execution, outs: dict[str, np.ndarray],
+        bound: dict[str, tuple[np.ndarray, int]],
     ) -> tuple[list[pb.Tensor], list[int]]:
         msgs: list[pb.Tensor] = []
         big: list[tuple[str, np.ndarray]] = []
         offset = ex.out_offset
+        for view, start in bound.values():
+            offset = max(offset, start + view.nbytes)
         end = ex.out_offset + ex.out_capacity
         inline_budget = self.hc.max_frame // 2
         for name, arr in outs.items():
+            placed = bound.get(name)
+            if placed is not None and arr is placed[0]:
+                msgs.append(pb.Tensor(name=name, dtype=tensors.dtype_name(arr.dtype),
+                                      shape=arr.shape, pool_id=ex.out_pool_id, offset=placed[1],
+                                      nbytes=arr.nbytes))
+                continue
             arr = np.ascontiguousarray(arr)
             if arr.nbytes <= self.hc.inline_limit or ex.out_pool is None:
                 if arr.nbytes <= inline_budget:
@@ -401,10 +436,10 @@ class DriverHost:
                 continue
             start = tensors.align(offset)
             if start + arr.nbytes <= end:
-                view = tensors.view_in(ex.out_pool.buf, start, arr.nbytes, arr.dtype.name,
-                                       arr.shape, name)
+                dt = tensors.dtype_name(arr.dtype)
+                view = tensors.view_in(ex.out_pool.buf, start, arr.nbytes, dt, arr.shape, name)
                 np.copyto(view, arr)
-                msgs.append(pb.Tensor(name=name, dtype=arr.dtype.name, shape=arr.shape,
+                msgs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
                                       pool_id=ex.out_pool_id, offset=start, nbytes=arr.nbytes))
                 offset = start + arr.nbytes
             else:
@@ -417,10 +452,11 @@ class DriverHost:
         try:
             pos = 0
             for name, arr in big:
-                view = tensors.view_in(pool.buf, pos, arr.nbytes, arr.dtype.name, arr.shape, name)
+                dt = tensors.dtype_name(arr.dtype)
+                view = tensors.view_in(pool.buf, pos, arr.nbytes, dt, arr.shape, name)
                 np.copyto(view, arr)
                 del view
-                msgs.append(pb.Tensor(name=name, dtype=arr.dtype.name, shape=arr.shape,
+                msgs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
                                       offset=pos, nbytes=arr.nbytes, in_reply_fd=True))
                 pos += tensors.align(arr.nbytes)
             fd = os.dup(pool.fd)
@@ -445,6 +481,7 @@ class DriverHost:
         else:
             self.callback_conn = ctx.conn
             self.scheduler.set_debounce_ms(msg.debounce_ms)
+        self.scheduler.events_enabled = self.callback_conn is not None
         return Empty()
 
     def _attach_manager(self, ctx: CallContext, payload: bytes) -> Empty:

@@ -133,6 +133,8 @@ class Scheduler:
         self.thermal_cutoff = thermal_cutoff
         self.debounce_ms = debounce_ms
         self.thermal = ThermalStatus.NONE
+        #: False while no callback is registered (the host says so): events are dropped.
+        self.events_enabled = True
         self.configs: dict[int, SchedulingConfig] = {}
         self.stats = SchedulerStats()
         self._ids = itertools.count(1)
@@ -291,6 +293,8 @@ class Scheduler:
         return not held
 
     def _stamp(self, job: Job) -> WorkInfo:
+        if not self.events_enabled:
+            return job.info  # nobody listens: skip the copy on the hot path
         return replace(job.info, timestamp_ms=self.now_ms())
 
     def _dispatch(self, yielding: Job | None = None) -> None:

@@ -65,8 +65,15 @@ class Model:
         self.outputs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in msg.outputs]
         self.released = False
         self._inline_limit = device.capabilities.inline_limit
+        sizes = [spec.static_nbytes() for spec in self.outputs]
+        self._dynamic_outputs = sum(n is None for n in sizes)
+        self._static_out_need = sum(tensors.align(n) for n in sizes
+                                    if n is not None and n > self._inline_limit)
         self._lock = threading.Lock()
         self._free_pools: list[tensors.ClientPool] = []
+        self._staging: tensors.ClientPool | None = None
+        self._staging_end = 0
+        self._staging_lock = threading.Lock()
         self._all_pools: list[tensors.ClientPool] = []
 
     def __repr__(self) -> str:
@@ -102,6 +109,47 @@ class Model:
             else:
                 self._free_pools.append(pool)
 
+    # --- zero-copy staging ----------------------------------------------------------
+
+    def input_buffers(self, shapes: Mapping[str, tuple[int, ...]] | None = None
+                      ) -> dict[str, np.ndarray]:
+        """Arrays in shared memory for this model's inputs (NNAPI's ANeuralNetworksMemory):
+        fill them in place and pass them to ``execute``; they travel without a copy.
+        ``shapes`` gives the shape of inputs with dynamic dimensions. Calling this again
+        replaces the previous buffers."""
+        shapes = dict(shapes or {})
+        layout: list[tuple[str, str, tuple[int, ...], int]] = []
+        pos = 0
+        for spec in self.inputs:
+            shape = tuple(shapes.get(spec.name, spec.shape))
+            if any(d < 0 for d in shape):
+                raise InvalidArgument(f"input {spec.name!r} has dynamic shape {spec.shape}; "
+                                      "give its shape")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            layout.append((spec.name, spec.dtype, shape, pos))
+            pos = tensors.align(pos + nbytes)
+        out_need = self._static_out_need + self._dynamic_outputs * pos
+        with self._lock:
+            old, self._staging = self._staging, None
+        if old is not None:
+            self._give_pool(old)
+        pool = self._take_pool(pos + out_need)
+        views = {name: tensors.view_in(pool.buf, off, int(np.prod(shape, dtype=np.int64))
+                                       * np.dtype(dt).itemsize, dt, shape, name)
+                 for name, dt, shape, off in layout}
+        with self._lock:
+            self._staging = pool
+            self._staging_end = pos
+        return views
+
+    def _staged_offset(self, pool: tensors.ClientPool, arr: np.ndarray) -> int | None:
+        """Where ``arr`` lies in ``pool`` if it is one of its views, else None."""
+        base = np.frombuffer(pool.buf, np.uint8, count=1).ctypes.data
+        addr = arr.ctypes.data
+        if base <= addr and addr + arr.nbytes <= base + pool.size:
+            return int(addr - base)
+        return None
+
     # --- execute -------------------------------------------------------------------
 
     def execute(
@@ -114,8 +162,12 @@ class Model:
         feedback: Mapping[str, str] | None = None,
         *,
         group_id: bytes | None = None,
+        copy_outputs: bool = True,
     ) -> dict[str, np.ndarray]:
-        """Run the model (``steps`` times, feeding ``feedback`` outputs into inputs)."""
+        """Run the model (``steps`` times, feeding ``feedback`` outputs into inputs).
+
+        With ``copy_outputs=False`` large outputs are returned as views of shared memory,
+        valid until the next execute of this model (saves a copy of big tensors)."""
         if self.released:
             raise InvalidArgument("this model was released")
         if steps < 1:
@@ -130,46 +182,67 @@ class Model:
             steps=steps, feedback=dict(feedback or {}), exec_id=next(_exec_ids),
             group_id=group_id or b"",
         )
-        big = [(n, a) for n, a in arrays.items() if a.nbytes > self._inline_limit]
-        out_need = 0
-        for spec in self.outputs:
-            nb = spec.static_nbytes()
-            if nb is None:
-                # Unknown until it runs: guess it is as large as the largest input.
-                nb = max((a.nbytes for a in arrays.values()), default=0)
-            if nb > self._inline_limit:
-                out_need += tensors.align(nb)
-        in_need = sum(tensors.align(a.nbytes) for _, a in big)
-        pool = self._take_pool(in_need + out_need) if (big or out_need) else None
-        try:
-            pos = 0
+        staging = self._staging
+        staged: dict[str, int] = {}
+        if staging is not None:
             for name, arr in arrays.items():
-                if pool is not None and arr.nbytes > self._inline_limit:
-                    view = tensors.view_in(pool.buf, pos, arr.nbytes, arr.dtype.name, arr.shape,
-                                           name)
+                off = self._staged_offset(staging, arr)
+                if off is not None:
+                    staged[name] = off
+        if staged:
+            assert staging is not None
+            self._staging_lock.acquire()
+            pool: tensors.ClientPool | None = staging
+            pos = self._staging_end
+        else:
+            big = [a for a in arrays.values() if a.nbytes > self._inline_limit]
+            out_need = self._static_out_need
+            if self._dynamic_outputs:
+                # Unknown until it runs: guess each is as large as the largest input.
+                nb = max((a.nbytes for a in arrays.values()), default=0)
+                if nb > self._inline_limit:
+                    out_need += self._dynamic_outputs * tensors.align(nb)
+            in_need = sum(tensors.align(a.nbytes) for a in big)
+            pool = self._take_pool(in_need + out_need) if (big or out_need) else None
+            pos = 0
+        try:
+            for name, arr in arrays.items():
+                dt = tensors.dtype_name(arr.dtype)
+                if name in staged:
+                    assert pool is not None
+                    msg.inputs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
+                                                pool_id=pool.pool_id, offset=staged[name],
+                                                nbytes=arr.nbytes))
+                elif pool is not None and arr.nbytes > self._inline_limit:
+                    start = tensors.align(pos)
+                    view = tensors.view_in(pool.buf, start, arr.nbytes, dt, arr.shape, name)
                     np.copyto(view, arr)
                     del view
-                    msg.inputs.append(pb.Tensor(
-                        name=name, dtype=arr.dtype.name, shape=arr.shape, pool_id=pool.pool_id,
-                        offset=pos, nbytes=arr.nbytes))
-                    pos = tensors.align(pos + arr.nbytes)
+                    msg.inputs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
+                                                pool_id=pool.pool_id, offset=start,
+                                                nbytes=arr.nbytes))
+                    pos = start + arr.nbytes
                 else:
                     msg.inputs.append(tensors.inline_msg(name, arr))
             if pool is not None:
+                pos = tensors.align(pos)
                 msg.out_pool_id = pool.pool_id
                 msg.out_offset = pos
                 msg.out_capacity = pool.size - pos
             payload, fds = self.device.call(self._rpc, "device.execute", msg)
             try:
-                return self._outputs(pb.ExecuteResult.FromString(payload), pool, fds)
+                return self._outputs(pb.ExecuteResult.FromString(payload), pool, fds,
+                                     copy_outputs)
             finally:
                 close_fds(fds)
         finally:
-            if pool is not None:
+            if staged:
+                self._staging_lock.release()
+            elif pool is not None:
                 self._give_pool(pool)
 
-    def _outputs(self, res: pb.ExecuteResult, pool: tensors.ClientPool | None, fds: list[int]
-                 ) -> dict[str, np.ndarray]:
+    def _outputs(self, res: pb.ExecuteResult, pool: tensors.ClientPool | None, fds: list[int],
+                 copy: bool = True) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         reply_map: mmap.mmap | None = None
         try:
@@ -184,8 +257,9 @@ class Model:
                 elif t.pool_id:
                     if pool is None or t.pool_id != pool.pool_id:
                         raise ServiceUnavailable("the driver named a pool this call did not use")
-                    out[t.name] = tensors.view_in(pool.buf, t.offset, t.nbytes, t.dtype,
-                                                  t.shape, t.name).copy()
+                    view = tensors.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape,
+                                           t.name)
+                    out[t.name] = view.copy() if copy else view
                 else:
                     out[t.name] = tensors.inline_array(t).copy()
         finally:

@@ -121,3 +121,20 @@ def test_enforced_admission_refuses_without_grant(runtime_dir: Path, state_dir: 
                 dev.prepare_model(add_model(), grant="0" * 32)
         finally:
             dev.close()
+
+
+def test_staged_inputs_and_output_views_skip_copies(dev: nn.Device) -> None:
+    shape = (256, 1024)
+    model = dev.prepare_model(relu_model(shape))
+    bufs = model.input_buffers()
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    bufs["x"][...] = x
+    out = model.execute(bufs, copy_outputs=False)
+    np.testing.assert_array_equal(out["y"], np.maximum(x, 0))
+    pool = model._staging
+    assert pool is not None
+    assert model._staged_offset(pool, out["y"]) is not None, "the output is a pool view"
+    bufs["x"][...] = -x  # in place: the next call sees the new values, nothing re-sent
+    np.testing.assert_array_equal(model.execute(bufs)["y"], np.maximum(-x, 0))
+    del out, bufs
+    model.release()
