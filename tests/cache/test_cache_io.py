@@ -130,3 +130,41 @@ def test_dup_fds_outlive_the_originals(tmp_path: Path) -> None:
         assert (tmp_path / "d").read_bytes() == b"later"
     finally:
         os.close(dup)
+
+
+def test_dup_fds_exclude_each_other_in_process(files: list[int]) -> None:
+    """flock cannot separate holders of one open file description; the in-process lock does."""
+    dups = dup_fds(files)
+    entered = threading.Event()
+    try:
+        with locked(files, exclusive=True):
+            t = threading.Thread(target=lambda: _lock_and_flag(dups, entered))
+            t.start()
+            assert not entered.wait(0.05)  # blocked while we hold the entry
+        t.join()
+        assert entered.is_set()
+        with (
+            locked(files, exclusive=True),
+            pytest.raises(GeneralFailure),
+            locked(dups, exclusive=False, timeout_s=0.02),
+        ):
+            pass
+    finally:
+        for fd in dups:
+            os.close(fd)
+
+
+def _lock_and_flag(fds: list[int], flag: threading.Event) -> None:
+    with locked(fds, exclusive=True):
+        flag.set()
+
+
+def test_same_file_twice_is_locked_once(tmp_path: Path) -> None:
+    a = os.open(tmp_path / "same", os.O_RDWR | os.O_CREAT, 0o600)
+    b = os.open(tmp_path / "same", os.O_RDWR)
+    try:
+        write_cache_files([a, b], [b"x", b"yy"], lock_timeout_s=0.1)  # no self-deadlock
+        assert read_cache_files([a, b], 10) == [b"yy", b"yy"]
+    finally:
+        os.close(a)
+        os.close(b)

@@ -140,6 +140,7 @@ def test_rewrites_never_expose_a_half_written_entry(cache: DriverCache, tmp_path
         while not stop.is_set():
             if not rw.write(*blobs):
                 failures.append(AssertionError("a rewrite failed"))
+            stop.wait(0.005)  # leave the readers windows (locks are not fair)
 
     def read() -> None:
         nonlocal loads
