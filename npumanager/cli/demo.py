@@ -1,4 +1,5 @@
-"""`npu demo`: a short scripted manager scenario that prints what happens.
+"""`npu demo`: the full demo (:mod:`npumanager.demo`) by default; ``--manager-only`` runs
+the short scripted manager scenario below, which prints what happens.
 
 It starts npud in a temporary runtime dir (no drivers needed) and runs three
 client "apps" as separate processes — a foreground camera, a background LLM
@@ -30,9 +31,28 @@ T0 = time.monotonic()
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "demo", help="a scripted tour of the manager: preemption, queueing, thermal, revocation")
+        "demo", help="show what npumanager does: preemption, pause/resume, revocation, "
+        "compilation cache, thermal (starts its own npud)",
+        description="Start npud with the reference driver in a temporary dir (or use a running "
+        "one with --runtime-dir), run a camera, a voice assistant, an embedding service and a "
+        "background LLM as separate processes, and show what npud and the driver do. Exits 0 "
+        "when everything it shows happened.")
     add_runtime_dir(p)
-    p.set_defaults(func=main)
+    p.add_argument("--fast", action="store_true", help="shorter scenes (about 15 s)")
+    p.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    p.add_argument("--manager-only", action="store_true",
+                   help="a short scripted tour of the manager alone (npud without drivers): "
+                   "preemption, queueing, thermal, revocation")
+    p.set_defaults(func=dispatch)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.manager_only:
+        return main(args)
+    from npumanager.demo import DemoOptions, run_demo
+
+    return run_demo(DemoOptions(runtime_dir=args.runtime_dir, fast=args.fast,
+                                color=False if args.no_color else None))
 
 
 def say(who: str, text: str) -> None:

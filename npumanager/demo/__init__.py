@@ -1,0 +1,11 @@
+"""`npu demo`: npumanager's main job shown end to end, for real (see ``scenario``).
+
+Modules: ``models`` (the apps' ONNX models), ``apps`` (what each app does in
+its process), ``process`` (fork + setuid + event pipes), ``observe`` (app
+events, HAL work events), ``render`` (terminal/CI output), ``summary`` (the
+closing tables), ``scenario`` (the story).
+"""
+
+from npumanager.demo.scenario import DemoOptions, run_demo
+
+__all__ = ["DemoOptions", "run_demo"]

@@ -1,0 +1,513 @@
+"""`npu demo`: a real npud, four apps in their own processes, six scenes, measured.
+
+The scenario starts npud with the reference driver in a temporary runtime
+and state dir (or uses a running one with ``--runtime-dir``), forks the apps
+(each under its own uid when run as root), and drives the story: a
+background LLM holds the budget; the foreground camera arrives and the LLM is
+asked to unload (PREEMPTED); the LLM comes back smaller, loads from its
+compilation cache and its decode jobs are PAUSED/RESUMED around camera
+frames; the device heats (admin thermal override), background models leave
+(THERMAL) and a stubborn embedder that ignores the request is REVOKED; it
+cools and the waiters come back. Every number printed is measured in this
+run. Everything it started is stopped, and its temp dirs removed, on any exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from npumanager.constants import Importance, ModelPriority, ModelSize, ThermalStatus
+from npumanager.demo.apps import AppSpec, app_main
+from npumanager.demo.models import DemoModel, demo_models
+from npumanager.demo.observe import Event, EventLog, HalObserver
+from npumanager.demo.process import AppProcess
+from npumanager.demo.render import Renderer, fmt_ms
+from npumanager.demo.summary import print_summary, status_excerpt
+
+#: uids of the apps when the demo runs as root (no such users need to exist).
+APP_UIDS = {"camera": 61001, "voice": 61002, "embedder": 61003, "llm": 61004}
+SCENES = 6
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long each scene lets things run (``--fast`` halves most of it)."""
+
+    llm_alone_s: float
+    llm_backoff_s: float
+    contention_s: float
+    severe_s: float
+    cool_s: float
+    between_s: float
+    unload_deadline_s: float
+    voice_runs: int
+
+    @classmethod
+    def for_mode(cls, fast: bool) -> Pace:
+        if fast:
+            return cls(0.8, 1.2, 1.8, 0.6, 1.0, 0.0, 1.0, 8)
+        return cls(2.0, 2.5, 4.0, 1.5, 2.5, 0.8, 2.0, 15)
+
+
+@dataclass
+class DemoOptions:
+    runtime_dir: str | None = None
+    fast: bool = False
+    color: bool | None = None
+
+
+@dataclass
+class Phase:
+    name: str
+    t0: float
+    t1: float | None = None
+
+
+@dataclass
+class Run:
+    """What the scenario recorded, for the summary."""
+
+    phases: list[Phase] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def begin(self, name: str) -> Phase:
+        now = time.monotonic()
+        if self.phases and self.phases[-1].t1 is None:
+            self.phases[-1].t1 = now
+        p = Phase(name, now)
+        self.phases.append(p)
+        return p
+
+    def end(self) -> None:
+        if self.phases and self.phases[-1].t1 is None:
+            self.phases[-1].t1 = time.monotonic()
+
+
+def app_specs(root: bool, pace: Pace) -> dict[str, AppSpec]:
+    def uid(name: str) -> int | None:
+        return APP_UIDS[name] if root else None
+
+    return {
+        "llm": AppSpec("llm", uid("llm"), Importance.SERVICE, ModelSize.GREATER_THAN_2G,
+                       ModelPriority.BACKGROUND, "decode", steps=16,
+                       retry_size=ModelSize.BETWEEN_1GB_AND_2GB,
+                       retry_after_s=pace.llm_backoff_s),
+        "camera": AppSpec("camera", uid("camera"), Importance.FOREGROUND,
+                          ModelSize.LESS_THAN_1GB, ModelPriority.NORMAL, "frames",
+                          period_s=1 / 30),
+        "embedder": AppSpec("embedder", uid("embedder"), Importance.SERVICE,
+                            ModelSize.LESS_THAN_1GB, ModelPriority.NORMAL, "periodic",
+                            period_s=0.1, comply=False, exit_on_revoke=True),
+        "voice": AppSpec("voice", uid("voice"), Importance.VISIBLE, ModelSize.LESS_THAN_1GB,
+                         ModelPriority.NORMAL, "burst", period_s=0.03, runs=pace.voice_runs),
+    }
+
+
+class Scenario:
+    def __init__(self, opts: DemoOptions, out: Renderer) -> None:
+        self.opts = opts
+        self.out = out
+        self.pace = Pace.for_mode(opts.fast)
+        self.root = os.getuid() == 0
+        self.own_npud = opts.runtime_dir is None
+        self.log = EventLog()
+        self.log.listeners.append(self.show)
+        self.run_rec = Run()
+        self.hal: HalObserver | None = None
+        self._hal_conn: Any = None
+        self.npud: Any = None
+        self.admin: Any = None
+        self.apps: dict[str, AppProcess] = {}
+        self.tmp: list[str] = []
+        self.models: dict[str, DemoModel] = {}
+        self.specs = app_specs(self.root, self.pace)
+        self.rt = ""
+        self.cache_root = ""
+
+    # --- event display ------------------------------------------------------------
+
+    def show(self, e: Event) -> None:
+        app, kind = e["app"], e["ev"]
+        t = e["t"]
+        if kind == "request":
+            size = {"LESS_THAN_1GB": "<1GB", "BETWEEN_1GB_AND_2GB": "1-2GB",
+                    "GREATER_THAN_2G": ">2GB"}.get(e["size"], e["size"])
+            self.out.event(app, f"asks npud to load a {size} model ({e['priority']}), "
+                           f"request {e['id']}", t)
+        elif kind == "can_load":
+            st = str(e["status"])
+            texts = {
+                "CAN_LOAD_NOW": f"CAN_LOAD_NOW {e['ms']:.1f} ms after asking (grant issued)",
+                "WAIT_FOR_UNLOAD": "WAIT_FOR_UNLOAD: npud asked a less important holder to "
+                "make room",
+                "NOT_PRIORITIZED": "NOT_PRIORITIZED: queued until it fits",
+            }
+            text = texts.get(st, st)
+            self.out.event(app, text, t, "green" if st == "CAN_LOAD_NOW" else "yellow")
+        elif kind == "prepared":
+            how = ("loaded from its compilation cache" if e["from_cache"]
+                   else "compiled" + (", cache written" if e["cache_written"] else ""))
+            self.out.event(app, f"prepared {e['model']} in {fmt_ms(e['ms'])} ({how}); "
+                           "notify_model_loaded", t)
+        elif kind == "unload_asked":
+            tail = "" if e["comply"] else " - and ignores it"
+            self.out.event(app, f"on_request_unload_model(reason={e['reason']}){tail}", t,
+                           "bold yellow" if e["comply"] else "bold red")
+        elif kind == "unloaded":
+            self.out.event(app, f"released its model; notify_model_unloaded "
+                           f"{e['ms']:.0f} ms after the request", t)
+        elif kind == "complete":
+            st = e["status"]
+            self.out.event(app, f"request {e['id']} ended {st}", t,
+                           "bold red" if st == "REVOKED" else "")
+        elif kind == "execute_revoked":
+            self.out.event(app, "next execute raised GrantRevoked: the driver had released "
+                           "its model", t, "bold red")
+        elif kind == "decode":
+            first = self.log.find(app, "decode", after=self._last_prepare(app))
+            if len(first) == 1:
+                tps = e["steps"] / (e["ms"] / 1000) if e["ms"] > 0 else 0.0
+                self.out.event(app, f"decoding: job of {e['steps']} steps (steps=N, feedback "
+                               f"h_out->h) in {fmt_ms(e['ms'])}, {tps:.0f} tokens/s", t)
+        elif kind == "frame":
+            first = self.log.find(app, "frame", after=self._last_prepare(app))
+            if len(first) == 1:
+                self.out.event(app, f"streaming at 30 fps; first frame {fmt_ms(e['ms'])}", t)
+        elif kind == "error":
+            self.out.warn(f"{app}: {e['what']} failed: {e['error']}")
+        elif kind == "exit":
+            self.out.event(app, "exited", t, "dim")
+
+    def _last_prepare(self, app: str) -> float:
+        preps = self.log.find(app, "prepared")
+        return preps[-1]["t"] if preps else 0.0
+
+    # --- helpers ---------------------------------------------------------------
+
+    def expect(self, app: str | None, ev: str, what: str, timeout: float, after: float = 0.0,
+               **match: Any) -> Event | None:
+        """Wait for an event; a miss is recorded and reported, never a hang."""
+        got = self.log.wait(app, ev, timeout, after,
+                            (lambda e: all(e.get(k) == v for k, v in match.items()))
+                            if match else None)
+        if got is None:
+            self.run_rec.failures.append(what)
+            self.out.warn(f"expected within {timeout:.0f} s, did not happen: {what}")
+        return got
+
+    def spawn(self, name: str) -> AppProcess:
+        spec, model = self.specs[name], self.models[name]
+        cache_dir = os.path.join(self.cache_root, name)
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        if spec.uid is not None:
+            os.chown(cache_dir, spec.uid, spec.uid)
+        rt = self.rt
+
+        def main(outbox: Any, commands: Any) -> None:
+            app_main(spec, model, rt, cache_dir, outbox, commands)
+
+        proc = AppProcess(name, spec.uid, main, self.log.add,
+                          os.path.join(self.cache_root, f"{name}.log"))
+        self.apps[name] = proc
+        return proc
+
+    def set_importance(self, name: str) -> None:
+        spec = self.specs[name]
+        if spec.uid is None:
+            return
+        self.admin.set_uid_importance(spec.uid, spec.importance)
+        self.out.event("admin", f"set_uid_importance({spec.uid}, {spec.importance.name}) "
+                       f"for {name}: app priority {int(spec.importance)}")
+
+    def budget_line(self) -> None:
+        dump = self.admin.dump()
+        for line in status_excerpt(dump, {s.uid: n for n, s in self.specs.items()
+                                          if s.uid is not None}):
+            self.out.note(line, "")
+
+    def pause(self, s: float) -> None:
+        if s > 0:
+            time.sleep(s)
+
+    # --- setup ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        from npumanager.client import NpuManager
+
+        self.out.title(
+            "npumanager demo",
+            "npud + the reference driver (ONNX Runtime on the CPU), four apps in their own\n"
+            "processes" + (" and uids" if self.root else "") + ". Every number below is "
+            "measured in this run.")
+        self.out.scene(1, SCENES, "npud starts with the reference driver",
+                       "A temporary runtime dir and state dir; the driver host is supervised "
+                       "by npud; the apps find devices through nn.devices().")
+        self.cache_root = tempfile.mkdtemp(prefix="npu-demo-apps-")
+        os.chmod(self.cache_root, 0o755)
+        self.tmp.append(self.cache_root)
+        t0 = time.perf_counter()
+        self.models = demo_models(self.opts.fast)
+        self.out.event("demo", f"built 4 ONNX models with onnx.helper in "
+                       f"{fmt_ms((time.perf_counter() - t0) * 1000)} "
+                       f"(llm {self.models['llm'].weight_bytes / 2**20:.0f} MiB of weights)")
+        if self.own_npud:
+            self.start_npud()
+        else:
+            assert self.opts.runtime_dir is not None
+            self.rt = self.opts.runtime_dir
+            self.out.event("demo", f"using the running npud in {self.rt}")
+        self.admin = NpuManager(self.rt, client_name="demo-admin")
+        self.show_devices()
+        if not self.root:
+            self.out.warn("not root: every app runs under your uid. npud preempts only holders "
+                          "of OTHER uids, so the preemption scenes will not happen; run as "
+                          "root (sudo) for the full demo.")
+        self.attach_hal()
+
+    def start_npud(self) -> None:
+        from npumanager.testing.daemon import DaemonProcess
+
+        self.rt = tempfile.mkdtemp(prefix="npu-demo-run-")
+        os.chmod(self.rt, 0o755)
+        self.tmp.append(self.rt)
+        state = tempfile.mkdtemp(prefix="npu-demo-state-")
+        self.tmp.append(state)
+        config = {
+            # A short unload deadline so the stubborn app is revoked within the demo.
+            "manager": {"unload_deadline_s": self.pace.unload_deadline_s,
+                        "log_level": "warning"},
+            # One execution channel, like a small NPU: foreground frames and background
+            # decode steps really compete for it.
+            "driver": [{"name": "reference", "plugin": "reference", "channels": 1}],
+        }
+        t0 = time.perf_counter()
+        self.npud = DaemonProcess(self.rt, config, drivers=True,
+                                  env={**os.environ, "NPU_STATE_DIR": state})
+        self.npud.start()
+        self.out.event("npud", f"ready in {fmt_ms((time.perf_counter() - t0) * 1000)}: "
+                       f"{self.npud.ready_line}")
+        self.out.note(f"policy BUDGET (budget 4; weights <1GB=1, 1-2GB=2, >2GB=4), unload "
+                      f"deadline {self.pace.unload_deadline_s:g} s, 1 execution channel")
+
+    def show_devices(self) -> None:
+        from npumanager import nn
+
+        for dev in nn.devices(self.rt):
+            c = dev.capabilities
+            self.out.event("npud", f"device {c.name} {c.version}: {c.backend}, {c.channels} "
+                           f"channel(s), {c.memory_bytes / 2**30:.1f} GiB, cache files "
+                           f"{c.model_cache_files}+{c.data_cache_files}, admission "
+                           f"{'enforced' if c.enforce_admission else 'open'}")
+            dev.close()
+
+    def attach_hal(self) -> None:
+        from npumanager.hal import connect_scheduling
+
+        if not self.own_npud:
+            self.run_rec.skipped.append("HAL work events (the driver has one callback slot, "
+                                        "npud's; the demo takes it only from its own npud)")
+            return
+        try:
+            self._hal_conn = connect_scheduling("reference", self.rt)
+            self.hal = HalObserver()
+            self._hal_conn.set_callback(self.hal)
+        except Exception as exc:
+            self.out.warn(f"cannot watch HAL work events: {type(exc).__name__}: {exc}")
+            self.hal = None
+            return
+        self.out.event("HAL", "the demo holds the driver's IScheduling callback to watch work "
+                       "events (npud's fairness rule sees none meanwhile)")
+
+    # --- the scenes -------------------------------------------------------------------
+
+    def scene_llm(self) -> None:
+        self.out.scene(2, SCENES, "A background LLM holds the whole budget",
+                       "The LLM asks for a >2GB model (weight 4 = the whole budget) at "
+                       "BACKGROUND priority and runs multi-step decode jobs.")
+        for name in ("camera", "embedder", "voice", "llm"):
+            self.set_importance(name)
+        t = time.monotonic()
+        self.spawn("llm")
+        self.expect("llm", "decode", "llm prepared and decoding", 30, t)
+        self.pause(self.pace.llm_alone_s)
+        self.budget_line()
+
+    def scene_camera(self) -> None:
+        self.out.scene(3, SCENES, "The camera opens in the foreground",
+                       "FOREGROUND (100) outranks the LLM's SERVICE (300) + BACKGROUND (1000): "
+                       "npud asks the LLM to unload and grants the camera once it has.")
+        self.pause(self.pace.between_s)
+        t = time.monotonic()
+        self.spawn("camera")
+        if self.root:
+            self.expect("llm", "unload_asked", "llm asked to unload (PREEMPTED)", 10, t,
+                        reason="PREEMPTED")
+            self.expect("llm", "unloaded", "llm reported unloaded", 10, t)
+        if self.expect("camera", "frame", "camera granted and streaming", 15, t):
+            self.run_rec.begin("camera alone")
+        self.expect("llm", "request", "llm asks again after its back-off", 15, t + 0.01)
+
+    def scene_contention(self) -> None:
+        self.out.scene(4, SCENES, "Background decode yields to foreground frames",
+                       "The LLM comes back with a 1-2GB footprint (short context); on the one "
+                       "channel the driver PAUSES its decode job between steps for every "
+                       "frame and RESUMES it after.")
+        t = time.monotonic()
+        prep = self.expect("llm", "prepared", "llm prepared again", 15, t)
+        if prep is not None and not prep["from_cache"]:
+            self.run_rec.failures.append("llm's second prepare loaded from cache")
+        if self.expect("llm", "decode", "llm decoding next to the camera", 10, t):
+            self.run_rec.begin("camera + llm decoding")
+        t_dec = time.monotonic()
+        self.pause(self.pace.contention_s / 2)
+        self.out.event("demo", "the embedder service (SERVICE) starts; it fits: 1+2+1 = 4")
+        t = time.monotonic()
+        self.spawn("embedder")
+        self.expect("embedder", "infer", "embedder running", 15, t)
+        self.pause(self.pace.contention_s / 2)
+        self.show_hal(t_dec)
+        self.budget_line()
+
+    def show_hal(self, t0: float) -> None:
+        if self.hal is None:
+            return
+        uid = self.specs["llm"].uid
+        paused = self.hal.count(uid, "ended", "PAUSED", t0)
+        resumed = self.hal.count(uid, "started", "RESUMED", t0)
+        self.out.event("HAL", f"llm's decode work: {paused} x on_work_ended(PAUSED), "
+                       f"{resumed} x on_work_started(RESUMED) since it came back")
+        ex = self.hal.pause_example(uid, t0)
+        if ex is not None:
+            p, r = ex
+            self.out.note(f"e.g. work {p.work_id} (effective priority {p.effective_priority}) "
+                          f"paused at {self.out.elapsed(p.t):.3f}s, resumed "
+                          f"{(r.t - p.t) * 1000:.1f} ms later")
+        if self.root and paused == 0:
+            self.run_rec.failures.append("llm decode PAUSED for camera frames")
+
+    def scene_thermal(self) -> None:
+        self.out.scene(5, SCENES, "The device heats up",
+                       "Admin thermal override SEVERE (as `npu thermal override severe`): "
+                       "holders ranked above PERCEPTIBLE (230) must leave; the embedder "
+                       "ignores the request and is revoked at the unload deadline.")
+        self.pause(self.pace.between_s)
+        t = time.monotonic()
+        self.out.event("admin", "override_thermal_status(SEVERE)", t, "bold red")
+        info = self.admin.override_thermal_status(ThermalStatus.SEVERE)
+        self.run_rec.begin("camera, SEVERE")
+        if info.status != ThermalStatus.SEVERE:
+            self.run_rec.failures.append(f"thermal status SEVERE (got {info.status.name})")
+        self.expect("llm", "unload_asked", "llm asked to unload (THERMAL)", 10, t,
+                    reason="THERMAL")
+        self.expect("embedder", "unload_asked", "embedder asked to unload (THERMAL)", 10, t,
+                    reason="THERMAL")
+        self.expect("embedder", "complete", "embedder REVOKED at the deadline",
+                    self.pace.unload_deadline_s + 10, t, status="REVOKED")
+        self.expect("embedder", "execute_revoked", "embedder's execute raised GrantRevoked",
+                    10, t)
+        self.expect("llm", "can_load", "llm waits while SEVERE", 10, t + 0.01)
+        self.out.event("demo", "a voice query arrives (VISIBLE, 200 <= 230: allowed while "
+                       "SEVERE)")
+        t = time.monotonic()
+        self.spawn("voice")
+        self.expect("voice", "exit", "voice query answered", 20, t)
+        self.pause(self.pace.severe_s)
+        self.budget_line()
+
+    def scene_cool(self) -> None:
+        self.out.scene(6, SCENES, "It cools down",
+                       "Override reset: back to the sensors (the driver's thermal model). "
+                       "Waiters get their grants; the restarted embedder loads from cache.")
+        t = time.monotonic()
+        temps = self.admin.dump().get("thermal", {}).get("temperatures", {})
+        temp = ", ".join(f"{k} {v:.1f} C" for k, v in temps.items() if v is not None)
+        self.out.event("admin", "reset_thermal_status()"
+                       + (f": the sensors say {temp}" if temp else ""), t, "bold green")
+        info = self.admin.reset_thermal_status()
+        self.run_rec.begin("camera, models loading back")
+        self.out.event("npud", f"thermal status {info.status.name}")
+        self.expect("llm", "prepared", "llm back after the cool-down", 15, t)
+        self.out.event("demo", "the embedder service is restarted (a new process)")
+        old = self.apps.pop("embedder", None)
+        if old is not None:
+            old.kill()
+        t2 = time.monotonic()
+        self.spawn("embedder")
+        self.expect("embedder", "prepared", "embedder's second start", 15, t2)
+        self.expect("embedder", "infer", "embedder running again", 10, t2)
+        self.pause(self.pace.cool_s)
+        self.run_rec.end()
+
+    # --- run ---------------------------------------------------------------------------
+
+    def stop_apps(self) -> None:
+        for proc in list(self.apps.values()):
+            proc.send("stop")
+        for proc in list(self.apps.values()):
+            proc.stop(timeout=3.0)
+        self.apps.clear()
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop_apps()
+        for proc in list(self.apps.values()):
+            with contextlib.suppress(Exception):
+                proc.kill()
+        if self._hal_conn is not None:
+            with contextlib.suppress(Exception):
+                self._hal_conn.close()
+        if self.admin is not None:
+            with contextlib.suppress(Exception):
+                if not self.own_npud:
+                    self.admin.reset_thermal_status()
+            with contextlib.suppress(Exception):
+                self.admin.close()
+        if self.npud is not None:
+            with contextlib.suppress(Exception):
+                self.npud.stop()
+        for d in self.tmp:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def run(self) -> int:
+        t0 = time.monotonic()
+        try:
+            self.start()
+            self.scene_llm()
+            self.scene_camera()
+            self.scene_contention()
+            self.scene_thermal()
+            self.scene_cool()
+            self.stop_apps()
+            print_summary(self.out, self.log, self.run_rec, self.hal, self.specs,
+                          time.monotonic() - t0)
+        finally:
+            self.cleanup()
+        if self.run_rec.failures and self.root:
+            return 1
+        return 0
+
+
+def run_demo(opts: DemoOptions) -> int:
+    """Run the demo; 0 when everything it shows happened, 1 if something did not."""
+    out = Renderer(color=opts.color)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return Scenario(opts, out).run()
+    except KeyboardInterrupt:
+        out.warn("interrupted: stopped the apps and npud, removed the temp dirs")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -1,0 +1,104 @@
+"""The demo's closing tables (all from measured events) and its `npu status` excerpts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from npumanager.demo.observe import EventLog, HalObserver
+from npumanager.demo.render import Renderer, fmt_ms, percentile
+
+if TYPE_CHECKING:
+    from npumanager.demo.apps import AppSpec
+    from npumanager.demo.scenario import Run
+
+_SIZE = {"LESS_THAN_1GB": "<1GB", "BETWEEN_1GB_AND_2GB": "1-2GB", "GREATER_THAN_2G": ">2GB"}
+
+
+def status_excerpt(dump: Mapping[str, Any], names: Mapping[int, str]) -> list[str]:
+    """npud's own view (what `npu status` shows): budget, thermal, each live request."""
+    budget = dump.get("budget", {})
+    thermal = dump.get("thermal", {})
+    lines = [f"npu status: budget {budget.get('used')}/{budget.get('thermal_scaled')} used, "
+             f"thermal {thermal.get('status')}"
+             + (" (override)" if thermal.get("overridden") else "")]
+    for r in dump.get("requests", []):
+        who = names.get(int(r.get("uid", -1)), f"uid {r.get('uid')}")
+        lines.append(f"  {who:<9} request {r.get('request_id')}: {r.get('state'):<16} "
+                     f"{_SIZE.get(str(r.get('size')), r.get('size')):>5} "
+                     f"{r.get('priority')!s:<10} rank {r.get('rank')}")
+    return lines
+
+
+def _phase_rows(log: EventLog, run: Run) -> list[list[str]]:
+    rows = []
+    for ph in run.phases:
+        lat = [e["ms"] for e in log.find("camera", "frame", after=ph.t0)
+               if ph.t1 is None or e["t"] <= ph.t1]
+        if not lat:
+            continue
+        span = ((ph.t1 or lat[-1]) - ph.t0) or 1.0
+        rows.append([ph.name, str(len(lat)), f"{len(lat) / span:.1f}",
+                     fmt_ms(percentile(lat, 50)), fmt_ms(percentile(lat, 99)),
+                     fmt_ms(max(lat))])
+    return rows
+
+
+def _cache_rows(log: EventLog) -> list[list[str]]:
+    rows = []
+    for app in ("llm", "camera", "embedder", "voice"):
+        preps = log.find(app, "prepared")
+        if not preps:
+            continue
+        compiled = [p["ms"] for p in preps if not p["from_cache"]]
+        cached = [p["ms"] for p in preps if p["from_cache"]]
+        first = fmt_ms(compiled[0]) if compiled else "-"
+        later = ", ".join(fmt_ms(c) for c in cached) or "-"
+        speed = f"{compiled[0] / min(cached):.1f}x" if compiled and cached else "-"
+        rows.append([app, preps[0]["model"], str(len(preps)), first, later, speed])
+    return rows
+
+
+def print_summary(out: Renderer, log: EventLog, run: Run, hal: HalObserver | None,
+                  specs: Mapping[str, AppSpec], total_s: float) -> None:
+    out.scene(7, 7, "Summary", "Measured in this run.")
+    out.table("Camera frame latency (execute round trip, 30 fps target)",
+              ["phase", "frames", "fps", "p50", "p99", "max"], _phase_rows(log, run))
+
+    asks = Counter(e["reason"] for e in log.find(ev="unload_asked"))
+    ignored = len(log.find(ev="unload_asked", pred=lambda e: not e["comply"]))
+    completes = Counter(e["status"] for e in log.find(ev="complete"))
+    grants = [e["ms"] for e in log.find(ev="can_load", pred=lambda e: e["status"] ==
+                                        "CAN_LOAD_NOW")]
+    decodes = log.find("llm", "decode")
+    tokens = sum(int(e["steps"]) for e in decodes)
+    rows = [["grants (CAN_LOAD_NOW)", f"{len(grants)}, ask->grant p50 "
+             f"{fmt_ms(percentile(grants, 50))}"]]
+    for reason in ("PREEMPTED", "THERMAL", "FAIRNESS", "MEMORY_PRESSURE", "ADMIN",
+                   "POLICY_CHANGED"):
+        if asks.get(reason):
+            rows.append([f"unload requests: {reason}", str(asks[reason])])
+    rows.append(["unload requests ignored", str(ignored)])
+    rows.append(["requests ended REVOKED", str(completes.get("REVOKED", 0))])
+    rows.append(["execute -> GrantRevoked", str(len(log.find(ev="execute_revoked")))])
+    rows.append(["requests ended COMPLETE", str(completes.get("COMPLETE", 0))])
+    if hal is not None:
+        uid = specs["llm"].uid
+        rows.append(["llm work PAUSED / RESUMED (HAL)",
+                     f"{hal.count(uid, 'ended', 'PAUSED')} / "
+                     f"{hal.count(uid, 'started', 'RESUMED')}"])
+    rows.append(["llm tokens decoded", f"{tokens} in {len(decodes)} multi-step jobs"])
+    out.table("What npud and the driver did", ["", "count"], rows)
+
+    out.table("Compilation cache (prepare_model with cache_dir + token)",
+              ["app", "model", "prepares", "first (compile)", "later (from cache)", "speedup"],
+              _cache_rows(log))
+    out._print("")
+    for s in run.skipped:
+        out.note(f"not shown: {s}", "yellow")
+    if run.failures:
+        out.warn("did not happen: " + "; ".join(run.failures))
+    out.note(f"demo ran {total_s:.1f} s. To watch npud yourself: `npu serve --runtime-dir "
+             "/tmp/npu` in one terminal, then `npu status --runtime-dir /tmp/npu` (or "
+             "`npu demo --runtime-dir /tmp/npu`) in another.", "")

@@ -1,0 +1,136 @@
+"""`npu demo --fast` end to end: a real npud, the reference driver and four app processes.
+
+The assertions read the demo's own output (what a user sees): each behaviour
+the demo claims to show must really have happened in the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+NEEDS_ROOT = pytest.mark.skipif(
+    os.getuid() != 0, reason="preemption between apps needs distinct uids (setuid as root)")
+
+
+def _npu(*args: str) -> list[str]:
+    return [sys.executable, "-m", "npumanager", *args]
+
+
+def _runtime_dir(out: str) -> Path:
+    m = re.search(r"ready on (\S+)/npu\.sock", out)
+    assert m, out
+    return Path(m.group(1))
+
+
+def _npud_pid(out: str) -> int:
+    m = re.search(r"npu\.sock \(pid (\d+)", out)
+    assert m, out
+    return int(m.group(1))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie is gone for our purposes (its parent, the demo, has exited).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@NEEDS_ROOT
+def test_fast_demo_shows_every_behaviour_and_cleans_up() -> None:
+    t0 = time.monotonic()
+    res = subprocess.run(_npu("demo", "--fast"), capture_output=True, text=True, timeout=90,
+                         env={**os.environ, "COLUMNS": "100"}, stdin=subprocess.DEVNULL)
+    took = time.monotonic() - t0
+    out = res.stdout
+    assert res.returncode == 0, out + res.stderr
+    assert "did not happen" not in out, out
+    # Not a terminal: plain text, no escape codes.
+    assert "\x1b[" not in out
+    # Devices listed through nn.devices().
+    assert re.search(r"device reference \S+: onnxruntime .* 1 channel", out), out
+    # The camera preempts the background LLM, which complies.
+    assert "llm      on_request_unload_model(reason=PREEMPTED)" in out
+    assert "camera   WAIT_FOR_UNLOAD" in out
+    assert re.search(r"llm      released its model; notify_model_unloaded", out)
+    # Background decode paused for foreground frames, from the driver's HAL events.
+    m = re.search(r"(\d+) x on_work_ended\(PAUSED\), (\d+) x on_work_started\(RESUMED\)", out)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0, out
+    # Thermal: background holders asked to leave with reason THERMAL; the stubborn one revoked.
+    assert "llm      on_request_unload_model(reason=THERMAL)" in out
+    assert "embedder on_request_unload_model(reason=THERMAL) - and ignores it" in out
+    assert "embedder request 1 ended REVOKED" in out
+    assert "embedder next execute raised GrantRevoked" in out
+    # Compilation cache: the LLM's and the restarted embedder's later prepares hit.
+    assert re.search(r"llm      prepared llm-decoder in .* \(compiled, cache written\)", out)
+    assert re.search(r"llm      prepared llm-decoder in .* \(loaded from its compilation cache",
+                     out)
+    assert re.search(r"embedder prepared text-embedder in .* \(loaded from its compilation "
+                     r"cache", out)
+    # Cooling down lets the waiting LLM back in.
+    cool = out.split("It cools down", 1)[1]
+    assert "llm      CAN_LOAD_NOW" in cool
+    # The summary's numbers.
+    assert re.search(r"\| camera \+ llm decoding +\| +\d+ \|", out), out
+    assert re.search(r"\| unload requests: PREEMPTED +\| +1 \|", out), out
+    assert re.search(r"\| requests ended REVOKED +\| +1 \|", out), out
+    assert "npu status" in out
+    # Everything it started is gone, temp dirs included.
+    assert not _runtime_dir(out).exists()
+    assert _gone(_npud_pid(out))
+    assert took < 40, f"npu demo --fast took {took:.1f} s"
+
+
+@NEEDS_ROOT
+def test_ctrl_c_stops_everything_and_removes_the_temp_dirs() -> None:
+    proc = subprocess.Popen(_npu("demo", "--fast", "--no-color"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "llm      decoding" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert not _runtime_dir(out).exists()
+    assert _gone(_npud_pid(out))
+    # No app process of this demo is left (forks of it: same command line, uids 61001-61004).
+    left = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                status = (d / "status").read_text()
+                cmdline = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"--no-color" not in cmdline or _gone(int(d.name)):
+                continue
+            uid_line = next((ln for ln in status.splitlines() if ln.startswith("Uid:")), "")
+            if any(str(u) in uid_line.split() for u in range(61001, 61005)):
+                left.append(d.name)
+    assert not left, f"demo apps still running: {left}"
