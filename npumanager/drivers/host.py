@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,8 @@ class ModelEntry:
     conn: RpcConnection
     grant_id: str | None
     jobs: set[Job] = field(default_factory=set)
+    input_names: frozenset[str] = frozenset()
+    output_names: frozenset[str] = frozenset()
     #: Smoothed step time in microseconds (None until measured a few times).
     run_us: float | None = None
     runs: int = 0
@@ -179,6 +182,8 @@ class DriverHost:
         self._util_last: tuple[float, float] | None = None  # (monotonic now, busy_s)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._submitting: Any = None  # the Execution being submitted (inline fast path)
+        self._inline_now: Job | None = None
         self._grant_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers = ThreadPoolExecutor(hc.channels, thread_name_prefix=f"npu-{hc.name}-ch")
@@ -311,7 +316,10 @@ class DriverHost:
         )
         if inline:
             # Cheaper than a thread hand-off; never re-enter the scheduler mid-dispatch.
-            self.loop.call_soon(self._run_inline, job)
+            if self._submitting is job.payload:
+                self._inline_now = job  # the execute handler runs it once submit returns
+            else:
+                self.loop.call_soon(self._run_inline, job)
             return
         fut = self._workers.submit(self._run_step, job)
         fut.add_done_callback(
@@ -565,7 +573,9 @@ class DriverHost:
         model_id = self._next_model
         self._next_model += 1
         entry = ModelEntry(model_id, prepared, conn.peer.uid, conn,
-                           grant.grant_id if grant else None)
+                           grant.grant_id if grant else None,
+                           input_names=frozenset(i.name for i in prepared.inputs),
+                           output_names=frozenset(o.name for o in prepared.outputs))
         self.models[model_id] = entry
         _conn_models(conn).add(model_id)
         if grant is not None:
@@ -634,22 +644,23 @@ class DriverHost:
             raise InvalidArgument(f"input {t.name!r} names unknown pool {t.pool_id}")
         return tensors.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
 
-    async def _execute(
+    def _execute(
         self, ctx: CallContext, payload: bytes
-    ) -> tuple[pb.ExecuteResult, list[int]]:
+    ) -> tuple[pb.ExecuteResult, list[int]] | Awaitable[tuple[pb.ExecuteResult, list[int]]]:
+        """Answered at once when the job ran inline (a cheap model on an idle channel),
+        else when its future resolves."""
         close_fds(ctx.fds)
         msg = pb.Execute.FromString(payload)
         entry = self.model_for(ctx, msg.model_id)
         inputs = {t.name: self._input(ctx, t) for t in msg.inputs}
-        expected = {i.name for i in entry.prepared.inputs}
-        if set(inputs) != expected:
+        expected = entry.input_names
+        if inputs.keys() != expected:
             raise InvalidArgument(
                 f"model takes inputs {sorted(expected)}, got {sorted(inputs)}"
             )
-        out_names = {o.name for o in entry.prepared.outputs}
-        feedback = dict(msg.feedback)
+        feedback = dict(msg.feedback) if msg.steps > 1 else {}
         for out_name, in_name in feedback.items():
-            if out_name not in out_names or in_name not in expected:
+            if out_name not in entry.output_names or in_name not in expected:
                 raise InvalidArgument(f"feedback {out_name!r} -> {in_name!r} names no "
                                       f"output/input of this model")
         out_pool = None
@@ -663,18 +674,35 @@ class DriverHost:
             out_offset=msg.out_offset, out_capacity=msg.out_capacity if out_pool else 0,
             out_pool_id=msg.out_pool_id if out_pool else 0,
         )
-        job = self.scheduler.submit(
-            uid=ctx.peer.uid, pid=max(ctx.peer.pid, 0),
-            original_uid=msg.original_uid if msg.has_original_uid else None,
-            feature_id=msg.feature_id if msg.has_feature_id else None,
-            job_priority=msg.job_priority, steps=max(1, msg.steps),
-            group_id=msg.group_id or None, payload=ex,
-        )
+        self._submitting = ex
+        try:
+            job = self.scheduler.submit(
+                uid=ctx.peer.uid, pid=max(ctx.peer.pid, 0),
+                original_uid=msg.original_uid if msg.has_original_uid else None,
+                feature_id=msg.feature_id if msg.has_feature_id else None,
+                job_priority=msg.job_priority, steps=max(1, msg.steps),
+                group_id=msg.group_id or None, payload=ex,
+            )
+        finally:
+            self._submitting = None
         if job.state != "done":
             entry.jobs.add(job)
             _conn_jobs(ctx.conn).add(job)
-        self._arm()
-        outputs, fds = await ex.future
+        inline, self._inline_now = self._inline_now, None
+        if inline is job:
+            self._step_finished(job, self._run_step(job))
+        else:
+            self._arm()
+        fut = ex.future
+        if fut.done():
+            outputs, fds = fut.result()
+            return pb.ExecuteResult(outputs=outputs, work_id=job.id, steps_run=job.step), fds
+        return self._finish_execute(job, fut)
+
+    async def _finish_execute(
+        self, job: Job, fut: asyncio.Future[tuple[list[pb.Tensor], list[int]]]
+    ) -> tuple[pb.ExecuteResult, list[int]]:
+        outputs, fds = await fut
         return pb.ExecuteResult(outputs=outputs, work_id=job.id, steps_run=job.step), fds
 
     def _cancel(self, ctx: CallContext, payload: bytes) -> Empty:
