@@ -84,7 +84,10 @@ def step_model(n: int = 4, work_dim: int = 0, work_depth: int = 1) -> bytes:
         rng = np.random.default_rng(1)
         a = (rng.standard_normal((work_dim, work_dim)) / np.sqrt(work_dim)).astype(np.float32)
         inits.append(numpy_helper.from_array(a, "a"))
-        prev = "a"
+        # Scale by the state so ONNX Runtime cannot fold the chain into a constant.
+        nodes.append(helper.make_node("ReduceMean", ["state"], ["s_mean"], keepdims=0))
+        nodes.append(helper.make_node("Mul", ["a", "s_mean"], ["a_scaled"]))
+        prev = "a_scaled"
         for i in range(work_depth):
             out = "work" if i == work_depth - 1 else f"wk{i}"
             nodes.append(helper.make_node("MatMul", [prev, "a"], [f"mm{i}"]))
