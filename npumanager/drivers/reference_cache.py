@@ -76,6 +76,19 @@ def _join(blobs: Sequence[bytes]) -> bytes:
     return blobs[0] if len(blobs) == 1 else b"".join(blobs)
 
 
+def _scratch_dir() -> str | None:
+    """Where ORT writes the artifacts we read straight back: memory (/dev/shm) if possible.
+
+    The files live for one compile; on a disk-backed /tmp writing a few hundred
+    MiB of weights there would cost more than the compile.
+    """
+    env = os.environ.get("NPU_SCRATCH_DIR")
+    if env:
+        return env
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
 def base_session_options(opt_level: OptLevel, intra_op_threads: int = 1) -> Any:
     import onnxruntime as ort
 
@@ -101,7 +114,7 @@ def compile_with_artifacts(
     if n_model < 1 or n_data < 0:
         raise InvalidArgument(f"cannot cache into {n_model} model and {n_data} data files")
     so = base_session_options(opt_level, intra_op_threads)
-    with tempfile.TemporaryDirectory(prefix="npu-cache-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="npu-cache-", dir=_scratch_dir()) as tmp:
         model_path = os.path.join(tmp, _MODEL_NAME)
         data_path = os.path.join(tmp, DATA_NAME)
         so.optimized_model_filepath = model_path
