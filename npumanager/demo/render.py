@@ -81,7 +81,7 @@ class Renderer:
         from rich.text import Text
 
         self._print("")
-        head = f"[{n}/{total}] {title}"
+        head = f"[{n}/{total}] {title}" if n else title
         if self.plain:
             self._print(f"--- {head} " + "-" * max(3, 72 - len(head)))
         else:

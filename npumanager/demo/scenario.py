@@ -248,9 +248,13 @@ class Scenario:
             "npud + the reference driver (ONNX Runtime on the CPU), four apps in their own\n"
             "processes" + (" and uids" if self.root else "") + ". Every number below is "
             "measured in this run.")
-        self.out.scene(1, SCENES, "npud starts with the reference driver",
-                       "A temporary runtime dir and state dir; the driver host is supervised "
-                       "by npud; the apps find devices through nn.devices().")
+        if self.own_npud:
+            self.out.scene(1, SCENES, "npud starts with the reference driver",
+                           "A temporary runtime dir and state dir; npud supervises the driver "
+                           "host; apps find devices through nn.devices().")
+        else:
+            self.out.scene(1, SCENES, "The running npud and its devices",
+                           "Apps find devices through nn.devices().")
         self.cache_root = tempfile.mkdtemp(prefix="npu-demo-apps-")
         os.chmod(self.cache_root, 0o755)
         self.tmp.append(self.cache_root)
@@ -353,8 +357,10 @@ class Scenario:
                         reason="PREEMPTED")
             self.expect("llm", "unloaded", "llm reported unloaded", 10, t)
         if self.expect("camera", "frame", "camera granted and streaming", 15, t):
+            time.sleep(0.2)  # the first runs of a new session warm up; not the steady state
             self.run_rec.begin("camera alone")
         self.expect("llm", "request", "llm asks again after its back-off", 15, t + 0.01)
+        self.run_rec.end()
 
     def scene_contention(self) -> None:
         self.out.scene(4, SCENES, "Background decode yields to foreground frames",
@@ -370,9 +376,11 @@ class Scenario:
         t_dec = time.monotonic()
         self.pause(self.pace.contention_s / 2)
         self.out.event("demo", "the embedder service (SERVICE) starts; it fits: 1+2+1 = 4")
+        self.run_rec.end()
         t = time.monotonic()
         self.spawn("embedder")
-        self.expect("embedder", "infer", "embedder running", 15, t)
+        if self.expect("embedder", "infer", "embedder running", 15, t):
+            self.run_rec.begin("camera + llm + embedder")
         self.pause(self.pace.contention_s / 2)
         self.show_hal(t_dec)
         self.budget_line()
@@ -395,15 +403,17 @@ class Scenario:
             self.run_rec.failures.append("llm decode PAUSED for camera frames")
 
     def scene_thermal(self) -> None:
+        deadline = self.admin.dump().get("params", {}).get("unload_deadline_s")
         self.out.scene(5, SCENES, "The device heats up",
                        "Admin thermal override SEVERE (as `npu thermal override severe`): "
                        "holders ranked above PERCEPTIBLE (230) must leave; the embedder "
-                       "ignores the request and is revoked at the unload deadline.")
+                       "ignores the request and is revoked at the unload deadline"
+                       + (f" ({deadline:g} s)." if isinstance(deadline, int | float) else "."))
         self.pause(self.pace.between_s)
         t = time.monotonic()
         self.out.event("admin", "override_thermal_status(SEVERE)", t, "bold red")
         info = self.admin.override_thermal_status(ThermalStatus.SEVERE)
-        self.run_rec.begin("camera, SEVERE")
+        self.run_rec.end()
         if info.status != ThermalStatus.SEVERE:
             self.run_rec.failures.append(f"thermal status SEVERE (got {info.status.name})")
         self.expect("llm", "unload_asked", "llm asked to unload (THERMAL)", 10, t,
@@ -419,7 +429,8 @@ class Scenario:
                        "SEVERE)")
         t = time.monotonic()
         self.spawn("voice")
-        self.expect("voice", "exit", "voice query answered", 20, t)
+        if self.expect("voice", "exit", "voice query answered", 20, t):
+            self.run_rec.begin("camera alone, SEVERE")
         self.pause(self.pace.severe_s)
         self.budget_line()
 
@@ -433,7 +444,7 @@ class Scenario:
         self.out.event("admin", "reset_thermal_status()"
                        + (f": the sensors say {temp}" if temp else ""), t, "bold green")
         info = self.admin.reset_thermal_status()
-        self.run_rec.begin("camera, models loading back")
+        self.run_rec.end()
         self.out.event("npud", f"thermal status {info.status.name}")
         self.expect("llm", "prepared", "llm back after the cool-down", 15, t)
         self.out.event("demo", "the embedder service is restarted (a new process)")
@@ -443,7 +454,8 @@ class Scenario:
         t2 = time.monotonic()
         self.spawn("embedder")
         self.expect("embedder", "prepared", "embedder's second start", 15, t2)
-        self.expect("embedder", "infer", "embedder running again", 10, t2)
+        if self.expect("embedder", "infer", "embedder running again", 10, t2):
+            self.run_rec.begin("camera + llm + embedder, cooled")
         self.pause(self.pace.cool_s)
         self.run_rec.end()
 
