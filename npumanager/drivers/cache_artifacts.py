@@ -28,8 +28,34 @@ def _io_bytes(session: Any) -> int:
     return total
 
 
+def reference_compile_with_artifacts(
+    driver: ReferenceDriver, onnx_bytes: bytes, options: CompileOptions
+) -> PreparedModel:
+    """Compile once, keeping the cache blobs for the ``artifacts()`` call that follows."""
+    from npumanager.drivers.reference import OrtModel
+    from npumanager.drivers.reference_cache import compile_with_artifacts
+
+    if str(driver.options.get("compile_mode", "eager")) != "eager":
+        return driver.compile(onnx_bytes, options)
+    counts = (int(driver.n_model_cache), int(driver.n_data_cache))
+    if counts[0] < 1:
+        return driver.compile(onnx_bytes, options)
+    level = driver.session_options(options).graph_optimization_level
+    session, m, d = compile_with_artifacts(
+        onnx_bytes, level, *counts, intra_op_threads=int(driver.intra_op_threads)
+    )
+    model = OrtModel(session, driver._estimate_memory(onnx_bytes, session), onnx_bytes)
+    model.cache_counts = counts
+    model._cache_blobs = (m, d)  # type: ignore[attr-defined]
+    return model
+
+
 def reference_artifacts(model: OrtModel) -> tuple[list[bytes], list[bytes]]:
     """Model and data cache blobs for a model the reference driver compiled."""
+    stashed = getattr(model, "_cache_blobs", None)
+    if stashed is not None:
+        model._cache_blobs = None  # type: ignore[attr-defined]  # handed out once: free the copy
+        return stashed  # type: ignore[no-any-return]
     onnx_bytes = getattr(model, "_serialized", None)
     session = model.session
     if onnx_bytes is None or session is None:
@@ -108,4 +134,9 @@ def reference_staged(
     )
 
 
-__all__ = ["reference_artifacts", "reference_load", "reference_staged"]
+__all__ = [
+    "reference_artifacts",
+    "reference_compile_with_artifacts",
+    "reference_load",
+    "reference_staged",
+]

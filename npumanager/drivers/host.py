@@ -112,9 +112,19 @@ class ModelEntry:
     jobs: set[Job] = field(default_factory=set)
     input_names: frozenset[str] = frozenset()
     output_names: frozenset[str] = frozenset()
-    #: Smoothed step time in microseconds (None until measured a few times).
+    #: Median of the recent step times in microseconds (None until measured); a median,
+    #: so one preempted run does not push a cheap model off the inline path.
     run_us: float | None = None
     runs: int = 0
+    recent: list[float] = field(default_factory=list)
+
+    def note_run(self, us: float) -> None:
+        recent = self.recent
+        recent.append(us)
+        if len(recent) > 9:
+            del recent[0]
+        self.run_us = sorted(recent)[len(recent) // 2]
+        self.runs += 1
 
 
 @dataclass(eq=False)
@@ -346,10 +356,7 @@ class DriverHost:
         finally:
             dt = time.perf_counter() - t0
             self._busy_s += dt
-            m = ex.model
-            us = dt * 1e6
-            m.run_us = us if m.run_us is None else 0.8 * m.run_us + 0.2 * us
-            m.runs += 1
+            ex.model.note_run(dt * 1e6)
         try:
             if not last:
                 fed = dict(ex.inputs)

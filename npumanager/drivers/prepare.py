@@ -206,7 +206,11 @@ class Preparer:
         if not onnx:
             raise InvalidArgument("prepare_model needs the model's ONNX bytes")
         opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100)
-        prepared = await loop.run_in_executor(host.compile_pool, host.driver.compile, onnx, opts)
+        # A driver may produce its cache artifacts in the same compile (optional hook).
+        compile_fn = getattr(host.driver, "compile_with_artifacts", None) if caching else None
+        prepared = await loop.run_in_executor(
+            host.compile_pool, compile_fn or host.driver.compile, onnx, opts
+        )
         try:
             check_prepared_model(host.hc.name, prepared)
         except DriverRefused as exc:

@@ -246,6 +246,12 @@ class ReferenceDriver(Driver):
             io += info.static_nbytes() or 0
         return weights + 2 * io + (1 << 20)
 
+    def compile_with_artifacts(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
+        """compile() that also produces the cache artifacts (one compile instead of two)."""
+        from npumanager.drivers import cache_artifacts
+
+        return cache_artifacts.reference_compile_with_artifacts(self, onnx_bytes, options)
+
     def load_artifacts(
         self, model_blobs: list[bytes], data_blobs: list[bytes], options: CompileOptions
     ) -> PreparedModel:

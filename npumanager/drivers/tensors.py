@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import math
 import mmap
 import os
 from collections.abc import Sequence
@@ -53,12 +54,9 @@ def check_dtype(dtype: str) -> np.dtype[np.generic]:
 
 
 def _count(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        if d < 0:
-            raise InvalidArgument(f"tensor shape {tuple(shape)} has a negative dimension")
-        n *= d
-    return n
+    if shape and min(shape) < 0:
+        raise InvalidArgument(f"tensor shape {tuple(shape)} has a negative dimension")
+    return math.prod(shape)
 
 
 def inline_msg(name: str, arr: np.ndarray) -> pb.Tensor:
