@@ -31,12 +31,13 @@ from npumanager.clock import Clock, MonotonicClock
 from npumanager.config import Config
 from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
 from npumanager.errors import InternalError, NpuError
-from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
+from npumanager.hal.types import EndReason, WorkInfo
 from npumanager.paths import ensure_runtime_dir, manager_socket
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.manager_pb2 import CanLoad, RequestComplete, UnloadAsk
 from npumanager.service import events as ev
 from npumanager.service.driver_link import DriverControl, DriverEvents, NoDrivers
+from npumanager.service.integrations import Integrations
 from npumanager.service.logs import decision
 from npumanager.wire.conn import RpcConnection
 from npumanager.wire.server import RpcServer, resolve_group
@@ -74,17 +75,6 @@ def make_driver_control(
     return control
 
 
-def _optional(module: str, attr: str) -> Any:
-    """``module.attr`` if another engineer's optional component is installed, else None."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module.startswith(exc.name):
-            return None
-        raise
-    return getattr(mod, attr, None)
-
-
 class Daemon:
     """npud: the RPC server, the ManagerState, timers, drivers, thermal and importance."""
 
@@ -116,18 +106,12 @@ class Daemon:
         self._next_conn = itertools.count(1)
         self._stimuli = itertools.count(1)
         self._timers: dict[str, tuple[float, asyncio.TimerHandle | None]] = {}
-        self._background: set[asyncio.Task[None]] = set()
         self.server: RpcServer | None = None
         self.stopping = False
         self.started_at = time.time()
         self.internal_errors = 0
-        # Optional components (other engineers' modules), wired in _setup_optional.
-        self.thermal: Any = None
-        self.importance: Any = None
-        self.apps: Any = None
-        self._thermal_status = ThermalStatus.NONE
-        self._importance_of_uid: dict[int, int] = {}
-        self._override: ThermalStatus | None = None
+        #: Thermal monitor, process importance, [[app]] table (when installed).
+        self.extras = Integrations(self)
 
     def __repr__(self) -> str:
         return f"<npud at {self.runtime_dir}: {len(self.conns)} clients | {self.state!r}>"
@@ -224,7 +208,7 @@ class Daemon:
             self._disarm(ins.key)
         elif isinstance(ins, ev.PushSchedulingConfigs):
             decision("scheduling configs pushed", uids=[e.uid for e in ins.entries])
-            self.drivers.update_scheduling_configs(list(ins.entries))
+            self.drivers.update_scheduling_configs(self.extras.merge_configs(ins.entries))
         elif isinstance(ins, ev.SetDriverThermal):
             decision("driver thermal status", status=ThermalStatus(ins.status).name)
             self.drivers.set_thermal_status(ins.status)
@@ -283,6 +267,8 @@ class Daemon:
     def _on_connect(self, conn: RpcConnection) -> None:
         cid = next(self._next_conn)
         conn.state["cid"] = cid
+        # The key requests are filed under: the uid, or the app's systemd unit.
+        conn.state["uid"] = self.extras.identity(conn.peer.uid, conn.peer.pid)
         self.conns[cid] = conn
 
     def _on_disconnect(self, conn: RpcConnection, exc: BaseException | None) -> None:
@@ -295,9 +281,9 @@ class Daemon:
         if conn.state.get("uid_seen"):
             self.submit_quietly(ev.ClientGone(stimulus_id=self.stimulus("gone"),
                                               now=self.clock.now(), conn=cid))
-        uid = conn.peer.uid
-        if not any(c.peer.uid == uid for c in self.conns.values()):
-            self._importance_of_uid.pop(uid, None)
+        key = conn.state.get("uid", conn.peer.uid)
+        if not any(c.state.get("uid") == key for c in self.conns.values()):
+            self.extras.client_gone(key)
 
     # --- DriverEvents (called by the supervisor on this loop) -------------
 
@@ -322,111 +308,17 @@ class Daemon:
                                            now=self.clock.now(), grant_id=grant_id,
                                            nbytes=nbytes))
 
-    # --- thermal, importance, apps (optional components) ----------------
-
-    def _setup_optional(self) -> None:
-        app_table = _optional("npumanager.service.apps", "AppTable")
-        if app_table is not None and self.cfg.apps():
-            try:
-                self.apps = app_table.from_config(self.cfg)
-                self._apply_apps()
-            except NpuError:
-                raise
-            except Exception:
-                log.exception("[[app]] table could not be applied; continuing without it")
-        monitor = _optional("npumanager.thermal.monitor", "ThermalMonitor")
-        if monitor is not None:
-            self.thermal = monitor(self.cfg.section("thermal"), self.clock,
-                                   self.drivers.temperatures)
-            interval = float(self.cfg.section("thermal").get("poll_interval_s", 1.0))
-            self._spawn(self._poll_thermal(interval))
-        imp_section = self.cfg.section("importance")
-        provider = _optional("npumanager.service.importance", "ProcessImportance")
-        if provider is not None and imp_section.get("from_process"):
-            self.importance = provider(imp_section)
-            interval = float(imp_section.get("recheck_interval_s", 2.0))
-            self._spawn(self._recheck_importance(interval))
-
-    def _apply_apps(self) -> None:
-        apps = self.apps
-        table: list[SchedulingConfig] = list(apps.scheduling_table())
-        self.drivers.set_scheduling_configs(table)
-        for uid, importance in dict(apps.importances()).items():
-            self.submit_quietly(ev.ImportanceChanged(
-                stimulus_id=self.stimulus("app-config"), now=self.clock.now(),
-                uid=int(uid), importance=int(importance)))
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def thermal_changed(self, status: ThermalStatus, why: str) -> None:
-        if status == self._thermal_status:
-            return
-        log.info("thermal status %s -> %s (%s)", self._thermal_status.name, status.name, why,
-                 extra={"thermal": status.name})
-        self._thermal_status = status
-        self.submit_quietly(ev.ThermalChanged(stimulus_id=self.stimulus("thermal"),
-                                              now=self.clock.now(), status=status))
-
-    def poll_thermal_once(self) -> None:
-        if self.thermal is None:
-            return
-        try:
-            status = ThermalStatus(self.thermal.poll())
-        except Exception:
-            log.exception("thermal poll failed")
-            return
-        self.thermal_changed(status, "sensor poll")
-
-    async def _poll_thermal(self, interval: float) -> None:
-        while True:
-            self.poll_thermal_once()
-            await asyncio.sleep(interval)
-
-    def recheck_importance_once(self) -> None:
-        if self.importance is None:
-            return
-        seen: dict[int, int] = {}
-        for conn in list(self.conns.values()):
-            uid = conn.peer.uid
-            if uid in seen or conn.peer.pid <= 0:
-                continue
-            try:
-                imp = self.importance.importance_of(conn.peer.pid)
-            except Exception:
-                log.exception("importance provider failed for pid %d", conn.peer.pid)
-                continue
-            if imp is None:
-                continue
-            seen[uid] = int(imp)
-        for uid, imp in seen.items():
-            if self._importance_of_uid.get(uid) != imp:
-                self._importance_of_uid[uid] = imp
-                self.submit_quietly(ev.ImportanceChanged(
-                    stimulus_id=self.stimulus("importance"), now=self.clock.now(),
-                    uid=uid, importance=imp))
-
-    async def _recheck_importance(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            self.recheck_importance_once()
+    # --- optional inputs (see integrations.py) -----------------------------
 
     def client_seen(self, conn: RpcConnection) -> None:
-        """First request on a connection: derive the uid's importance if configured."""
         conn.state["uid_seen"] = True
-        if self.importance is not None and conn.peer.uid not in self._importance_of_uid:
-            try:
-                imp = self.importance.importance_of(conn.peer.pid)
-            except Exception:
-                log.exception("importance provider failed for pid %d", conn.peer.pid)
-                return
-            if imp is not None:
-                self._importance_of_uid[conn.peer.uid] = int(imp)
-                self.submit_quietly(ev.ImportanceChanged(
-                    stimulus_id=self.stimulus("importance"), now=self.clock.now(),
-                    uid=conn.peer.uid, importance=int(imp)))
+        self.extras.client_seen(conn)
+
+    def thermal_info(self) -> dict[str, Any]:
+        return self.extras.thermal_info()
+
+    def thermal_override(self, status: ThermalStatus | None) -> None:
+        self.extras.thermal_override(status)
 
     # --- dumpsys ------------------------------------------------------------
 
@@ -442,36 +334,11 @@ class Daemon:
             "clients": len(self.conns),
             "internal_errors": self.internal_errors,
             "timers": len(self._timers),
+            "components": self.extras.wired(),
         }
         out["thermal"] = {**out.get("thermal", {}), **self.thermal_info()}
         out["devices"] = [device_dict(d) for d in self.drivers.devices()]
         return out
-
-    def thermal_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"status": self._thermal_status.name, "overridden": False,
-                                "headroom": None}
-        if self.thermal is not None:
-            try:
-                info.update(self.thermal.describe())
-                info["headroom"] = float(self.thermal.headroom())
-            except Exception:
-                log.exception("thermal describe failed")
-        info["status"] = self._thermal_status.name
-        if self.thermal is None:
-            info["overridden"] = self._override is not None
-        info["temperatures"] = self.drivers.temperatures()
-        return info
-
-    def thermal_override(self, status: ThermalStatus | None) -> None:
-        if self.thermal is not None:
-            self.thermal.override(status)
-            self.thermal_changed(ThermalStatus(self.thermal.poll()),
-                                 "admin override" if status is not None else "override reset")
-        else:
-            # No monitor in this build: the override is the only source.
-            self.thermal_changed(status if status is not None else ThermalStatus.NONE,
-                                 "admin override" if status is not None else "override reset")
-        self._override = status
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -492,14 +359,13 @@ class Daemon:
             on_disconnect=self._on_disconnect,
         )
         await self.drivers.start()
-        self._setup_optional()
+        self.extras.setup()
         await self.server.start()
         log.info("npud %s serving %s", __version__, self.server.path)
 
     async def stop(self, reason: str = "npud is shutting down") -> None:
         self.stopping = True
-        for task in list(self._background):
-            task.cancel()
+        self.extras.stop()
         for key in list(self._timers):
             self._disarm(key)
         if self.server is not None:

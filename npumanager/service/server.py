@@ -69,9 +69,9 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         conn = ctx.conn
         if "uid_seen" not in conn.state:
             d.client_seen(conn)
-        peer = conn.peer
         submit(ev.RequestLoad(
-            stimulus_id=stimulus("request"), now=clock.now(), uid=peer.uid, pid=peer.pid,
+            stimulus_id=stimulus("request"), now=clock.now(), uid=conn.state["uid"],
+            pid=conn.peer.pid,
             conn=conn.state["cid"], request_id=m.request_id,
             size=ModelSize(_enum(ModelSize, m.size, "size")),
             priority=ModelPriority(_enum(ModelPriority, m.priority, "priority")),
@@ -82,7 +82,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         m = RequestRef()
         _parse(m, payload)
         submit(ev.CancelLoad(stimulus_id=stimulus("cancel"), now=clock.now(),
-                             uid=ctx.peer.uid, conn=ctx.conn.state["cid"],
+                             uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
                              request_id=m.request_id))
         return EMPTY
 
@@ -90,7 +90,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         m = RequestRef()
         _parse(m, payload)
         submit(ev.ModelLoaded(stimulus_id=stimulus("loaded"), now=clock.now(),
-                              uid=ctx.peer.uid, conn=ctx.conn.state["cid"],
+                              uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
                               request_id=m.request_id))
         return EMPTY
 
@@ -98,7 +98,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         m = RequestRef()
         _parse(m, payload)
         submit(ev.ModelUnloaded(stimulus_id=stimulus("unloaded"), now=clock.now(),
-                                uid=ctx.peer.uid, conn=ctx.conn.state["cid"],
+                                uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
                                 request_id=m.request_id))
         return EMPTY
 

@@ -60,11 +60,21 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
 
 
 def _read_msg(fd: int, deadline: float | None) -> tuple[bool, Any]:
-    hdr = _read_exact(fd, _HDR.size, deadline)
+    # The deadline applies to the wait for a message to start: once its first byte is
+    # here the rest follows, and giving up halfway would desynchronize the stream.
+    if deadline is not None:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no message from the other side in time")
+            r, _, _ = select.select([fd], [], [], left)
+            if r:
+                break
+    hdr = _read_exact(fd, _HDR.size, None)
     if hdr is None:
         return False, None
     (n,) = _HDR.unpack(hdr)
-    body = _read_exact(fd, n, deadline)
+    body = _read_exact(fd, n, None)
     if body is None:
         return False, None
     return True, pickle.loads(body)

@@ -70,6 +70,12 @@ def request_state(mgr: NpuManager, uid: int, rid: int) -> str | None:
     return None
 
 
-def wait_state(mgr: NpuManager, uid: int, rid: int, state: str, timeout: float = 5.0) -> None:
-    wait_until(lambda: request_state(mgr, uid, rid) == state, timeout,
-               f"request {uid}:{rid} to be {state}")
+def wait_state(mgr: NpuManager, uid: int, rid: int, state: str | None,
+               timeout: float = 5.0) -> None:
+    try:
+        wait_until(lambda: request_state(mgr, uid, rid) == state, timeout,
+                   f"request {uid}:{rid} to be {state}")
+    except AssertionError as exc:
+        dump = mgr.dump()
+        raise AssertionError(f"{exc}; requests now: {dump['requests']}; "
+                             f"story: {mgr.story(uid, rid)}") from None

@@ -1,0 +1,235 @@
+"""npud's optional inputs: the thermal monitor, the Linux importance provider and the
+``[[app]]`` table, each wired in only when its module is installed.
+
+What each feeds the state:
+
+* ``npumanager.thermal.monitor.ThermalMonitor(section, clock, driver_temps)``:
+  polled every ``[thermal] poll_interval_s``; a changed status becomes
+  ``ThermalChanged``. ``npu thermal override|reset`` go through it.
+* ``npumanager.service.importance.ProcessImportance(section)`` with
+  ``[importance] from_process = true``: a client's importance is derived from
+  its process when its uid first asks, and re-checked every
+  ``recheck_interval_s``; a change becomes ``ImportanceChanged``.
+* ``npumanager.service.apps.AppTable.from_config(cfg)``: the ``[[app]]``
+  entries' importances become ``ImportanceChanged`` at start, their
+  scheduling table goes to the drivers (``set_scheduling_configs``), the
+  single-entry updates the state pushes keep each app's configured
+  min/max/direct-access/attribution, and under ``[importance] identity =
+  "unit"`` a client is keyed by its systemd unit instead of its uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from npumanager.constants import ThermalStatus
+from npumanager.errors import NpuError
+from npumanager.hal.types import SchedulingConfig
+from npumanager.service import events as ev
+from npumanager.wire.conn import RpcConnection
+
+if TYPE_CHECKING:
+    from npumanager.service.daemon import Daemon
+
+log = logging.getLogger("npumanager.npud")
+
+
+def optional(module: str, attr: str) -> Any:
+    """``module.attr`` if another component is installed, else None."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            return None
+        raise
+    return getattr(mod, attr, None)
+
+
+class Integrations:
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+        self.thermal: Any = None
+        self.importance: Any = None
+        self.apps: Any = None
+        self.unit_identity = False
+        self.status = ThermalStatus.NONE
+        self._override: ThermalStatus | None = None
+        self._app_by_key: dict[int, Any] = {}
+        self._importance_of: dict[int, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def wired(self) -> dict[str, bool]:
+        return {"thermal_monitor": self.thermal is not None,
+                "process_importance": self.importance is not None,
+                "app_table": self.apps is not None, "unit_identity": self.unit_identity}
+
+    # --- start / stop -------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.d.cfg
+        imp_section = cfg.section("importance")
+        app_table = optional("npumanager.service.apps", "AppTable")
+        if app_table is not None and (cfg.apps() or imp_section.get("identity") == "unit"):
+            self.apps = app_table.from_config(cfg)
+            self.unit_identity = getattr(self.apps, "identity_mode", "uid") == "unit"
+            self._app_by_key = {e.key: e for e in getattr(self.apps, "entries", [])}
+            self.d.drivers.set_scheduling_configs(list(self.apps.scheduling_table()))
+            for key, importance in dict(self.apps.importances()).items():
+                self._feed_importance(int(key), int(importance), "app-config")
+        monitor = optional("npumanager.thermal.monitor", "ThermalMonitor")
+        if monitor is not None:
+            section = cfg.section("thermal")
+            self.thermal = monitor(section, self.d.clock, self.d.drivers.temperatures)
+            self._spawn(self._poll_thermal(float(section.get("poll_interval_s", 1.0))))
+        provider = optional("npumanager.service.importance", "ProcessImportance")
+        if provider is not None and imp_section.get("from_process"):
+            self.importance = provider(imp_section)
+            self._spawn(self._recheck_importance(
+                float(imp_section.get("recheck_interval_s", 2.0))))
+        log.info("optional components: %s", self.wired())
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        close = getattr(self.thermal, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                log.exception("closing the thermal monitor failed")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- identity and scheduling table ----------------------------------
+
+    def identity(self, uid: int, pid: int) -> int:
+        """The key npud uses for a client: its uid, or its systemd unit's app key."""
+        if not self.unit_identity or pid <= 0:
+            return uid
+        try:
+            return int(self.apps.identity(uid, pid))
+        except Exception:
+            log.exception("app identity of pid %d failed; using uid %d", pid, uid)
+            return uid
+
+    def merge_configs(self, entries: tuple[SchedulingConfig, ...]) -> list[SchedulingConfig]:
+        """The state's importance-driven updates, keeping each app's configured limits."""
+        if not self._app_by_key:
+            return list(entries)
+        out = []
+        for e in entries:
+            app = self._app_by_key.get(e.uid)
+            out.append(e if app is None else app.scheduling_config(e.uid, e.app_priority))
+        return out
+
+    # --- importance --------------------------------------------------------
+
+    def _feed_importance(self, key: int, importance: int, kind: str) -> None:
+        self._importance_of[key] = importance
+        self.d.submit_quietly(ev.ImportanceChanged(
+            stimulus_id=self.d.stimulus(kind), now=self.d.clock.now(), uid=key,
+            importance=importance))
+
+    def client_seen(self, conn: RpcConnection) -> None:
+        """A connection's first request: derive its importance from its process if asked."""
+        if self.importance is None:
+            return
+        key = int(conn.state.get("uid", conn.peer.uid))
+        if key in self._importance_of or key in self._app_by_key:
+            return
+        try:
+            imp = self.importance.importance_of(conn.peer.pid)
+        except Exception:
+            log.exception("importance provider failed for pid %d", conn.peer.pid)
+            return
+        if imp is not None:
+            self._feed_importance(key, int(imp), "importance")
+
+    def client_gone(self, key: int) -> None:
+        if key not in self._app_by_key:
+            self._importance_of.pop(key, None)
+
+    def recheck_importance_once(self) -> None:
+        if self.importance is None:
+            return
+        fresh: dict[int, int] = {}
+        for conn in list(self.d.conns.values()):
+            key = int(conn.state.get("uid", conn.peer.uid))
+            if key in fresh or key in self._app_by_key or conn.peer.pid <= 0:
+                continue
+            try:
+                imp = self.importance.importance_of(conn.peer.pid)
+            except Exception:
+                log.exception("importance provider failed for pid %d", conn.peer.pid)
+                continue
+            if imp is not None:
+                fresh[key] = int(imp)
+        for key, imp in fresh.items():
+            if self._importance_of.get(key) != imp:
+                self._feed_importance(key, imp, "importance")
+
+    async def _recheck_importance(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.recheck_importance_once()
+
+    # --- thermal -----------------------------------------------------------
+
+    def thermal_changed(self, status: ThermalStatus, why: str) -> None:
+        if status == self.status:
+            return
+        log.info("thermal status %s -> %s (%s)", self.status.name, status.name, why,
+                 extra={"thermal": status.name})
+        self.status = status
+        self.d.submit_quietly(ev.ThermalChanged(stimulus_id=self.d.stimulus("thermal"),
+                                                now=self.d.clock.now(), status=status))
+
+    def poll_thermal_once(self) -> None:
+        if self.thermal is None:
+            return
+        try:
+            status = ThermalStatus(self.thermal.poll())
+        except Exception:
+            log.exception("thermal poll failed")
+            return
+        self.thermal_changed(status, "sensors")
+
+    async def _poll_thermal(self, interval: float) -> None:
+        while True:
+            self.poll_thermal_once()
+            await asyncio.sleep(interval)
+
+    def thermal_override(self, status: ThermalStatus | None) -> None:
+        why = "admin override" if status is not None else "override reset"
+        self._override = status
+        if self.thermal is not None:
+            self.thermal.override(status)
+            try:
+                polled = ThermalStatus(self.thermal.poll())
+            except NpuError:
+                raise
+            except Exception:
+                log.exception("thermal poll failed")
+                polled = status if status is not None else self.status
+            self.thermal_changed(polled, why)
+        else:  # no monitor in this build: the override is the only source
+            self.thermal_changed(status if status is not None else ThermalStatus.NONE, why)
+
+    def thermal_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"status": self.status.name,
+                                "overridden": self._override is not None, "headroom": None}
+        if self.thermal is not None:
+            try:
+                info.update(self.thermal.describe())
+                info["headroom"] = float(self.thermal.headroom())
+            except Exception:
+                log.exception("thermal describe failed")
+        info["status"] = self.status.name
+        info["temperatures"] = self.d.drivers.temperatures()
+        return info
