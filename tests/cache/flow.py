@@ -40,7 +40,9 @@ def compile_and_save(
     token: bytes,
     cache_dir: str | os.PathLike[str],
 ) -> tuple[PreparedModel, bool]:
-    model = driver.compile(onnx_bytes, OPTS)
+    # As the host does: one compile that also yields the artifacts, when the driver can.
+    compile_fn = getattr(driver, "compile_with_artifacts", None) or driver.compile
+    model = compile_fn(onnx_bytes, OPTS)
     model_paths, data_paths = cache_file_names(cache_dir, token, cache.n_model, cache.n_data)
     fds = open_cache_files(model_paths + data_paths, create=True)
     saved = False
