@@ -12,29 +12,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from npumanager.clock import Clock, MonotonicClock
 from npumanager.config import Config
 from npumanager.constants import ThermalStatus
 from npumanager.drivers import tensors
 from npumanager.drivers.base import Driver, PreparedModel
+from npumanager.drivers.execution import (
+    Execution,
+    ExecutionMixin,
+    ModelEntry,
+    _conn_jobs,
+    _conn_models,
+    _conn_pools,
+)
 from npumanager.drivers.scheduler import Job, Scheduler
 from npumanager.errors import (
-    ExecutionFailed,
     GrantRevoked,
     InvalidArgument,
     PermissionDenied,
-    WorkCancelled,
 )
 from npumanager.hal.types import HAL_VERSION, EndReason
 from npumanager.hal.wire import SERVICE, configs_from_payload, work_to_msg
@@ -102,65 +104,9 @@ class Grant:
     models: set[int] = field(default_factory=set)
 
 
-@dataclass(eq=False)
-class ModelEntry:
-    model_id: int
-    prepared: PreparedModel
-    uid: int
-    conn: RpcConnection
-    grant_id: str | None
-    jobs: set[Job] = field(default_factory=set)
-    input_names: frozenset[str] = frozenset()
-    output_names: frozenset[str] = frozenset()
-    #: Median of the recent step times in microseconds (None until measured); a median,
-    #: so one preempted run does not push a cheap model off the inline path.
-    run_us: float | None = None
-    runs: int = 0
-    recent: list[float] = field(default_factory=list)
-
-    def note_run(self, us: float) -> None:
-        recent = self.recent
-        recent.append(us)
-        if len(recent) > 9:
-            del recent[0]
-        self.run_us = sorted(recent)[len(recent) // 2]
-        self.runs += 1
 
 
-@dataclass(eq=False)
-class Execution:
-    """What a job carries through the scheduler."""
-
-    model: ModelEntry
-    conn: RpcConnection
-    exec_id: int
-    inputs: dict[str, np.ndarray]
-    feedback: dict[str, str]
-    future: asyncio.Future[tuple[list[pb.Tensor], list[int]]]
-    out_pool: tensors.MappedPool | None
-    out_offset: int
-    out_capacity: int
-    out_pool_id: int = 0
-    result: tuple[list[pb.Tensor], list[int]] | None = None
-    revoked: str | None = None
-
-
-def _conn_models(conn: RpcConnection) -> set[int]:
-    models: set[int] = conn.state.setdefault("models", set())
-    return models
-
-
-def _conn_pools(conn: RpcConnection) -> dict[int, tensors.MappedPool]:
-    pools: dict[int, tensors.MappedPool] = conn.state.setdefault("pools", {})
-    return pools
-
-
-def _conn_jobs(conn: RpcConnection) -> set[Job]:
-    jobs: set[Job] = conn.state.setdefault("jobs", set())
-    return jobs
-
-
-class DriverHost:
+class DriverHost(ExecutionMixin):
     def __init__(
         self,
         hc: HostConfig,
@@ -310,174 +256,13 @@ class DriverHost:
         self.scheduler.fire_due()
         self._arm()
 
-    # --- SchedulerSink ------------------------------------------------------------
+    # --- SchedulerSink (the rest is in ExecutionMixin) --------------------------
 
     def work_event(self, kind: str, info: Any, reason: int) -> None:
         conn = self.callback_conn
         if conn is not None and not conn.closed:
             conn.push(f"hal.on_work_{kind}", pb.WorkEvent(info=work_to_msg(info), reason=reason))
 
-    def run_step(self, job: Job, channel: int) -> None:
-        ex: Execution = job.payload
-        model = ex.model
-        inline = (
-            self.hc.inline_run_us > 0 and job.steps == 1 and model.run_us is not None
-            and model.runs >= 3 and model.run_us < self.hc.inline_run_us
-        )
-        if inline:
-            # Cheaper than a thread hand-off; never re-enter the scheduler mid-dispatch.
-            if self._submitting is job.payload:
-                self._inline_now = job  # the execute handler runs it once submit returns
-            else:
-                self.loop.call_soon(self._run_inline, job)
-            return
-        fut = self._workers.submit(self._run_step, job)
-        fut.add_done_callback(
-            lambda f: self.loop.call_soon_threadsafe(self._step_finished, job, f.result())
-        )
-
-    def _run_inline(self, job: Job) -> None:
-        self._step_finished(job, self._run_step(job))
-
-    def _run_step(self, job: Job) -> BaseException | None:
-        """One step, on a worker thread (or inline): run, feed back, place final outputs."""
-        ex: Execution = job.payload
-        prepared = ex.model.prepared
-        last = job.step + 1 >= job.steps
-        bound = self._bind_outputs(ex) if last and ex.out_pool is not None else {}
-        t0 = time.perf_counter()
-        try:
-            if bound:
-                outs = prepared.run_into(ex.inputs, {n: v for n, (v, _) in bound.items()})
-            else:
-                outs = prepared.run(ex.inputs)
-        except BaseException as exc:  # the backend's error goes to the client
-            return exc
-        finally:
-            dt = time.perf_counter() - t0
-            self._busy_s += dt
-            ex.model.note_run(dt * 1e6)
-        try:
-            if not last:
-                fed = dict(ex.inputs)
-                for out_name, in_name in ex.feedback.items():
-                    fed[in_name] = outs[out_name]
-                ex.inputs = fed
-            else:
-                ex.result = self._place_outputs(ex, outs, bound)
-        except BaseException as exc:
-            return exc
-        return None
-
-    def _step_finished(self, job: Job, error: BaseException | None) -> None:
-        self.scheduler.step_done(job, error)
-        self._arm()
-
-    def abort_step(self, job: Job) -> None:
-        ex: Execution = job.payload
-        ex.model.prepared.abort()
-
-    def job_finished(self, job: Job) -> None:
-        ex: Execution = job.payload
-        ex.model.jobs.discard(job)
-        _conn_jobs(ex.conn).discard(job)
-        fut = ex.future
-        if fut.done():
-            if ex.result is not None:
-                close_fds(ex.result[1])
-            return
-        reason = job.end_reason
-        if reason == EndReason.COMPLETED and ex.result is not None:
-            fut.set_result(ex.result)
-            return
-        if ex.result is not None:
-            close_fds(ex.result[1])
-        if reason == EndReason.FAILED:
-            err = job.error
-            fut.set_exception(ExecutionFailed(f"{type(err).__name__}: {err}"))
-        elif ex.revoked is not None:
-            fut.set_exception(GrantRevoked(ex.revoked))
-        elif reason == EndReason.CANCELLED_SYSTEM:
-            fut.set_exception(WorkCancelled("the work was cancelled by the system"))
-        else:
-            fut.set_exception(WorkCancelled("the work was cancelled"))
-
-    # --- outputs -----------------------------------------------------------------
-
-    def _bind_outputs(self, ex: Execution) -> dict[str, tuple[np.ndarray, int]]:
-        """Views in the client's pool for large static-shape outputs, so the backend
-        writes them in place (no copy on the way back)."""
-        assert ex.out_pool is not None
-        bound: dict[str, tuple[np.ndarray, int]] = {}
-        offset = ex.out_offset
-        end = ex.out_offset + ex.out_capacity
-        for spec in ex.model.prepared.outputs:
-            nbytes = spec.static_nbytes()
-            if nbytes is None or nbytes <= self.hc.inline_limit:
-                continue
-            start = tensors.align(offset)
-            if start + nbytes > end:
-                break
-            bound[spec.name] = (tensors.view_in(ex.out_pool.buf, start, nbytes, spec.dtype,
-                                                spec.shape, spec.name), start)
-            offset = start + nbytes
-        return bound
-
-    def _place_outputs(
-        self, ex: Execution, outs: dict[str, np.ndarray],
-        bound: dict[str, tuple[np.ndarray, int]],
-    ) -> tuple[list[pb.Tensor], list[int]]:
-        msgs: list[pb.Tensor] = []
-        big: list[tuple[str, np.ndarray]] = []
-        offset = ex.out_offset
-        for view, start in bound.values():
-            offset = max(offset, start + view.nbytes)
-        end = ex.out_offset + ex.out_capacity
-        inline_budget = self.hc.max_frame // 2
-        for name, arr in outs.items():
-            placed = bound.get(name)
-            if placed is not None and arr is placed[0]:
-                msgs.append(pb.Tensor(name=name, dtype=tensors.dtype_name(arr.dtype),
-                                      shape=arr.shape, pool_id=ex.out_pool_id, offset=placed[1],
-                                      nbytes=arr.nbytes))
-                continue
-            arr = np.ascontiguousarray(arr)
-            if arr.nbytes <= self.hc.inline_limit or ex.out_pool is None:
-                if arr.nbytes <= inline_budget:
-                    msgs.append(tensors.inline_msg(name, arr))
-                    inline_budget -= arr.nbytes
-                    continue
-                big.append((name, arr))
-                continue
-            start = tensors.align(offset)
-            if start + arr.nbytes <= end:
-                dt = tensors.dtype_name(arr.dtype)
-                view = tensors.view_in(ex.out_pool.buf, start, arr.nbytes, dt, arr.shape, name)
-                np.copyto(view, arr)
-                msgs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
-                                      pool_id=ex.out_pool_id, offset=start, nbytes=arr.nbytes))
-                offset = start + arr.nbytes
-            else:
-                big.append((name, arr))
-        if not big:
-            return msgs, []
-        # Outputs that fit neither inline nor the client's pool: one memfd with the reply.
-        total = sum(tensors.align(a.nbytes) for _, a in big)
-        pool = tensors.ClientPool(total)
-        try:
-            pos = 0
-            for name, arr in big:
-                dt = tensors.dtype_name(arr.dtype)
-                view = tensors.view_in(pool.buf, pos, arr.nbytes, dt, arr.shape, name)
-                np.copyto(view, arr)
-                del view
-                msgs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
-                                      offset=pos, nbytes=arr.nbytes, in_reply_fd=True))
-                pos += tensors.align(arr.nbytes)
-            fd = os.dup(pool.fd)
-        finally:
-            pool.close()
-        return msgs, [fd]
 
     # --- hal.* ---------------------------------------------------------------------
 
@@ -643,83 +428,6 @@ class DriverHost:
             pool.close()
         return Empty()
 
-    def _input(self, ctx: CallContext, t: pb.Tensor) -> np.ndarray:
-        if t.pool_id == 0:
-            return tensors.inline_array(t)
-        pool = _conn_pools(ctx.conn).get(t.pool_id)
-        if pool is None:
-            raise InvalidArgument(f"input {t.name!r} names unknown pool {t.pool_id}")
-        return tensors.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
-
-    def _execute(
-        self, ctx: CallContext, payload: bytes
-    ) -> tuple[pb.ExecuteResult, list[int]] | Awaitable[tuple[pb.ExecuteResult, list[int]]]:
-        """Answered at once when the job ran inline (a cheap model on an idle channel),
-        else when its future resolves."""
-        close_fds(ctx.fds)
-        msg = pb.Execute.FromString(payload)
-        entry = self.model_for(ctx, msg.model_id)
-        inputs = {t.name: self._input(ctx, t) for t in msg.inputs}
-        expected = entry.input_names
-        if inputs.keys() != expected:
-            raise InvalidArgument(
-                f"model takes inputs {sorted(expected)}, got {sorted(inputs)}"
-            )
-        feedback = dict(msg.feedback) if msg.steps > 1 else {}
-        for out_name, in_name in feedback.items():
-            if out_name not in entry.output_names or in_name not in expected:
-                raise InvalidArgument(f"feedback {out_name!r} -> {in_name!r} names no "
-                                      f"output/input of this model")
-        out_pool = None
-        if msg.out_pool_id:
-            out_pool = _conn_pools(ctx.conn).get(msg.out_pool_id)
-            if out_pool is None or msg.out_offset + msg.out_capacity > out_pool.size:
-                raise InvalidArgument("the output area lies outside a registered pool")
-        ex = Execution(
-            model=entry, conn=ctx.conn, exec_id=msg.exec_id, inputs=inputs, feedback=feedback,
-            future=self.loop.create_future(), out_pool=out_pool,
-            out_offset=msg.out_offset, out_capacity=msg.out_capacity if out_pool else 0,
-            out_pool_id=msg.out_pool_id if out_pool else 0,
-        )
-        self._submitting = ex
-        try:
-            job = self.scheduler.submit(
-                uid=ctx.peer.uid, pid=max(ctx.peer.pid, 0),
-                original_uid=msg.original_uid if msg.has_original_uid else None,
-                feature_id=msg.feature_id if msg.has_feature_id else None,
-                job_priority=msg.job_priority, steps=max(1, msg.steps),
-                group_id=msg.group_id or None, payload=ex,
-            )
-        finally:
-            self._submitting = None
-        if job.state != "done":
-            entry.jobs.add(job)
-            _conn_jobs(ctx.conn).add(job)
-        inline, self._inline_now = self._inline_now, None
-        if inline is job:
-            self._step_finished(job, self._run_step(job))
-        else:
-            self._arm()
-        fut = ex.future
-        if fut.done():
-            outputs, fds = fut.result()
-            return pb.ExecuteResult(outputs=outputs, work_id=job.id, steps_run=job.step), fds
-        return self._finish_execute(job, fut)
-
-    async def _finish_execute(
-        self, job: Job, fut: asyncio.Future[tuple[list[pb.Tensor], list[int]]]
-    ) -> tuple[pb.ExecuteResult, list[int]]:
-        outputs, fds = await fut
-        return pb.ExecuteResult(outputs=outputs, work_id=job.id, steps_run=job.step), fds
-
-    def _cancel(self, ctx: CallContext, payload: bytes) -> Empty:
-        msg = pb.Cancel.FromString(payload)
-        for job in list(_conn_jobs(ctx.conn)):
-            ex: Execution = job.payload
-            if ex.model.model_id == msg.model_id and msg.exec_id in (0, ex.exec_id):
-                self.scheduler.cancel(job, EndReason.CANCELLED_USER)
-        self._arm()
-        return Empty()
 
     def _release(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.Release.FromString(payload)
