@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +62,10 @@ class Echo(asyncio.Protocol):
 async def main(path):
     loop = asyncio.get_running_loop()
     srv = await loop.create_unix_server(Echo, path)
+    # The same transport npud uses, with a handler that does nothing: the wire's share.
+    from npumanager.wire.server import RpcServer
+    rpc = RpcServer(path + ".rpc", "null", {"null": lambda ctx, p: p})
+    await rpc.start()
     print("ready", flush=True)
     await asyncio.Event().wait()
 with asyncio.Runner(loop_factory=factory) as r:
@@ -110,49 +114,66 @@ class _EchoClient(asyncio.Protocol):
         await self.waiter
 
 
-async def echo_latency(path: str, msg: bytes, clients: int, n_each: int) -> list[float]:
-    loop = asyncio.get_running_loop()
-    protos = []
-    for _ in range(clients):
-        _t, p = await loop.create_unix_connection(_EchoClient, path)
-        protos.append(p)
-    lat: list[float] = []
+class EchoClients:
+    """``clients`` raw connections to the echo server, each sending ``msg`` and awaiting it."""
 
-    async def run(p: _EchoClient) -> None:
-        for _ in range(50):
-            await p.roundtrip(msg)
-        for _ in range(n_each):
-            t0 = time.perf_counter()
-            await p.roundtrip(msg)
-            lat.append(time.perf_counter() - t0)
+    def __init__(self, path: str, msg: bytes, clients: int) -> None:
+        self.path, self.msg, self.clients = path, msg, clients
+        self.protos: list[_EchoClient] = []
 
-    await asyncio.gather(*(run(p) for p in protos))
-    for p in protos:
-        p.t.close()
+    async def open(self) -> EchoClients:
+        loop = asyncio.get_running_loop()
+        for _ in range(self.clients):
+            _t, p = await loop.create_unix_connection(_EchoClient, self.path)
+            self.protos.append(p)
+        await self.latency(20)
+        return self
+
+    async def latency(self, n_each: int) -> list[float]:
+        lat: list[float] = []
+
+        async def run(p: _EchoClient) -> None:
+            for _ in range(n_each):
+                t0 = time.perf_counter()
+                await p.roundtrip(self.msg)
+                lat.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(run(p) for p in self.protos))
+        return lat
+
+    async def rate(self, seconds: float) -> tuple[int, float]:
+        count = 0
+        stop = time.perf_counter() + seconds
+
+        async def run(p: _EchoClient) -> None:
+            nonlocal count
+            while time.perf_counter() < stop:
+                await p.roundtrip(self.msg)
+                count += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(run(p) for p in self.protos))
+        return count, time.perf_counter() - t0
+
+    def close(self) -> None:
+        for p in self.protos:
+            p.t.close()
+
+
+async def null_rpc_latency(path: str, payload_size: int, n: int) -> list[float]:
+    from npumanager.wire.client import connect_async
+
+    conn, _hello = await connect_async(path, "null")
+    body = b"x" * payload_size
+    lat = []
+    for _ in range(50):
+        await conn.call("null", body)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await conn.call("null", body)
+        lat.append(time.perf_counter() - t0)
+    conn.close()
     return lat
-
-
-async def echo_rate(path: str, msg: bytes, clients: int, seconds: float) -> float:
-    loop = asyncio.get_running_loop()
-    protos = []
-    for _ in range(clients):
-        _t, p = await loop.create_unix_connection(_EchoClient, path)
-        protos.append(p)
-    count = 0
-    stop = time.perf_counter() + seconds
-
-    async def run(p: _EchoClient) -> None:
-        nonlocal count
-        while time.perf_counter() < stop:
-            await p.roundtrip(msg)
-            count += 1
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(run(p) for p in protos))
-    dt = time.perf_counter() - t0
-    for p in protos:
-        p.t.close()
-    return count / dt
 
 
 # --- npud ------------------------------------------------------------------------
@@ -203,58 +224,73 @@ async def grant_once(mgr: AsyncNpuManager, rid: int,
     return dt
 
 
-async def grant_latency(rt: str, clients: int, n_each: int, ids: Ids) -> list[float]:
-    mgrs = [await AsyncNpuManager.connect(rt) for _ in range(clients)]
-    lat: list[float] = []
+class NpudClients:
+    """``clients`` AsyncNpuManager connections to npud."""
 
-    async def run(m: AsyncNpuManager) -> None:
-        for _ in range(30):
-            await grant_once(m, ids())
-        for _ in range(n_each):
-            lat.append(await grant_once(m, ids()))
+    def __init__(self, rt: str, clients: int, ids: Ids) -> None:
+        self.rt, self.clients, self.ids = rt, clients, ids
+        self.mgrs: list[AsyncNpuManager] = []
 
-    await asyncio.gather(*(run(m) for m in mgrs))
-    for m in mgrs:
-        await m.close()
-    return lat
+    async def open(self) -> NpudClients:
+        for _ in range(self.clients):
+            self.mgrs.append(await AsyncNpuManager.connect(self.rt))
+        await self.latency(20)
+        return self
+
+    async def latency(self, n_each: int) -> list[float]:
+        lat: list[float] = []
+
+        async def run(m: AsyncNpuManager) -> None:
+            for _ in range(n_each):
+                lat.append(await grant_once(m, self.ids()))
+
+        await asyncio.gather(*(run(m) for m in self.mgrs))
+        return lat
+
+    async def lifecycles(self, seconds: float) -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        count = 0
+        stop = time.perf_counter() + seconds
+
+        async def run(m: AsyncNpuManager) -> None:
+            nonlocal count
+            while time.perf_counter() < stop:
+                cb = _Cb(loop)
+                req = ModelLoadRequest(self.ids())
+                await m.request_can_load_model(req, cb)
+                listener = await cb.granted
+                await listener.notify_model_loaded(req)
+                await listener.notify_model_unloaded(req)
+                if await cb.done == RequestStatus.COMPLETE:
+                    count += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(run(m) for m in self.mgrs))
+        return count, time.perf_counter() - t0
+
+    async def close(self) -> None:
+        for m in self.mgrs:
+            await m.close()
 
 
-async def lifecycles(rt: str, clients: int, seconds: float, ids: Ids) -> float:
-    mgrs = [await AsyncNpuManager.connect(rt) for _ in range(clients)]
-    loop = asyncio.get_running_loop()
-    count = 0
-    stop = time.perf_counter() + seconds
-
-    async def run(m: AsyncNpuManager) -> None:
-        nonlocal count
-        while time.perf_counter() < stop:
-            cb = _Cb(loop)
-            req = ModelLoadRequest(ids())
-            await m.request_can_load_model(req, cb)
-            listener = await cb.granted
-            await listener.notify_model_loaded(req)
-            await listener.notify_model_unloaded(req)
-            if await cb.done == RequestStatus.COMPLETE:
-                count += 1
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(run(m) for m in mgrs))
-    dt = time.perf_counter() - t0
-    for m in mgrs:
-        await m.close()
-    return count / dt
+async def interleaved(a: Callable[[], Any], b: Callable[[], Any],
+                      rounds: int) -> tuple[list[float], list[float]]:
+    """Alternate batches of two measurements so both see the same machine (noise, load)."""
+    xa: list[float] = []
+    xb: list[float] = []
+    for _ in range(rounds):
+        xa += await a()
+        xb += await b()
+    return xa, xb
 
 
-async def queued_latency(rt: str, queued: int, n: int, ids: Ids) -> list[float]:
-    """Fill the queue with ``queued`` BACKGROUND requests that do not fit, then time grants
-    of NORMAL requests (ranked ahead of them) that do."""
+async def fill_queue(rt: str, queued: int, ids: Ids) -> tuple[AsyncNpuManager, AsyncNpuManager]:
+    """A holder takes 4 of a budget of 5 and ``queued`` BACKGROUND >2 GB requests wait
+    behind it: they cannot fit, and rank behind the measured NORMAL <1 GB requests."""
     holder = await AsyncNpuManager.connect(rt)
     filler = await AsyncNpuManager.connect(rt)
-    mgr = await AsyncNpuManager.connect(rt)
-    loop = asyncio.get_running_loop()
-    # The holder takes 4 of 5: the queued BIG requests (4) cannot fit, SMALL ones (1) can.
-    await mgr.set_policy(Policy.BUDGET, {KEY_MAX_BUDGET: 5})
-    hcb = _Cb(loop)
+    await holder.set_policy(Policy.BUDGET, {KEY_MAX_BUDGET: 5})
+    hcb = _Cb(asyncio.get_running_loop())
     hreq = ModelLoadRequest(ids(), ModelSize.GREATER_THAN_2G)
     await holder.request_can_load_model(hreq, hcb)
     await (await hcb.granted).notify_model_loaded(hreq)
@@ -267,21 +303,9 @@ async def queued_latency(rt: str, queued: int, n: int, ids: Ids) -> list[float]:
             await asyncio.gather(*batch)
             batch.clear()
     await asyncio.gather(*batch)
-    dump = await mgr.dump()
-    assert dump["counts"]["queued"] == queued, dump["counts"]
-    lat = []
-    for _ in range(50):
-        await grant_once(mgr, ids())
-    for _ in range(n):
-        lat.append(await grant_once(mgr, ids()))
-    await filler.close()
-    await holder.close()
-    await mgr.set_policy(Policy.BUDGET, {KEY_MAX_BUDGET: 64})
-    await mgr.close()
-    return lat
-
-
-# --- driver ----------------------------------------------------------------------
+    counts = (await holder.dump())["counts"]
+    assert counts["queued"] == queued, counts
+    return holder, filler
 
 
 def message_size() -> int:
@@ -291,36 +315,59 @@ def message_size() -> int:
 
 async def measure(rt: str, echo_path: str, quick: bool) -> list[tuple[str, str, str, str]]:
     msg = b"x" * message_size()
-    n1 = 1000 if quick else 4000
-    n32 = 40 if quick else 150
-    secs = 1.0 if quick else 3.0
+    rounds = 5 if quick else 20
+    n1 = 200  # samples per round, 1 client
+    n32 = 4 if quick else 8  # samples per client per round, 32 clients
+    window = 0.2 if quick else 0.5
     rows: list[tuple[str, str, str, str]] = []
     ids = Ids()
 
     def us(x: float) -> str:
         return f"{x * 1e6:.0f} us"
 
+    echo1 = await EchoClients(echo_path, msg, 1).open()
+    nr, e = await interleaved(lambda: null_rpc_latency(echo_path + ".rpc", 5, n1),
+                              lambda: echo1.latency(n1), rounds)
+    for p in (50, 99):
+        rows.append((f"null RPC p{p}, 1 client (wire only)", us(pct(nr, p)), us(pct(e, p)),
+                     f"{pct(nr, p) / pct(e, p):.2f}x"))
     for clients, n in ((1, n1), (32, n32)):
-        g = await grant_latency(rt, clients, n, ids)
-        e = await echo_latency(echo_path, msg, clients, n)
+        npud = await NpudClients(rt, clients, ids).open()
+        echo = await EchoClients(echo_path, msg, clients).open()
+        g, e = await interleaved(functools.partial(npud.latency, n),
+                                 functools.partial(echo.latency, n), rounds)
         for p in (50, 99):
             gp, ep = pct(g, p), pct(e, p)
             rows.append((f"grant p{p}, {clients} client{'s' if clients > 1 else ''}",
                          us(gp), us(ep), f"{gp / ep:.2f}x"))
-    rate = await lifecycles(rt, 32, secs, ids)
-    erate = await echo_rate(echo_path, msg, 32, secs)
-    rows.append(("lifecycles/s, 32 clients", f"{rate:,.0f}/s",
-                 f"{erate / 3:,.0f}/s (echo/3)", f"{rate / (erate / 3):.2f}x"))
-    base_p99 = None
-    e = await echo_latency(echo_path, msg, 1, n1)
-    ep99 = pct(e, 99)
+        if clients == 32:
+            done = secs = 0.0
+            edone = esecs = 0.0
+            for _ in range(rounds // 2 or 1):
+                c, t = await npud.lifecycles(window)
+                done, secs = done + c, secs + t
+                c, t = await echo.rate(window)
+                edone, esecs = edone + c, esecs + t
+            rate, erate = done / secs, edone / esecs / 3
+            rows.append(("lifecycles/s, 32 clients", f"{rate:,.0f}/s",
+                         f"{erate:,.0f}/s (echo/3)", f"{rate / erate:.2f}x"))
+        await npud.close()
+        echo.close()
+    base_p99: float | None = None
     for q in (10, 100, 1000, 10000):
-        g = await queued_latency(rt, q, 500 if quick else 2000, ids)
-        gp = pct(g, 99)
-        if base_p99 is None:
-            base_p99 = gp
-        rows.append((f"grant p99, {q:,} queued", us(gp), us(ep99),
-                     f"{gp / ep99:.2f}x (vs 10 queued {gp / base_p99:.2f}x)"))
+        holder, filler = await fill_queue(rt, q, ids)
+        npud = await NpudClients(rt, 1, ids).open()
+        g, e = await interleaved(functools.partial(npud.latency, 100),
+                                 functools.partial(echo1.latency, 100), rounds)
+        await npud.close()
+        await filler.close()
+        await holder.set_policy(Policy.BUDGET, {KEY_MAX_BUDGET: 64})
+        await holder.close()
+        gp, ep = pct(g, 99), pct(e, 99)
+        base_p99 = base_p99 or gp
+        rows.append((f"grant p99, {q:,} queued", us(gp), us(ep),
+                     f"{gp / ep:.2f}x (vs 10 queued {gp / base_p99:.2f}x)"))
+    echo1.close()
     return rows
 
 
@@ -367,5 +414,3 @@ def _run(rt: str, echo_path: str, quick: bool) -> list[tuple[str, str, str, str]
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-__all__ = ["main", "statistics"]
