@@ -239,16 +239,22 @@ class DriverHost(ExecutionMixin):
     # --- timers (debounce windows) ----------------------------------------------------
 
     def _arm(self) -> None:
+        """Keep one timer at or before the earliest debounce deadline.
+
+        A timer already armed no later than the deadline is kept: it fires, reports
+        what is due and re-arms. So a stream of work arms about one timer per window
+        instead of one per execution (deadlines of a uid only move later)."""
         deadline = self.scheduler.next_deadline()
-        if deadline == self._timer_at:
+        if deadline is None or self._loop is None:
+            return
+        if self._timer is not None and self._timer_at is not None \
+                and self._timer_at <= deadline:
             return
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
         self._timer_at = deadline
-        if deadline is not None and self._loop is not None:
-            delay = max(0.0, deadline - self.clock.now())
-            self._timer = self._loop.call_later(delay, self._on_timer)
+        self._timer = self._loop.call_later(max(0.0, deadline - self.clock.now()),
+                                            self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -105,24 +105,31 @@ class OrtModel(PreparedModel):
         self.memory_bytes = memory_bytes
         self._serialized = serialized
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._run_options: set[Any] = set()
 
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import onnxruntime as ort
+    def _options(self) -> Any:
+        """This thread's RunOptions (reused: creating one per run costs more than a tiny
+        model's run), registered while it runs so ``abort`` can reach it."""
+        opts = getattr(self._local, "opts", None)
+        if opts is None:
+            import onnxruntime as ort
 
-        opts = ort.RunOptions()
-        with self._lock:
-            self._run_options.add(opts)
+            opts = self._local.opts = ort.RunOptions()
+        opts.terminate = False
+        return opts
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        opts = self._options()
+        self._run_options.add(opts)
         try:
             outs = self.session.run(self._output_names, inputs, opts)
         finally:
-            with self._lock:
-                self._run_options.discard(opts)
+            self._run_options.discard(opts)
         return dict(zip(self._output_names, outs, strict=True))
 
     def run_into(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
                  ) -> dict[str, np.ndarray]:
-        import onnxruntime as ort
 
         # IO binding: ORT reads the inputs and writes the bound outputs in place.
         io = self.session.io_binding()
@@ -134,14 +141,12 @@ class OrtModel(PreparedModel):
                 io.bind_output(name, "cpu")
             else:
                 io.bind_output(name, "cpu", 0, dest.dtype, list(dest.shape), dest.ctypes.data)
-        opts = ort.RunOptions()
-        with self._lock:
-            self._run_options.add(opts)
+        opts = self._options()
+        self._run_options.add(opts)
         try:
             self.session.run_with_iobinding(io, opts)
         finally:
-            with self._lock:
-                self._run_options.discard(opts)
+            self._run_options.discard(opts)
         values = io.get_outputs()
         out: dict[str, np.ndarray] = {}
         for name, value in zip(self._output_names, values, strict=True):
@@ -151,9 +156,8 @@ class OrtModel(PreparedModel):
 
     def abort(self) -> None:
         # ORT checks the flag between kernels, so a long run ends early with an error.
-        with self._lock:
-            for opts in self._run_options:
-                opts.terminate = True
+        for opts in list(self._run_options):
+            opts.terminate = True
 
     def release(self) -> None:
         self.session = None

@@ -338,6 +338,12 @@ class Scheduler:
         uid = job.info.uid
         burst = self._bursts.setdefault(uid, _Burst(active=1))
         burst.active -= 1
+        if not self.events_enabled:
+            # Nobody listens: no burst to debounce (and no timer for the host to arm).
+            if burst.active <= 0:
+                del self._bursts[uid]
+            self.sink.job_finished(job)
+            return
         burst.last_info = self._stamp(job)
         burst.last_reason = reason
         if self.debounce_ms <= 0:
