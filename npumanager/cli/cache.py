@@ -57,7 +57,12 @@ def _open(args: argparse.Namespace) -> Any:
     from npumanager.cache.verifier import CacheVerifier, verifier_dir
 
     root = Path(args.state_dir) if args.state_dir else None
-    return CacheVerifier(verifier_dir(args.driver, root), None)
+    directory = verifier_dir(args.driver, root)
+    try:
+        os.stat(directory)  # tells "not allowed to look" apart from "nothing there"
+    except FileNotFoundError:
+        pass
+    return CacheVerifier(directory, None)
 
 
 def _age(now: float, t: float) -> str:
