@@ -131,3 +131,10 @@ def call_as_app(runtime_dir: str | Path, method: str, *args: Any) -> Any:
     """One NpuManager call from another uid; returns its result (errors travel back)."""
     with NpuManager(runtime_dir) as mgr:
         return getattr(mgr, method)(*args)
+
+
+def niced_app(runtime_dir: str | Path, nice: int, requests: Sequence[Req],
+              **kw: Any) -> list[Event]:
+    """``scripted_app`` after ``os.nice(nice)``: a process the kernel treats as background."""
+    os.nice(nice)
+    return scripted_app(runtime_dir, requests, **kw)

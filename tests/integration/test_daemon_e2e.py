@@ -28,7 +28,7 @@ from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.procs import spawn_as
 from npumanager.wire.framing import PROTOCOL_VERSION, REQUEST, encode
 
-from .apps import scripted_app
+from .apps import niced_app, scripted_app
 from .conftest import BG, FG, StartDaemon, wait_state, wait_until
 
 
@@ -142,3 +142,16 @@ def test_cli_status_policy_importance_thermal(admin: NpuManager, runtime_dir: Pa
     assert "loaded" in text and str(BG) in text
     assert f"request 3 of uid {BG}" in story and "grant" in story.lower()
     assert admin.thermal_status().status.name == "NONE"
+
+
+def test_importance_from_the_process_nice_value(start_npud: StartDaemon,
+                                                runtime_dir: Path) -> None:
+    start_npud(importance={"from_process": True, "recheck_interval_s": 0.1})
+    with NpuManager(runtime_dir) as admin, \
+            spawn_as(BG, None, niced_app, runtime_dir, 15, [(1, 0, 0)], until="exit") as app:
+        wait_state(admin, BG, 1, "loaded")
+        imp = admin.dump()["uids"][str(BG)]["importance"]
+        app.send(("exit",))
+        app.wait()
+        assert admin.dump()["daemon"]["components"]["process_importance"] is True
+    assert imp == int(Importance.CACHED)  # nice >= 10 -> cached (the default rules)

@@ -53,6 +53,9 @@ class RecordingDrivers(NoDrivers):
     def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:
         self.log.append(("driver.update", tuple(entries)))
 
+    def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
+        self.log.append(("driver.table", tuple(table)))
+
     def set_thermal_status(self, status: ThermalStatus) -> None:
         self.log.append(("driver.thermal", status))
 
@@ -77,10 +80,11 @@ Scenario = Callable[[Daemon, AsyncNpuManager, list[tuple[Any, ...]], VirtualCloc
                     Awaitable[None]]
 
 
-def run_scenario(runtime_dir: Path, scenario: Scenario, **manager: Any) -> Daemon:
+def run_scenario(runtime_dir: Path, scenario: Scenario, sections: dict[str, Any] | None = None,
+                 **manager: Any) -> Daemon:
     log: list[tuple[Any, ...]] = []
     clock = VirtualClock()
-    cfg = Config.load(overrides={"manager": {"drivers": False, **manager}})
+    cfg = Config.load(overrides={"manager": {"drivers": False, **manager}, **(sections or {})})
 
     async def main() -> Daemon:
         d = Daemon(cfg, runtime_dir, clock=clock, drivers=RecordingDrivers(log),
@@ -259,3 +263,23 @@ def test_json_logs_are_one_object_per_line_with_the_decision_fields() -> None:
     assert lines[0]["request_id"] == 7 and lines[0]["level"] == "info"
     assert lines[1]["msg"] == "plain message"
     assert isinstance(JsonFormatter().format(logging.makeLogRecord({"msg": "x"})), str)
+
+
+def test_app_table_sets_importance_and_keeps_each_apps_limits(runtime_dir: Path) -> None:
+    seen: list[tuple[Any, ...]] = []
+    apps = {"app": [{"uid": 50001, "importance": "foreground", "min_priority": 10,
+                     "max_priority": 500, "attribute_other_uid": True}]}
+
+    async def scenario(d: Daemon, mgr: AsyncNpuManager, log: list[tuple[Any, ...]],
+                       clock: VirtualClock) -> None:
+        assert (await mgr.dump())["uids"]["50001"]["importance"] == 100
+        await mgr.set_uid_importance(50001, 400)
+        await settle()
+        seen.extend(log)
+
+    run_scenario(runtime_dir, scenario, sections=apps)
+    [table] = [e[1] for e in seen if e[0] == "driver.table"]
+    assert table == (SchedulingConfig(50001, 100, 10, 500, True, True),)
+    updates = [c for e in seen if e[0] == "driver.update" for c in e[1]]
+    # The importance change moves app_priority and keeps the configured limits and rights.
+    assert updates[-1] == SchedulingConfig(50001, 400, 10, 500, True, True)
