@@ -233,13 +233,15 @@ class CacheVerifier:
         token = _check_token(token)
         with self._lock:
             key = self._key_for_hashing()
-            tag = compute_tag(key, token, model_bufs, data_bufs)
-            now = self._now()
+        # Hash outside the lock: other threads keep using the map meanwhile.
+        tag = compute_tag(key, token, model_bufs, data_bufs)
+        now = self._now()
+        with self._lock:
             try:
                 with self._write() as db:
                     # The key may have been rotated by another process meanwhile.
                     if self._check_version_locked() != key:
-                        return
+                        raise GeneralFailure("the cache map was reset while recording")
                     db.execute(
                         "INSERT INTO entries (token, tag, n_model, n_data, model_bytes,"
                         " data_bytes, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)"
@@ -297,12 +299,13 @@ class CacheVerifier:
                 ).fetchone()
             except sqlite3.Error:
                 return False
-            if key is None or row is None:
-                return False
-            expected = bytes(row[0])
-            tag = compute_tag(key, token, model_bufs, data_bufs)
-            if not hmac.compare_digest(tag, expected):
-                return False
+        if key is None or row is None:
+            return False
+        expected = bytes(row[0])
+        tag = compute_tag(key, token, model_bufs, data_bufs)  # outside the lock
+        if not hmac.compare_digest(tag, expected):
+            return False
+        with self._lock:
             if touch:
                 try:
                     with self._write() as db:
