@@ -31,7 +31,7 @@ from npumanager import __version__
 from npumanager.clock import Clock, MonotonicClock
 from npumanager.config import Config
 from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
-from npumanager.errors import InternalError, NpuError
+from npumanager.errors import InternalError, NpuError, ServiceError
 from npumanager.hal.types import EndReason, WorkInfo
 from npumanager.paths import ensure_runtime_dir, manager_socket
 from npumanager.proto.v1.common_pb2 import DeviceInfo
@@ -348,6 +348,7 @@ class Daemon:
 
         mcfg = self.cfg.section("manager")
         ensure_runtime_dir(self.runtime_dir)
+        _refuse_if_serving(manager_socket(self.runtime_dir))
         self.server = RpcServer(
             str(manager_socket(self.runtime_dir)),
             "manager",
@@ -376,6 +377,23 @@ class Daemon:
         except Exception:
             log.exception("stopping drivers failed")
         log.info("npud stopped")
+
+
+def _refuse_if_serving(path: Path) -> None:
+    """Binding would silently steal the socket of a live npud: refuse instead."""
+    import socket
+
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError:
+        return  # a stale socket file: replacing it is right
+    finally:
+        probe.close()
+    raise ServiceError(f"another npud is already serving {path}; stop it first")
 
 
 def device_dict(d: DeviceInfo) -> dict[str, Any]:

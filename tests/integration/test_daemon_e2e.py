@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import struct
@@ -22,7 +23,7 @@ from npumanager import (
     NpuManager,
     RequestStatus,
 )
-from npumanager.errors import ServiceUnavailable
+from npumanager.errors import LimitExceeded, ServiceUnavailable
 from npumanager.proto.v1.wire_pb2 import Frame, Hello
 from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.procs import spawn_as
@@ -111,6 +112,7 @@ def test_no_daemon_is_service_unavailable(runtime_dir: Path) -> None:
         NpuManager(runtime_dir)
 
 
+@pytest.mark.slow
 def test_cli_status_policy_importance_thermal(admin: NpuManager, runtime_dir: Path) -> None:
     with spawn_as(BG, None, scripted_app, runtime_dir, [(3, 2, 0)], until="exit") as app:
         wait_state(admin, BG, 3, "loaded")
@@ -155,3 +157,24 @@ def test_importance_from_the_process_nice_value(start_npud: StartDaemon,
         app.wait()
         assert admin.dump()["daemon"]["components"]["process_importance"] is True
     assert imp == int(Importance.CACHED)  # nice >= 10 -> cached (the default rules)
+
+
+def test_per_uid_bounds_on_requests_and_connections(start_npud: StartDaemon,
+                                                    runtime_dir: Path) -> None:
+    start_npud({"max_requests_per_uid": 3, "max_connections_per_uid": 2})
+    with NpuManager(runtime_dir) as mgr:
+        cb = ModelLoadRequestCallback()
+        for i in range(3):
+            mgr.request_can_load_model(ModelLoadRequest(i, ModelSize.GREATER_THAN_2G), cb)
+        with pytest.raises(LimitExceeded):
+            mgr.request_can_load_model(ModelLoadRequest(9), cb)
+        with NpuManager(runtime_dir), pytest.raises((LimitExceeded, ServiceUnavailable)):
+            NpuManager(runtime_dir)
+        assert len(mgr.dump()["requests"]) == 3
+
+
+def test_sigint_is_a_clean_shutdown_too(start_npud: StartDaemon, runtime_dir: Path) -> None:
+    npud = start_npud()
+    npud.signal(signal.SIGINT)
+    assert npud.stop() == 0
+    assert not (runtime_dir / "npu.sock").exists()
