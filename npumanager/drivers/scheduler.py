@@ -18,6 +18,7 @@ Rules (ARCHITECTURE "The HAL and the driver"):
   debounce window after its last work ended (with that work's info); a
   request inside the window continues the burst and its requested/started
   are suppressed. With a window of 0 every work item reports its own end.
+  An end carries the time its work ended (not the time it was reported).
 """
 
 from __future__ import annotations
