@@ -147,3 +147,28 @@ def test_several_clients_prepare_the_same_token_at_once(
     assert errors == [] and len(results) == 12 and any(results)
     with nn.device("reference", rt) as dev:
         assert prepare(dev, A, app)
+
+
+def test_jit_driver_compiles_and_caches_at_first_execution(
+    runtime_dir: Path, state_dir: Path, app: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "npu.toml"
+    config.write_text(
+        '[[driver]]\nname = "reference"\nplugin = "reference"\noptions = { compile_mode = "jit" }\n'
+    )
+    with (
+        running_driver(
+            "reference", runtime_dir, state_dir, config=config, args=["--no-enforce-admission"]
+        ),
+        nn.device("reference", runtime_dir) as dev,
+    ):
+        m = dev.prepare_model(A.onnx_bytes, cache_dir=app, token=APP_TOKEN)
+        assert not m.loaded_from_cache and not m.cache_written  # nothing compiled yet
+        model_file = files(app, APP_TOKEN, dev)[0]
+        assert model_file.stat().st_size == 0
+        assert A.matches(m.execute({"x": A.x}))  # compiles now, then caches in the background
+        deadline = time.monotonic() + 30
+        while model_file.stat().st_size == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        m.release()
+        assert prepare(dev, A, app)
