@@ -54,6 +54,8 @@ class AppSpec:
     retry_size: ModelSize | None = None  # size class asked for after complying
     retry_after_s: float = 0.0  # back-off before asking again after an unload
     exit_on_revoke: bool = False  # a revoked service exits (its supervisor restarts it)
+    job_priority: int = 0  # added to the app priority in the driver (lower runs first)
+    first_id: int = 1  # npud keys requests by (uid, id): apps sharing a uid need their own ids
     device: str = "reference"
 
 
@@ -74,7 +76,7 @@ class App:
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.mgr = NpuManager(runtime_dir, client_name=spec.name)
         self.device = nn.Device(spec.device, runtime_dir)
-        self.next_id = 1
+        self.next_id = spec.first_id
         self.request: Any = None
         self.listener: Any = None
         self.model: Any = None
@@ -211,9 +213,10 @@ class App:
         t0 = time.perf_counter()
         try:
             if spec.kind == "decode":
-                outs = self.model.execute(m.inputs, steps=spec.steps, feedback=m.feedback)
+                outs = self.model.execute(m.inputs, job_priority=spec.job_priority,
+                                          steps=spec.steps, feedback=m.feedback)
             else:
-                outs = self.model.execute(m.inputs)
+                outs = self.model.execute(m.inputs, job_priority=spec.job_priority)
         except GrantRevoked as exc:
             self.out.emit("execute_revoked", error=str(exc))
             self.release()
@@ -269,4 +272,8 @@ def app_main(spec: AppSpec, model: DemoModel, runtime_dir: str, cache_dir: str,
     except Exception as exc:
         out.emit("error", what="connect", error=f"{type(exc).__name__}: {exc}")
         return
-    app.run(commands)
+    try:
+        app.run(commands)
+    except Exception as exc:
+        out.emit("error", what="run", error=f"{type(exc).__name__}: {exc}")
+        raise

@@ -96,19 +96,31 @@ def app_specs(root: bool, pace: Pace) -> dict[str, AppSpec]:
     def uid(name: str) -> int | None:
         return APP_UIDS[name] if root else None
 
+    def first(name: str) -> int:
+        return 1 if root else 100 * (list(APP_UIDS).index(name) + 1)
+
+    # Not root, every app shares one uid: npud never preempts within a uid, so the LLM asks
+    # for a size that leaves room, and the embedder's BACKGROUND priority is what puts it
+    # above the thermal cut (rank = importance + model priority).
     return {
-        "llm": AppSpec("llm", uid("llm"), Importance.SERVICE, ModelSize.GREATER_THAN_2G,
-                       ModelPriority.BACKGROUND, "decode", steps=16,
+        "llm": AppSpec("llm", uid("llm"), Importance.SERVICE,
+                       ModelSize.GREATER_THAN_2G if root else ModelSize.BETWEEN_1GB_AND_2GB,
+                       ModelPriority.BACKGROUND, "decode", steps=16, job_priority=100,
+                       first_id=first("llm"),
                        retry_size=ModelSize.BETWEEN_1GB_AND_2GB,
                        retry_after_s=pace.llm_backoff_s),
         "camera": AppSpec("camera", uid("camera"), Importance.FOREGROUND,
                           ModelSize.LESS_THAN_1GB, ModelPriority.NORMAL, "frames",
-                          period_s=1 / 30),
+                          period_s=1 / 30, first_id=first("camera")),
         "embedder": AppSpec("embedder", uid("embedder"), Importance.SERVICE,
-                            ModelSize.LESS_THAN_1GB, ModelPriority.NORMAL, "periodic",
-                            period_s=0.1, comply=False, exit_on_revoke=True),
+                            ModelSize.LESS_THAN_1GB,
+                            ModelPriority.NORMAL if root else ModelPriority.BACKGROUND,
+                            "periodic",
+                            period_s=0.1, comply=False, exit_on_revoke=True,
+                            first_id=first("embedder")),
         "voice": AppSpec("voice", uid("voice"), Importance.VISIBLE, ModelSize.LESS_THAN_1GB,
-                         ModelPriority.NORMAL, "burst", period_s=0.03, runs=pace.voice_runs),
+                         ModelPriority.NORMAL, "burst", period_s=0.03, runs=pace.voice_runs,
+                         first_id=first("voice")),
     }
 
 
@@ -228,6 +240,18 @@ class Scenario:
         self.out.event("admin", f"set_uid_importance({spec.uid}, {spec.importance.name}) "
                        f"for {name}: app priority {int(spec.importance)}")
 
+    def set_own_importance(self) -> None:
+        """Not root: every app is this uid; make it FOREGROUND (allowed as npud's own uid)."""
+        from npumanager.errors import NpuError
+
+        try:
+            self.admin.set_uid_importance(os.getuid(), Importance.FOREGROUND)
+        except NpuError as exc:
+            self.out.warn(f"cannot set this uid's importance: {type(exc).__name__}: {exc}")
+            return
+        self.out.event("admin", f"set_uid_importance({os.getuid()}, FOREGROUND) for every app "
+                       "(one uid); job priorities order their work in the driver")
+
     def budget_line(self) -> None:
         dump = self.admin.dump()
         for line in status_excerpt(dump, {s.uid: n for n, s in self.specs.items()
@@ -272,6 +296,8 @@ class Scenario:
         self.admin = NpuManager(self.rt, client_name="demo-admin")
         self.show_devices()
         if not self.root:
+            self.run_rec.skipped.append("preemption between apps (npud preempts holders of "
+                                        "other uids only; run as root for one uid per app)")
             self.out.warn("not root: every app runs under your uid. npud preempts only holders "
                           "of OTHER uids, so the preemption scenes will not happen; run as "
                           "root (sudo) for the full demo.")
@@ -334,11 +360,17 @@ class Scenario:
     # --- the scenes -------------------------------------------------------------------
 
     def scene_llm(self) -> None:
-        self.out.scene(2, SCENES, "A background LLM holds the whole budget",
-                       "The LLM asks for a >2GB model (weight 4 = the whole budget) at "
-                       "BACKGROUND priority and runs multi-step decode jobs.")
-        for name in ("camera", "embedder", "voice", "llm"):
-            self.set_importance(name)
+        if self.root:
+            self.out.scene(2, SCENES, "A background LLM holds the whole budget",
+                           "The LLM asks for a >2GB model (weight 4 = the whole budget) at "
+                           "BACKGROUND priority and runs multi-step decode jobs.")
+            for name in ("camera", "embedder", "voice", "llm"):
+                self.set_importance(name)
+        else:
+            self.out.scene(2, SCENES, "A background LLM decodes",
+                           "The LLM asks for a 1-2GB model (weight 2 of the budget 4) at "
+                           "BACKGROUND priority and runs multi-step decode jobs.")
+            self.set_own_importance()
         t = time.monotonic()
         self.spawn("llm")
         self.expect("llm", "decode", "llm prepared and decoding", 30, t)
@@ -348,7 +380,10 @@ class Scenario:
     def scene_camera(self) -> None:
         self.out.scene(3, SCENES, "The camera opens in the foreground",
                        "FOREGROUND (100) outranks the LLM's SERVICE (300) + BACKGROUND (1000): "
-                       "npud asks the LLM to unload and grants the camera once it has.")
+                       "npud asks the LLM to unload and grants the camera once it has."
+                       if self.root else
+                       "Every app shares your uid, so npud does not preempt the LLM; the "
+                       "camera's <1GB model fits next to it.")
         self.pause(self.pace.between_s)
         t = time.monotonic()
         self.spawn("camera")
@@ -358,24 +393,30 @@ class Scenario:
             self.expect("llm", "unloaded", "llm reported unloaded", 10, t)
         if self.expect("camera", "frame", "camera granted and streaming", 15, t):
             time.sleep(0.2)  # the first runs of a new session warm up; not the steady state
-            self.run_rec.begin("camera alone")
-        self.expect("llm", "request", "llm asks again after its back-off", 15, t + 0.01)
-        self.run_rec.end()
+            self.run_rec.begin("camera alone" if self.root else "camera + llm decoding")
+        if self.root:
+            self.expect("llm", "request", "llm asks again after its back-off", 15, t + 0.01)
+            self.run_rec.end()
+        else:
+            self.pause(self.pace.llm_backoff_s)
 
     def scene_contention(self) -> None:
         self.out.scene(4, SCENES, "Background decode yields to foreground frames",
-                       "The LLM comes back with a 1-2GB footprint (short context); on the one "
-                       "channel the driver PAUSES its decode job between steps for every "
-                       "frame and RESUMES it after.")
+                       ("The LLM comes back with a 1-2GB footprint (short context); on"
+                        if self.root else "On")
+                       + " the one channel the driver PAUSES its decode job between steps for "
+                       "every frame and RESUMES it after.")
         t = time.monotonic()
-        prep = self.expect("llm", "prepared", "llm prepared again", 15, t)
-        if prep is not None and not prep["from_cache"]:
-            self.run_rec.failures.append("llm's second prepare loaded from cache")
-        if self.expect("llm", "decode", "llm decoding next to the camera", 10, t):
-            self.run_rec.begin("camera + llm decoding")
-        t_dec = time.monotonic()
+        t_dec = t
+        if self.root:
+            prep = self.expect("llm", "prepared", "llm prepared again", 15, t)
+            if prep is not None and not prep["from_cache"]:
+                self.run_rec.failures.append("llm's second prepare loaded from cache")
+            if self.expect("llm", "decode", "llm decoding next to the camera", 10, t):
+                self.run_rec.begin("camera + llm decoding")
+            t_dec = time.monotonic()
         self.pause(self.pace.contention_s / 2)
-        self.out.event("demo", "the embedder service (SERVICE) starts; it fits: 1+2+1 = 4")
+        self.out.event("demo", "the embedder service starts; it fits: 1+2+1 = 4")
         self.run_rec.end()
         t = time.monotonic()
         self.spawn("embedder")
@@ -392,7 +433,7 @@ class Scenario:
         paused = self.hal.count(uid, "ended", "PAUSED", t0)
         resumed = self.hal.count(uid, "started", "RESUMED", t0)
         self.out.event("HAL", f"llm's decode work: {paused} x on_work_ended(PAUSED), "
-                       f"{resumed} x on_work_started(RESUMED) since it came back")
+                       f"{resumed} x on_work_started(RESUMED) next to the camera")
         ex = self.hal.pause_example(uid, t0)
         if ex is not None:
             p, r = ex
