@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from npumanager.service.daemon import Daemon
 
 EMPTY = b""
+SIZES = {int(m): m for m in ModelSize}
+PRIORITIES = {int(m): m for m in ModelPriority}
 
 
 def _require_admin(ctx: CallContext, what: str) -> None:
@@ -69,12 +71,15 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         conn = ctx.conn
         if "uid_seen" not in conn.state:
             d.client_seen(conn)
+        size = SIZES.get(m.size)
+        priority = PRIORITIES.get(m.priority)
+        if size is None or priority is None:
+            _enum(ModelSize, m.size, "size")
+            _enum(ModelPriority, m.priority, "priority")
         submit(ev.RequestLoad(
             stimulus_id=stimulus("request"), now=clock.now(), uid=conn.state["uid"],
-            pid=conn.peer.pid,
-            conn=conn.state["cid"], request_id=m.request_id,
-            size=ModelSize(_enum(ModelSize, m.size, "size")),
-            priority=ModelPriority(_enum(ModelPriority, m.priority, "priority")),
+            pid=conn.peer.pid, conn=conn.state["cid"], request_id=m.request_id,
+            size=size, priority=priority,  # type: ignore[arg-type]  # checked above
         ))
         return EMPTY
 
