@@ -37,6 +37,10 @@ APP_UIDS = {"camera": 61001, "voice": 61002, "embedder": 61003, "llm": 61004}
 SCENES = 6
 
 
+class NotAdmin(Exception):
+    """The demo's client is not an admin of the npud it was pointed at."""
+
+
 @dataclass(frozen=True)
 class Pace:
     """How long each scene lets things run (``--fast`` halves most of it)."""
@@ -294,6 +298,10 @@ class Scenario:
             self.rt = self.opts.runtime_dir
             self.out.event("demo", f"using the running npud in {self.rt}")
         self.admin = NpuManager(self.rt, client_name="demo-admin")
+        if not self.admin.admin:
+            raise NotAdmin(f"npu demo sets importances and overrides the thermal status: it "
+                           f"needs admin rights on the npud in {self.rt} (root, npud's own uid "
+                           f"or its admin group); uid {self.admin.uid} has none")
         self.show_devices()
         if not self.root:
             self.run_rec.skipped.append("preemption between apps (npud preempts holders of "
@@ -562,5 +570,8 @@ def run_demo(opts: DemoOptions) -> int:
     except KeyboardInterrupt:
         out.warn("interrupted: stopped the apps and npud, removed the temp dirs")
         return 130
+    except NotAdmin as exc:
+        out.warn(str(exc))
+        return 2
     finally:
         signal.signal(signal.SIGTERM, old)
