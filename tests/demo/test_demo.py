@@ -93,7 +93,7 @@ def test_fast_demo_shows_every_behaviour_and_cleans_up() -> None:
     # Everything it started is gone, temp dirs included.
     assert not _runtime_dir(out).exists()
     assert _gone(_npud_pid(out))
-    assert took < 40, f"npu demo --fast took {took:.1f} s"
+    assert took < 60, f"npu demo --fast took {took:.1f} s"  # ~12 s alone; slack for -n auto
 
 
 @NEEDS_ROOT
