@@ -54,6 +54,8 @@ from .request import (
 
 log = logging.getLogger("npumanager.client")
 
+_LOAD_STATUS = {int(s): s for s in LoadStatus}
+
 
 class AsyncModelLoadStatusListener:
     """The async listener: valid only for its request; ``grant_id`` once granted."""
@@ -234,7 +236,7 @@ class AsyncNpuManager:
         except Exception:
             log.exception("an app callback raised; npumanager keeps delivering the next ones")
             return
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -244,11 +246,11 @@ class AsyncNpuManager:
         live = self._live.get(m.request_id)
         if live is None:
             return
-        status = LoadStatus(m.status)
-        if status == LoadStatus.CAN_LOAD_NOW:
+        status = _LOAD_STATUS[m.status]
+        if status is LoadStatus.CAN_LOAD_NOW:
             live.listener.grant_id = m.grant_id or None
-        cb, req, lis = live.callback, live.request, live.listener
-        self._deliver(live, lambda: cb.on_can_load_model(req, status, lis))
+        self._deliver(live, functools.partial(
+            live.callback.on_can_load_model, live.request, status, live.listener))
 
     def _push_unload(self, ctx: CallContext, payload: bytes) -> None:
         u = UnloadAsk.FromString(payload)
