@@ -137,7 +137,8 @@ class DaemonProcess:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             self.lines.append(line)
-            if self.ready_line is None and "ready" in line:
+            # npud's own line ("npud ready on ..."), not a log line that mentions "ready".
+            if self.ready_line is None and line.startswith("npud ready"):
                 self.ready_line = line
                 self._ready.set()
 
