@@ -313,7 +313,14 @@ def message_size() -> int:
     return len(encode(Frame(kind=REQUEST, call_id=123456, method="request", payload=body)))
 
 
-async def measure(rt: str, echo_path: str, quick: bool) -> list[tuple[str, str, str, str]]:
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU of a process (/proc/PID/stat), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(rt: str, echo_path: str, quick: bool,
+                  npud_pid: int) -> list[tuple[str, str, str, str]]:
     msg = b"x" * message_size()
     rounds = 5 if quick else 20
     n1 = 200  # samples per round, 1 client
@@ -343,14 +350,22 @@ async def measure(rt: str, echo_path: str, quick: bool) -> list[tuple[str, str, 
         if clients == 32:
             done = secs = 0.0
             edone = esecs = 0.0
+            cpu_npud = cpu_self = 0.0
             for _ in range(rounds // 2 or 1):
+                n0, s0 = cpu_seconds(npud_pid), time.process_time()
                 c, t = await npud.lifecycles(window)
+                cpu_npud += cpu_seconds(npud_pid) - n0
+                cpu_self += time.process_time() - s0
                 done, secs = done + c, secs + t
                 c, t = await echo.rate(window)
                 edone, esecs = edone + c, esecs + t
             rate, erate = done / secs, edone / esecs / 3
             rows.append(("lifecycles/s, 32 clients", f"{rate:,.0f}/s",
                          f"{erate:,.0f}/s (echo/3)", f"{rate / erate:.2f}x"))
+            # CPU per lifecycle is what a busy machine cannot distort much.
+            rows.append(("  CPU per lifecycle: npud / clients",
+                         f"{cpu_npud / done * 1e6:.0f} / {cpu_self / done * 1e6:.0f} us",
+                         "", ""))
         await npud.close()
         echo.close()
     base_p99: float | None = None
@@ -388,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             "policy": {"name": "BUDGET", "max_budget": 64},
         }
         with DaemonProcess(tmp / "rt", config) as npud:
-            rows = _run(str(npud.runtime_dir), echo_path, args.quick)
+            rows = _run(str(npud.runtime_dir), echo_path, args.quick, npud.pid)
     finally:
         echo.terminate()
         echo.wait()
@@ -406,9 +421,10 @@ def main(argv: list[str] | None = None) -> int:
 HEADER = ("measurement", "npud", "raw echo", "ratio")
 
 
-def _run(rt: str, echo_path: str, quick: bool) -> list[tuple[str, str, str, str]]:
+def _run(rt: str, echo_path: str, quick: bool,
+         npud_pid: int) -> list[tuple[str, str, str, str]]:
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(measure(rt, echo_path, quick))
+        return runner.run(measure(rt, echo_path, quick, npud_pid))
 
 
 if __name__ == "__main__":

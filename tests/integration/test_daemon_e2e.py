@@ -178,3 +178,17 @@ def test_sigint_is_a_clean_shutdown_too(start_npud: StartDaemon, runtime_dir: Pa
     npud.signal(signal.SIGINT)
     assert npud.stop() == 0
     assert not (runtime_dir / "npu.sock").exists()
+
+
+def test_json_logs_carry_every_decision(start_npud: StartDaemon, runtime_dir: Path) -> None:
+    npud = start_npud({"log_format": "json"})
+    with NpuManager(runtime_dir) as mgr:
+        listener = mgr.request_can_load_model(ModelLoadRequest(5), ModelLoadRequestCallback())
+        wait_until(lambda: listener.grant_id is not None)
+        listener.notify_model_unloaded(ModelLoadRequest(5))
+    assert npud.stop() == 0
+    records = [json.loads(x) for x in npud.lines if not x.startswith("npud ready")]
+    decisions = [r["decision"] for r in records if "decision" in r]
+    assert decisions[:3] == ["granted", "grant ended", "request ended"]
+    granted = next(r for r in records if r.get("decision") == "granted")
+    assert granted["uid"] == os.getuid() and granted["request_id"] == 5
