@@ -192,3 +192,13 @@ def test_json_logs_carry_every_decision(start_npud: StartDaemon, runtime_dir: Pa
     assert decisions[:3] == ["granted", "grant ended", "request ended"]
     granted = next(r for r in records if r.get("decision") == "granted")
     assert granted["uid"] == os.getuid() and granted["request_id"] == 5
+
+
+@pytest.mark.slow
+def test_manager_only_demo_tells_the_story_and_exits_zero() -> None:
+    r = subprocess.run([sys.executable, "-m", "npumanager", "demo", "--manager-only"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "asked to unload (PREEMPTED)" in out and "REVOKED" in out
+    assert "request 2: CAN_LOAD_NOW" in out  # the LLM comes back once there is room
