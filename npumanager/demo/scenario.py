@@ -256,6 +256,19 @@ class Scenario:
         self.out.event("admin", f"set_uid_importance({os.getuid()}, FOREGROUND) for every app "
                        "(one uid); job priorities order their work in the driver")
 
+    def show_story(self, name: str) -> None:
+        """npud's decision log about the app's first request (`npu status --story UID:ID`)."""
+        spec = self.specs[name]
+        uid = spec.uid if spec.uid is not None else os.getuid()
+        story = self.admin.story(uid, spec.first_id)
+        if not story:
+            return
+        self.out.note(f"npu status --story {uid}:{spec.first_id}", "")
+        t0 = float(story[0].get("at", 0.0))
+        for d in story:
+            self.out.note(f"  +{float(d.get('at', 0.0)) - t0:6.3f}s  {d.get('what')}  "
+                          f"({d.get('stimulus_id')})", "")
+
     def budget_line(self) -> None:
         dump = self.admin.dump()
         for line in status_excerpt(dump, {s.uid: n for n, s in self.specs.items()
@@ -473,6 +486,7 @@ class Scenario:
                     self.pace.unload_deadline_s + 10, t, status="REVOKED")
         self.expect("embedder", "execute_revoked", "embedder's execute raised GrantRevoked",
                     10, t)
+        self.show_story("embedder")
         self.expect("llm", "can_load", "llm waits while SEVERE", 10, t + 0.01)
         self.out.event("demo", "a voice query arrives (VISIBLE, 200 <= 230: allowed while "
                        "SEVERE)")

@@ -76,6 +76,9 @@ def test_fast_demo_shows_every_behaviour_and_cleans_up() -> None:
     assert "embedder on_request_unload_model(reason=THERMAL) - and ignores it" in out
     assert "embedder request 1 ended REVOKED" in out
     assert "embedder next execute raised GrantRevoked" in out
+    # npud's decision log about it (`npu status --story`).
+    assert re.search(r"npu status --story 61003:1\n(.*\n)*.*asked to unload .*\n"
+                     r"(.*\n)*.*unload deadline passed.*\n.*revoked", out), out
     # Compilation cache: the LLM's and the restarted embedder's later prepares hit.
     assert re.search(r"llm      prepared llm-decoder in .* \(compiled, cache written\)", out)
     assert re.search(r"llm      prepared llm-decoder in .* \(loaded from its compilation cache",
