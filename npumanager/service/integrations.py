@@ -59,6 +59,9 @@ class Integrations:
         self._override: ThermalStatus | None = None
         self._app_by_key: dict[int, Any] = {}
         self._importance_of: dict[int, int] = {}
+        #: Keys whose importance an admin set: the process provider never overrides them
+        #: (precedence: admin API, then [[app]], then the process).
+        self._admin_keys: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def wired(self) -> dict[str, bool]:
@@ -136,12 +139,16 @@ class Integrations:
             stimulus_id=self.d.stimulus(kind), now=self.d.clock.now(), uid=key,
             importance=importance))
 
+    def admin_set(self, key: int) -> None:
+        """An admin set this key's importance (set_uid_importance); it now wins."""
+        self._admin_keys.add(key)
+
     def client_seen(self, conn: RpcConnection) -> None:
         """A connection's first request: derive its importance from its process if asked."""
         if self.importance is None:
             return
         key = int(conn.state.get("uid", conn.peer.uid))
-        if key in self._importance_of or key in self._app_by_key:
+        if key in self._importance_of or key in self._app_by_key or key in self._admin_keys:
             return
         try:
             imp = self.importance.importance_of(conn.peer.pid)
@@ -161,7 +168,8 @@ class Integrations:
         fresh: dict[int, int] = {}
         for conn in list(self.d.conns.values()):
             key = int(conn.state.get("uid", conn.peer.uid))
-            if key in fresh or key in self._app_by_key or conn.peer.pid <= 0:
+            if (key in fresh or key in self._app_by_key or key in self._admin_keys
+                    or conn.peer.pid <= 0):
                 continue
             try:
                 imp = self.importance.importance_of(conn.peer.pid)
@@ -184,8 +192,11 @@ class Integrations:
     def thermal_changed(self, status: ThermalStatus, why: str) -> None:
         if status == self.status:
             return
-        log.info("thermal status %s -> %s (%s)", self.status.name, status.name, why,
-                 extra={"thermal": status.name})
+        # The monitor logs each change with its cause (the sensor and reading); log here
+        # only when there is no monitor, so a change is not logged twice.
+        log.log(logging.DEBUG if self.thermal is not None else logging.INFO,
+                "thermal status %s -> %s (%s)", self.status.name, status.name, why,
+                extra={"thermal": status.name})
         self.status = status
         self.d.submit_quietly(ev.ThermalChanged(stimulus_id=self.d.stimulus("thermal"),
                                                 now=self.d.clock.now(), status=status))

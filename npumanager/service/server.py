@@ -127,6 +127,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         _parse(m, payload)
         submit(ev.ImportanceChanged(stimulus_id=stimulus("importance"), now=clock.now(),
                                     uid=m.uid, importance=m.importance))
+        d.extras.admin_set(m.uid)
         return EMPTY
 
     def dump(ctx: CallContext, payload: bytes) -> HandlerResult:

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,21 @@ def test_importance_from_the_process_nice_value(start_npud: StartDaemon,
         app.wait()
         assert admin.dump()["daemon"]["components"]["process_importance"] is True
     assert imp == int(Importance.CACHED)  # nice >= 10 -> cached (the default rules)
+
+
+def test_admin_importance_beats_the_process_provider(start_npud: StartDaemon,
+                                                    runtime_dir: Path) -> None:
+    """Precedence: admin API, then [[app]], then the process; re-checks never undo an admin."""
+    start_npud(importance={"from_process": True, "recheck_interval_s": 0.05})
+    with NpuManager(runtime_dir) as admin, \
+            spawn_as(BG, None, niced_app, runtime_dir, 15, [(1, 0, 0)], until="exit") as app:
+        wait_state(admin, BG, 1, "loaded")
+        admin.set_uid_importance(BG, Importance.FOREGROUND)
+        time.sleep(0.3)  # several re-check periods of the process provider
+        imp = admin.dump()["uids"][str(BG)]["importance"]
+        app.send(("exit",))
+        app.wait()
+    assert imp == int(Importance.FOREGROUND)
 
 
 def test_per_uid_bounds_on_requests_and_connections(start_npud: StartDaemon,
