@@ -168,6 +168,7 @@ def test_admin_importance_beats_the_process_provider(start_npud: StartDaemon,
             spawn_as(BG, None, niced_app, runtime_dir, 15, [(1, 0, 0)], until="exit") as app:
         wait_state(admin, BG, 1, "loaded")
         admin.set_uid_importance(BG, Importance.FOREGROUND)
+        os.setpriority(os.PRIO_PROCESS, app.pid, 5)  # the provider now says SERVICE
         time.sleep(0.3)  # several re-check periods of the process provider
         imp = admin.dump()["uids"][str(BG)]["importance"]
         app.send(("exit",))
