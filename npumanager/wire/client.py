@@ -18,15 +18,16 @@ import threading
 from collections.abc import Callable, Sequence
 
 from npumanager.errors import NpuError, ProtocolError, ServiceUnavailable, error_from_wire
-from npumanager.proto.v1.wire_pb2 import Frame, Hello, HelloReply
+from npumanager.proto.v1.wire_pb2 import Hello, HelloReply
 from npumanager.wire.conn import (
-    MAX_FDS_PER_RECV,
+    ANC_SIZE,
     RECV_SIZE,
     Payload,
     RpcConnection,
-    _payload_bytes,
     close_fds,
+    frame_bytes,
     open_connection,
+    take_fds,
 )
 from npumanager.wire.framing import (
     DEFAULT_MAX_FRAME,
@@ -36,8 +37,7 @@ from npumanager.wire.framing import (
     REPLY,
     REQUEST,
     FrameDecoder,
-    encode,
-    parse_frame,
+    RawFrame,
 )
 
 log = logging.getLogger("npumanager.wire.client")
@@ -90,7 +90,9 @@ class SyncRpcClient:
             raise ServiceUnavailable(f"cannot connect to {path}: {exc}") from None
         sock.settimeout(None)
         self.sock = sock
+        self.max_frame = max_frame
         self._decoder = FrameDecoder(max_frame)
+        self._pending_error: ProtocolError | None = None
         self._fdq: collections.deque[int] = collections.deque()
         self._send_lock = threading.Lock()
         # Unthreaded mode: one reader at a time (``_pumping``), handed off per batch.
@@ -124,55 +126,59 @@ class SyncRpcClient:
 
     # --- receiving --------------------------------------------------------
 
-    def _recv_some(self) -> list[tuple[Frame, list[int]]]:
+    def _recv_some(self) -> list[tuple[RawFrame, list[int]]]:
+        if self._pending_error is not None:
+            raise self._pending_error
         try:
-            data, anc, _f, _a = self.sock.recvmsg(
-                RECV_SIZE, socket.CMSG_SPACE(MAX_FDS_PER_RECV * 4)
-            )
+            data, anc, _f, _a = self.sock.recvmsg(RECV_SIZE, ANC_SIZE)
         except OSError as exc:
             raise ServiceUnavailable(f"connection to {self.service} lost: {exc}") from None
-        for level, kind, cdata in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = array.array("i")
-                got.frombytes(cdata[: len(cdata) - (len(cdata) % got.itemsize)])
-                self._fdq.extend(got)
+        if anc:
+            take_fds(anc, self._fdq)
         if not data:
             raise ServiceUnavailable(f"the {self.service} service closed the connection")
         out = []
-        for body in self._decoder.feed(data):
-            frame = parse_frame(body)
-            if frame.n_fds > len(self._fdq):
+        fdq = self._fdq
+        frames = self._decoder.frames(data)
+        for frame in frames:
+            n_fds = frame[4]
+            if n_fds > len(fdq):
                 raise ProtocolError("frame announces more fds than arrived")
-            out.append((frame, [self._fdq.popleft() for _ in range(frame.n_fds)]))
+            out.append((frame, [fdq.popleft() for _ in range(n_fds)] if n_fds else []))
+        if self._decoder.error is not None:
+            # Route the good frames first; the next read reports the error.
+            err, self._decoder.error = self._decoder.error, None
+            self._pending_error = err
         return out
 
-    def _route(self, frame: Frame, fds: list[int]) -> None:
-        if frame.kind in (REPLY, ERROR):
+    def _route(self, frame: RawFrame, fds: list[int]) -> None:
+        kind, call_id, name, payload, _n = frame
+        if kind in (REPLY, ERROR):
             with self._lock:
-                w = self._waiters.pop(frame.call_id, None)
+                w = self._waiters.pop(call_id, None)
             if w is None:
                 close_fds(fds)
-                if frame.kind == ERROR:
+                if kind == ERROR:
                     # call_id 0: the server tells us why it is dropping us.
-                    self._close_reason = error_from_wire(frame.error_type, frame.error_message)
+                    self._close_reason = error_from_wire(name, payload.decode(errors="replace"))
                 return
-            if frame.kind == REPLY:
-                w.payload, w.fds = frame.payload, fds
+            if kind == REPLY:
+                w.payload, w.fds = payload, fds
             else:
                 close_fds(fds)
-                w.error = error_from_wire(frame.error_type, frame.error_message)
+                w.error = error_from_wire(name, payload.decode(errors="replace"))
             w.done.set()
-        elif frame.kind == PUSH:
-            if frame.method == "goodbye":
-                why = frame.payload.decode(errors="replace")
+        elif kind == PUSH:
+            if name == "goodbye":
+                why = payload.decode(errors="replace")
                 self._close_reason = ServiceUnavailable(
                     f"the {self.service} service is shutting down: {why}"
                 )
             if self.on_push is not None:
                 try:
-                    self.on_push(frame.method, frame.payload, fds)
+                    self.on_push(name, payload, fds)
                 except Exception:
-                    log.exception("push handler for %s failed", frame.method)
+                    log.exception("push handler for %s failed", name)
             else:
                 close_fds(fds)
         else:
@@ -218,8 +224,7 @@ class SyncRpcClient:
 
     # --- sending --------------------------------------------------------
 
-    def _send(self, frame: Frame, fds: Sequence[int]) -> None:
-        data = encode(frame)
+    def _send(self, data: bytes, fds: Sequence[int]) -> None:
         with self._send_lock:
             try:
                 if fds:
@@ -236,9 +241,7 @@ class SyncRpcClient:
     def push(self, method: str, payload: Payload | None = None, fds: Sequence[int] = ()) -> None:
         if self.closed:
             raise self._unavailable()
-        self._send(
-            Frame(kind=PUSH, method=method, payload=_payload_bytes(payload), n_fds=len(fds)), fds
-        )
+        self._send(frame_bytes(PUSH, 0, method, payload, len(fds), self.max_frame), fds)
 
     def _unavailable(self) -> ServiceUnavailable:
         why = f": {self._close_reason}" if self._close_reason else ""
@@ -259,12 +262,14 @@ class SyncRpcClient:
             call_id = self._next_call
             self._next_call += 1
             self._waiters[call_id] = w
-        frame = Frame(
-            kind=REQUEST, call_id=call_id, method=method, payload=_payload_bytes(payload),
-            n_fds=len(fds),
-        )
         try:
-            self._send(frame, fds)
+            data = frame_bytes(REQUEST, call_id, method, payload, len(fds), self.max_frame)
+        except BaseException:
+            with self._lock:
+                self._waiters.pop(call_id, None)
+            raise
+        try:
+            self._send(data, fds)
         except ServiceUnavailable as exc:
             self._shutdown(exc)
             raise

@@ -18,14 +18,13 @@ from __future__ import annotations
 import array
 import asyncio
 import collections
-import inspect
 import logging
 import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, cast
 
 from google.protobuf.message import Message
 
@@ -36,16 +35,16 @@ from npumanager.errors import (
     error_from_wire,
     error_to_wire,
 )
-from npumanager.proto.v1.wire_pb2 import Frame
 from npumanager.wire.framing import (
     DEFAULT_MAX_FRAME,
     ERROR,
+    FRAME_HEADER,
+    MIN_BODY,
     PUSH,
     REPLY,
     REQUEST,
     FrameDecoder,
-    encode,
-    parse_frame,
+    name_bytes,
 )
 
 log = logging.getLogger("npumanager.wire")
@@ -54,12 +53,18 @@ log = logging.getLogger("npumanager.wire")
 # every call, which tripled the round trip (measured: 23 µs vs 83 µs raw, 64 vs 256 KiB).
 RECV_SIZE = 64 * 1024
 MAX_FDS_PER_RECV = 64
+ANC_SIZE = socket.CMSG_SPACE(MAX_FDS_PER_RECV * 4)
 #: A peer that stops reading gets disconnected once this much is queued for it.
 MAX_WRITE_BACKLOG = 32 * 1024 * 1024
+#: Queued fd-less frames are merged into one send up to about this many bytes.
+GATHER_BYTES = 64 * 1024
 
 Payload: TypeAlias = bytes | Message
 #: What a handler returns: a payload, or (payload, fds to send with it).
 HandlerResult: TypeAlias = Payload | tuple[Payload, Sequence[int]] | None
+
+_NO_FDS: tuple[int, ...] = ()
+_pack_header = FRAME_HEADER.pack
 
 
 @dataclass(frozen=True)
@@ -77,13 +82,19 @@ def peer_credentials(sock: socket.socket) -> Peer:
     return Peer(uid=uid, pid=pid, gid=gid)
 
 
-@dataclass
 class CallContext:
     """What a handler knows about the call: the connection and its verified peer."""
 
-    conn: RpcConnection
-    method: str
-    fds: list[int] = field(default_factory=list)
+    __slots__ = ("conn", "fds", "method")
+
+    def __init__(self, conn: RpcConnection, method: str, fds: list[int] | None = None) -> None:
+        self.conn = conn
+        self.method = method
+        #: Received fds: the handler owns them and must close them.
+        self.fds: list[int] = fds if fds is not None else []
+
+    def __repr__(self) -> str:
+        return f"<CallContext {self.method} on {self.conn!r} fds={self.fds}>"
 
     @property
     def peer(self) -> Peer:
@@ -99,9 +110,22 @@ class Handler(Protocol):
 def _payload_bytes(p: Payload | None) -> bytes:
     if p is None:
         return b""
+    if type(p) is bytes:
+        return p
     if isinstance(p, Message):
         return p.SerializeToString()
-    return p
+    return bytes(p)
+
+
+def frame_bytes(kind: int, call_id: int, name: str, payload: Payload | None, n_fds: int,
+                max_frame: int) -> bytes:
+    """One encoded frame (see framing.py), refusing one larger than ``max_frame``."""
+    body = _payload_bytes(payload)
+    nb = name_bytes(name) if name else b""
+    n = MIN_BODY + len(nb) + len(body)
+    if n > max_frame:
+        raise ProtocolError(f"outgoing frame of {n + 4} bytes exceeds {max_frame}")
+    return _pack_header(n, kind, n_fds, len(nb), call_id) + nb + body
 
 
 def close_fds(fds: Sequence[int]) -> None:
@@ -112,8 +136,20 @@ def close_fds(fds: Sequence[int]) -> None:
             pass
 
 
+def take_fds(anc: list[tuple[int, int, bytes]], into: collections.deque[int]) -> None:
+    """Append the fds of SCM_RIGHTS ancillary data to ``into``, in arrival order."""
+    for level, kind, cdata in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = array.array("i")
+            got.frombytes(cdata[: len(cdata) - (len(cdata) % got.itemsize)])
+            into.extend(got)
+
+
 class RpcConnection:
-    """One end of an RPC connection driven by the running event loop."""
+    """One end of an RPC connection driven by the running event loop.
+
+    ``require_hello``: the server's connections accept only ``hello`` until
+    :meth:`open_gate` (the handshake) has been called."""
 
     def __init__(
         self,
@@ -124,6 +160,7 @@ class RpcConnection:
         max_frame: int = DEFAULT_MAX_FRAME,
         on_close: Callable[[RpcConnection, BaseException | None], None] | None = None,
         name: str = "conn",
+        require_hello: bool = False,
     ) -> None:
         sock.setblocking(False)
         self.sock = sock
@@ -137,7 +174,8 @@ class RpcConnection:
         self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder(max_frame)
         self._fdq: collections.deque[int] = collections.deque()
-        self._out: collections.deque[tuple[memoryview, list[int]]] = collections.deque()
+        self._out: collections.deque[tuple[bytes | memoryview, Sequence[int]]] = (
+            collections.deque())
         self._out_bytes = 0
         self._writing = False
         self._next_call = 1
@@ -145,8 +183,12 @@ class RpcConnection:
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         self._corked = False
+        self._gated = require_hello
         self._closed_evt = asyncio.Event()
-        self._loop.add_reader(sock.fileno(), self._on_readable)
+        self._fileno = sock.fileno()
+        self._recvmsg = sock.recvmsg
+        self._send = sock.send
+        self._loop.add_reader(self._fileno, self._on_readable)
 
     def __repr__(self) -> str:
         return (
@@ -154,209 +196,214 @@ class RpcConnection:
             f"calls={len(self._calls)} backlog={self._out_bytes}>"
         )
 
+    def open_gate(self) -> None:
+        """The handshake is done: every handler may be called from now on."""
+        self._gated = False
+
     # --- reading --------------------------------------------------------
 
     def _on_readable(self) -> None:
         if self.closed:
             return
         try:
-            data, anc, _flags, _addr = self.sock.recvmsg(
-                RECV_SIZE, socket.CMSG_SPACE(MAX_FDS_PER_RECV * 4)
-            )
+            data, anc, _flags, _addr = self._recvmsg(RECV_SIZE, ANC_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self.close(exc)
             return
-        for level, kind, cdata in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = array.array("i")
-                got.frombytes(cdata[: len(cdata) - (len(cdata) % got.itemsize)])
-                self._fdq.extend(got)
+        if anc:
+            take_fds(anc, self._fdq)
         if not data:
             self.close(None)
             return
+        decoder = self._decoder
+        # Corked while dispatching: the pushes and replies these frames cause leave in
+        # one send (a push + its reply in one wakeup of the peer, not two).
+        self._corked = True
         try:
-            bodies = self._decoder.feed(data)
-            # Corked while dispatching: the pushes and replies these frames cause leave in
-            # one sendmsg (a push + its reply in one wakeup of the peer, not two).
-            self._corked = True
-            try:
-                for body in bodies:
-                    frame = parse_frame(body)
-                    if frame.n_fds > len(self._fdq):
+            for kind, call_id, name, payload, n_fds in decoder.frames(data):
+                if n_fds:
+                    fdq = self._fdq
+                    if n_fds > len(fdq):
                         raise ProtocolError(
-                            f"frame announces {frame.n_fds} fds but {len(self._fdq)} arrived"
-                        )
-                    fds = [self._fdq.popleft() for _ in range(frame.n_fds)]
-                    self._dispatch(frame, fds)
+                            f"frame announces {n_fds} fds but {len(fdq)} arrived")
+                    fds = [fdq.popleft() for _ in range(n_fds)]
+                else:
+                    fds = []
+                if kind in (REPLY, ERROR):
+                    self._answered(kind, call_id, name, payload, fds)
+                else:
+                    self._dispatch(kind, call_id, name, payload, fds)
                     if self.closed:
                         return
-            finally:
-                self._corked = False
-            if self._out and not self._writing:
-                self._flush_now()
+            if decoder.error is not None:
+                raise decoder.error
         except ProtocolError as exc:
-            # A malformed frame closes this connection only; tell the peer why.
-            log.warning("%s: closing after protocol error: %s", self, exc)
-            self._send_frame(Frame(kind=ERROR, error_type=type(exc).__name__,
-                                   error_message=str(exc)), ())
-            self._flush_now()
-            self.close(exc)
-
-    def _dispatch(self, frame: Frame, fds: list[int]) -> None:
-        kind = frame.kind
-        if kind in (REPLY, ERROR):
-            fut = self._calls.pop(frame.call_id, None)
-            if fut is None or fut.done():
-                close_fds(fds)
-                if kind == ERROR and frame.call_id == 0:
-                    log.warning("%s: peer reported %s: %s", self, frame.error_type,
-                                frame.error_message)
-                return
-            if kind == REPLY:
-                fut.set_result((frame.payload, fds))
-            else:
-                close_fds(fds)
-                fut.set_exception(error_from_wire(frame.error_type, frame.error_message))
+            self._corked = False
+            self._protocol_error(exc)
             return
-        handler = self.handlers.get(frame.method)
+        finally:
+            self._corked = False
+        if self._out and not self._writing:
+            self._flush_now()
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        # A malformed frame closes this connection only; tell the peer why.
+        log.warning("%s: closing after protocol error: %s", self, exc)
+        self._reply_error(0, exc)
+        self._flush_now()
+        self.close(exc)
+
+    def _answered(self, kind: int, call_id: int, name: str, payload: bytes,
+                  fds: list[int]) -> None:
+        fut = self._calls.pop(call_id, None)
+        if fut is None or fut.done():
+            close_fds(fds)
+            if kind == ERROR and call_id == 0:
+                log.warning("%s: peer reported %s: %s", self, name,
+                            payload.decode(errors="replace"))
+            return
+        if kind == REPLY:
+            fut.set_result((payload, fds))
+        else:
+            close_fds(fds)
+            fut.set_exception(error_from_wire(name, payload.decode(errors="replace")))
+
+    def _dispatch(self, kind: int, call_id: int, method: str, payload: bytes,
+                  fds: list[int]) -> None:
+        handler = self.handlers.get(method)
         if handler is None:
             close_fds(fds)
             if kind == REQUEST:
-                self._reply_error(frame.call_id, ProtocolError(f"unknown method {frame.method!r}"))
+                self._reply_error(call_id, ProtocolError(f"unknown method {method!r}"))
             return
-        ctx = CallContext(conn=self, method=frame.method, fds=fds)
+        if self._gated and method != "hello":
+            close_fds(fds)
+            if kind == REQUEST:
+                self._reply_error(call_id, ProtocolError(
+                    f"{method!r} before hello: open with the version handshake"))
+            return
         try:
-            result = handler(ctx, frame.payload)
+            result = handler(CallContext(self, method, fds), payload)
         except BaseException as exc:
-            self._handler_failed(frame, exc)
+            self._handler_failed(kind, call_id, method, exc)
             return
-        if inspect.isawaitable(result):
-            task = self._loop.create_task(self._finish(frame, result))
+        if not result and (result is None or type(result) is bytes):
+            if kind == REQUEST:  # the common empty reply, without the general path
+                self._write(_pack_header(MIN_BODY, REPLY, 0, 0, call_id), _NO_FDS)
+        elif hasattr(result, "__await__"):
+            task = self._loop.create_task(
+                self._finish(kind, call_id, method, cast(Awaitable[HandlerResult], result)))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif kind == REQUEST:
-            self._reply(frame.call_id, result)
+            self._reply(call_id, result)
 
-    async def _finish(self, frame: Frame, aw: Awaitable[HandlerResult]) -> None:
+    async def _finish(self, kind: int, call_id: int, method: str,
+                      aw: Awaitable[HandlerResult]) -> None:
         try:
             result = await aw
         except asyncio.CancelledError:
-            if frame.kind == REQUEST and not self.closed:
-                self._reply_error(
-                    frame.call_id, ServiceUnavailable("call cancelled: shutting down")
-                )
+            if kind == REQUEST and not self.closed:
+                self._reply_error(call_id, ServiceUnavailable("call cancelled: shutting down"))
             raise
         except BaseException as exc:
-            self._handler_failed(frame, exc)
+            self._handler_failed(kind, call_id, method, exc)
             return
-        if frame.kind == REQUEST:
-            self._reply(frame.call_id, result)
+        if kind == REQUEST:
+            self._reply(call_id, result)
 
-    def _handler_failed(self, frame: Frame, exc: BaseException) -> None:
+    def _handler_failed(self, kind: int, call_id: int, method: str,
+                        exc: BaseException) -> None:
         if not isinstance(exc, NpuError):
-            log.exception("%s: handler for %s failed", self, frame.method, exc_info=exc)
-        if frame.kind == REQUEST:
-            self._reply_error(frame.call_id, exc)
-        elif not isinstance(exc, NpuError):
-            pass  # a failed push has nobody to answer
+            log.exception("%s: handler for %s failed", self, method, exc_info=exc)
+        if kind == REQUEST:
+            self._reply_error(call_id, exc)
+        # a failed push has nobody to answer
 
     def _reply(self, call_id: int, result: HandlerResult) -> None:
-        fds: Sequence[int] = ()
+        fds: Sequence[int] = _NO_FDS
         if isinstance(result, tuple):
             result, fds = result
-        self._send_frame(
-            Frame(kind=REPLY, call_id=call_id, payload=_payload_bytes(result), n_fds=len(fds)), fds
-        )
+        self._write(frame_bytes(REPLY, call_id, "", result, len(fds), self.max_frame), fds)
 
     def _reply_error(self, call_id: int, exc: BaseException) -> None:
         etype, msg = error_to_wire(exc)
-        self._send_frame(
-            Frame(kind=ERROR, call_id=call_id, error_type=etype, error_message=msg), ()
-        )
+        data = msg.encode(errors="replace")
+        # An error message is for people: cut it rather than exceed the frame bound.
+        data = data[: max(0, self.max_frame - MIN_BODY - len(etype) - 16)]
+        self._write(frame_bytes(ERROR, call_id, etype, data, 0, self.max_frame), _NO_FDS)
 
     # --- writing --------------------------------------------------------
 
-    def _send_frame(self, frame: Frame, fds: Sequence[int]) -> None:
+    def _write(self, data: bytes, fds: Sequence[int]) -> None:
+        """Send one encoded frame now if nothing is queued, else queue it behind."""
         if self.closed:
             return
-        data = encode(frame)
-        if len(data) - 4 > self.max_frame:
-            raise ProtocolError(f"outgoing frame of {len(data)} bytes exceeds {self.max_frame}")
-        self._out.append((memoryview(data), list(fds)))
-        self._out_bytes += len(data)
-        if self._out_bytes > MAX_WRITE_BACKLOG:
-            log.warning("%s: peer is not reading (%d bytes queued); closing", self, self._out_bytes)
-            self.close(ServiceUnavailable("peer not reading"))
+        if fds or self._corked or self._out:
+            self._out.append((data, list(fds) if fds else _NO_FDS))
+            self._out_bytes += len(data)
+            if self._out_bytes > MAX_WRITE_BACKLOG:
+                log.warning("%s: peer is not reading (%d bytes queued); closing", self,
+                            self._out_bytes)
+                self.close(ServiceUnavailable("peer not reading"))
+                return
+            if not self._writing and not self._corked:
+                self._flush_now()
             return
-        if not self._writing and not self._corked:
-            self._flush_now()
+        try:
+            n = self._send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            self.close(exc)
+            return
+        if n < len(data):
+            self._out.append((memoryview(data)[n:], _NO_FDS))
+            self._out_bytes += len(data) - n
+            self._writing = True
+            self._loop.add_writer(self._fileno, self._on_writable)
 
     def _flush_now(self) -> None:
-        while self._out:
-            view, fds = self._out[0]
-            if not fds and len(self._out) > 1:
-                if self._flush_gathered():
-                    continue
-                if not self.closed and not self._writing:
-                    self._writing = True
-                    self._loop.add_writer(self.sock.fileno(), self._on_writable)
-                return
+        out = self._out
+        while out:
+            data, fds = out[0]
+            if not fds and len(out) > 1 and not out[1][1]:
+                # Consecutive fd-less frames leave in one send: one wakeup of the peer.
+                out.popleft()
+                parts = [data]
+                total = len(data)
+                while out and not out[0][1] and total < GATHER_BYTES:
+                    d = out.popleft()[0]
+                    parts.append(d)
+                    total += len(d)
+                data = b"".join(parts)
+                out.appendleft((data, _NO_FDS))
             try:
                 if fds:
                     n = self.sock.sendmsg(
-                        [view], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
                     )
-                    self._out[0] = (view, [])  # fds went with the first byte
                 else:
-                    n = self.sock.send(view)
+                    n = self._send(data)
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as exc:
                 self.close(exc)
                 return
             self._out_bytes -= n
-            if n < len(view):
-                self._out[0] = (view[n:], self._out[0][1])
+            if n < len(data):
+                if n:  # the fds went with the first byte
+                    out[0] = (memoryview(data)[n:], _NO_FDS)
                 if not self._writing:
                     self._writing = True
-                    self._loop.add_writer(self.sock.fileno(), self._on_writable)
+                    self._loop.add_writer(self._fileno, self._on_writable)
                 return
-            self._out.popleft()
+            out.popleft()
         if self._writing:
             self._writing = False
-            self._loop.remove_writer(self.sock.fileno())
-
-    def _flush_gathered(self) -> bool:
-        """Send the queued frames up to the next one carrying fds in one sendmsg.
-
-        Returns False when the socket took less than offered (wait for writable)."""
-        bufs: list[memoryview] = []
-        total = 0
-        for view, fds in self._out:
-            if fds or len(bufs) >= 64:
-                break
-            bufs.append(view)
-            total += len(view)
-        try:
-            n = self.sock.sendmsg(bufs)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError as exc:
-            self.close(exc)
-            return False
-        self._out_bytes -= n
-        left = n
-        while left > 0:
-            view = self._out[0][0]
-            if left >= len(view):
-                left -= len(view)
-                self._out.popleft()
-            else:
-                self._out[0] = (view[left:], [])
-                left = 0
-        return n == total
+            self._loop.remove_writer(self._fileno)
 
     def _on_writable(self) -> None:
         if not self.closed:
@@ -366,45 +413,43 @@ class RpcConnection:
 
     def push(self, method: str, payload: Payload | None = None, fds: Sequence[int] = ()) -> None:
         """Send a one-way message. Never blocks; silently dropped once closed."""
-        self._send_frame(
-            Frame(kind=PUSH, method=method, payload=_payload_bytes(payload), n_fds=len(fds)), fds
-        )
-
-    async def call(
-        self, method: str, payload: Payload | None = None, fds: Sequence[int] = ()
-    ) -> tuple[bytes, list[int]]:
-        """Call a method on the peer; returns (reply payload, fds) or raises its error."""
         if self.closed:
-            raise ServiceUnavailable(f"connection {self.name} is closed")
-        call_id = self._next_call
-        self._next_call += 1
+            return
+        self._write(frame_bytes(PUSH, 0, method, payload, len(fds), self.max_frame), fds)
+
+    def call(
+        self, method: str, payload: Payload | None = None, fds: Sequence[int] = ()
+    ) -> asyncio.Future[tuple[bytes, list[int]]]:
+        """Call a method on the peer; await the result for (reply payload, fds) or its error.
+
+        Returns the call's future (no coroutine per call); a closed connection
+        gives a future that fails with ServiceUnavailable."""
         fut: asyncio.Future[tuple[bytes, list[int]]] = self._loop.create_future()
+        if self.closed:
+            fut.set_exception(ServiceUnavailable(f"connection {self.name} is closed"))
+            return fut
+        call_id = self._next_call
+        self._next_call = call_id + 1
+        data = frame_bytes(REQUEST, call_id, method, payload, len(fds), self.max_frame)
         self._calls[call_id] = fut
-        self._send_frame(
-            Frame(
-                kind=REQUEST,
-                call_id=call_id,
-                method=method,
-                payload=_payload_bytes(payload),
-                n_fds=len(fds),
-            ),
-            fds,
-        )
-        return await fut
+        self._write(data, fds)
+        return fut
 
     def close(self, exc: BaseException | None = None) -> None:
         if self.closed:
             return
         self.closed = True
         try:
-            self._loop.remove_reader(self.sock.fileno())
+            self._loop.remove_reader(self._fileno)
             if self._writing:
-                self._loop.remove_writer(self.sock.fileno())
+                self._loop.remove_writer(self._fileno)
         except (ValueError, OSError):
             pass
         self.sock.close()
         close_fds(list(self._fdq))
         self._fdq.clear()
+        self._out.clear()  # fds queued to send belong to their callers: not closed here
+        self._out_bytes = 0
         for fut in self._calls.values():
             if not fut.done():
                 fut.set_exception(ServiceUnavailable(f"connection {self.name} closed"))

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from npumanager import __version__
 from npumanager.errors import LimitExceeded, ProtocolError
@@ -95,22 +95,12 @@ class RpcServer:
         self._per_uid: Counter[int] = Counter()
         self._sock: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
-        self._handlers: dict[str, Handler] = {"hello": self._hello}
-        for name, h in handlers.items():
-            self._handlers[name] = self._guard(h)
+        # Connections refuse every method but hello until the handshake (RpcConnection's
+        # gate: one flag test per call instead of a wrapper around every handler).
+        self._handlers: dict[str, Handler] = {**handlers, "hello": self._hello}
 
     def __repr__(self) -> str:
         return f"<RpcServer {self.service} at {self.path}: {len(self.connections)} connections>"
-
-    def _guard(self, handler: Handler) -> Handler:
-        def guarded(
-            ctx: CallContext, payload: bytes
-        ) -> HandlerResult | Awaitable[HandlerResult]:
-            if "hello" not in ctx.conn.state:
-                raise ProtocolError(f"{ctx.method!r} before hello: open with the version handshake")
-            return handler(ctx, payload)
-
-        return guarded
 
     def _hello(self, ctx: CallContext, payload: bytes) -> HandlerResult:
         hello = Hello()
@@ -130,6 +120,7 @@ class RpcServer:
             )
         conn.state["hello"] = hello
         conn.state["admin"] = is_admin(conn.peer, self.admin_gid, os.getuid())
+        conn.open_gate()
         return HelloReply(
             protocol_version=PROTOCOL_VERSION,
             service=self.service,
@@ -182,6 +173,7 @@ class RpcServer:
             max_frame=self.max_frame,
             on_close=self._closed,
             name=f"{self.service}:{peer.uid}/{peer.pid}",
+            require_hello=True,
         )
         self.connections.add(conn)
         if self.on_connect is not None:

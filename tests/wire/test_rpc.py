@@ -16,7 +16,7 @@ from npumanager.errors import InvalidArgument, ProtocolError, ServiceUnavailable
 from npumanager.proto.v1.wire_pb2 import Frame, Hello
 from npumanager.wire.client import SyncRpcClient
 from npumanager.wire.conn import CallContext
-from npumanager.wire.framing import REQUEST, encode
+from npumanager.wire.framing import ERROR, REQUEST, WireFrame, encode, parse_frame
 from npumanager.wire.server import RpcServer
 
 
@@ -111,7 +111,7 @@ def _raw(path: str) -> socket.socket:
     return s
 
 
-def _read_frame(s: socket.socket) -> Frame:
+def _read_frame(s: socket.socket) -> WireFrame:
     hdr = b""
     while len(hdr) < 4:
         chunk = s.recv(4 - len(hdr))
@@ -121,9 +121,7 @@ def _read_frame(s: socket.socket) -> Frame:
     body = b""
     while len(body) < n:
         body += s.recv(n - len(body))
-    f = Frame()
-    f.ParseFromString(body)
-    return f
+    return parse_frame(body)
 
 
 def test_call_before_hello_is_refused(server: _ServerThread) -> None:
@@ -155,7 +153,7 @@ def test_hostile_frame_closes_only_that_connection(server: _ServerThread, garbag
     s = _raw(server.path)
     s.sendall(garbage)
     f = _read_frame(s)
-    assert f.kind == Frame.ERROR and f.error_type in ("ProtocolError", "FrameTooLarge")
+    assert f.kind == ERROR and f.error_type in ("ProtocolError", "FrameTooLarge")
     assert s.recv(10) == b""  # closed
     s.close()
     assert good.call("echo", b"alive")[0] == b"alive"
