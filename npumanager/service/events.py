@@ -13,7 +13,10 @@ client connection (its death drops exactly its requests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import types
+from dataclasses import MISSING, dataclass, field
+from typing import TypeVar
 
 from npumanager.constants import (
     LoadStatus,
@@ -28,17 +31,57 @@ from npumanager.hal.types import EndReason, SchedulingConfig
 
 RequestKey = tuple[int, int]  # (uid, request id)
 
+_T = TypeVar("_T")
+_FACTORY = object()  # "use the field's default_factory"
+
+
+def _fast_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that fills its slots directly.
+
+    A frozen dataclass's generated ``__init__`` goes through ``object.__setattr__``
+    for every field (~1.1 µs for five); setting the slot descriptors is ~0.35 µs.
+    npud builds several events and instructions per request, so this is on the
+    grant path. Same signature, defaults, equality, hash, repr and immutability."""
+    params: list[str] = []
+    body: list[str] = []
+    ns: dict[str, object] = {"_FACTORY": _FACTORY}
+    star = False
+    for i, f in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
+        if f.kw_only and not star:
+            params.append("*")
+            star = True
+        if f.default is not MISSING:
+            ns[f"_d{i}"] = f.default
+            params.append(f"{f.name}=_d{i}")
+        elif f.default_factory is not MISSING:
+            ns[f"_f{i}"] = f.default_factory
+            params.append(f"{f.name}=_FACTORY")
+            body.append(f"    if {f.name} is _FACTORY: {f.name} = _f{i}()")
+        else:
+            params.append(f.name)
+        ns[f"_s{i}"] = getattr(cls, f.name).__set__  # the slot's member descriptor
+        body.append(f"    _s{i}(self, {f.name})")
+    src = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["    pass"])
+    exec(src, ns)  # generated from the dataclass's own field list, nothing else
+    init = ns["__init__"]
+    assert isinstance(init, types.FunctionType)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
 
 # --- events -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Event:
     stimulus_id: str
     now: float
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RequestLoad(Event):
     uid: int
     pid: int
@@ -48,41 +91,47 @@ class RequestLoad(Event):
     priority: ModelPriority = ModelPriority.NORMAL
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CancelLoad(Event):
     uid: int
     conn: int
     request_id: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelLoaded(Event):
     uid: int
     conn: int
     request_id: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelUnloaded(Event):
     uid: int
     conn: int
     request_id: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ClientGone(Event):
     """The connection closed (linkToDeath): drop its requests, no callbacks."""
 
     conn: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ImportanceChanged(Event):
     uid: int
     importance: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PolicySet(Event):
     """Validated in the state: weight or budget <= 0, unknown policy -> InvalidArgument.
 
@@ -95,7 +144,8 @@ class PolicySet(Event):
     memory_budget_bytes: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WorkEnded(Event):
     """HAL on_work_ended, attributed to ``uid`` (the work's original uid)."""
 
@@ -103,28 +153,33 @@ class WorkEnded(Event):
     reason: EndReason
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ThermalChanged(Event):
     status: ThermalStatus
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TimerFired(Event):
     key: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DriverUp(Event):
     name: str
     memory_bytes: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DriverDown(Event):
     name: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@_fast_init
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelMemory(Event):
     """A driver reports the real memory of a model prepared under ``grant_id``."""
 
@@ -135,12 +190,14 @@ class ModelMemory(Event):
 # --- instructions ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class Instruction:
     pass
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class IssueGrant(Instruction):
     """Tell the drivers a grant is live. Always precedes the CAN_LOAD_NOW it belongs to."""
 
@@ -149,7 +206,8 @@ class IssueGrant(Instruction):
     grant_id: str
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class SendCanLoad(Instruction):
     conn: int
     uid: int
@@ -158,7 +216,8 @@ class SendCanLoad(Instruction):
     grant_id: str | None = None  # set with CAN_LOAD_NOW
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class AskUnload(Instruction):
     conn: int
     uid: int
@@ -166,7 +225,8 @@ class AskUnload(Instruction):
     reason: UnloadReason
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class SendComplete(Instruction):
     """The terminal callback (CANCELLED, COMPLETE, REVOKED); nothing follows it."""
 
@@ -176,7 +236,8 @@ class SendComplete(Instruction):
     status: RequestStatus
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class EndGrant(Instruction):
     """The grant is over; ``revoked`` means the driver must release its models now."""
 
@@ -186,7 +247,8 @@ class EndGrant(Instruction):
     revoked: bool
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class ArmTimer(Instruction):
     """Fire TimerFired(key) at ``at`` (re-arming a key replaces it)."""
 
@@ -194,24 +256,28 @@ class ArmTimer(Instruction):
     at: float
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class CancelTimer(Instruction):
     key: str
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class PushSchedulingConfigs(Instruction):
     """Single-entry (or few-entry) upserts of the drivers' scheduling table."""
 
     entries: tuple[SchedulingConfig, ...]
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class SetDriverThermal(Instruction):
     status: ThermalStatus
 
 
-@dataclass(frozen=True)
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class Decision:
     """One line of the bounded decision log (``npu status --story``)."""
 

@@ -95,10 +95,28 @@ __all__ = ["ManagerParams", "ManagerState", "RequestState"]
 _NEVER = float("-inf")
 _Q, _W = RequestState.QUEUED, RequestState.WAITING
 _G, _L, _U = RequestState.GRANTED, RequestState.LOADED, RequestState.UNLOAD_REQUESTED
+# Identity sets (RequestState is a plain Enum: its hash is a Python call, ``in`` a frozenset
+# of them costs more than a tuple scan of identities).
+_HOLDS = (_G, _L, _U)
 
 
 def _default_grant_ids() -> str:
     return secrets.token_hex(16)
+
+
+def _index_add(index: dict[int, set[RequestKey]], k: int, key: RequestKey) -> None:
+    keys = index.get(k)
+    if keys is None:
+        index[k] = {key}
+    else:
+        keys.add(key)
+
+
+# Enum names by dict (an IntEnum hashes as its int): ``.name`` is a property call.
+_SIZE_NAMES = {m: m.name for m in ModelSize}
+_PRIORITY_NAMES = {m: m.name for m in ModelPriority}
+_ENDED = {m: m.name.lower() for m in RequestStatus}
+_OPP = ModelPriority.OPPORTUNISTIC
 
 
 class ManagerState:
@@ -130,12 +148,16 @@ class ManagerState:
         self._drivers: dict[str, int] = {}
         self._drivers_down: dict[str, int] = {}
         self._seq = itertools.count()
-        self._log: deque[Decision] = deque(maxlen=self.params.decision_log_size)
+        # Decisions are kept as plain tuples (at, stimulus_id, key, what, details) and become
+        # Decision objects when read: four per lifecycle on the grant hot path.
+        self._log: deque[tuple[float, str, RequestKey | None, str, dict[str, object]]] = deque(
+            maxlen=self.params.decision_log_size)
         self._out: list[Instruction] = []
         self._last_out: list[Instruction] = []
         self._ev: Event | None = None
         self._grant_cap: int | None = None
         self._hold_cap: int | None = None
+        self._keep: int | None = None  # the thermal keep-rank (_refresh_capacity)
         self._refresh_capacity()
 
     # --- public reads ---------------------------------------------------------
@@ -181,10 +203,10 @@ class ManagerState:
 
     def story(self, uid: int, request_id: int) -> list[Decision]:
         key = (uid, request_id)
-        return [d for d in self._log if d.key == key]
+        return [Decision(*d) for d in self._log if d[2] == key]
 
     def decisions(self) -> list[Decision]:
-        return list(self._log)
+        return [Decision(*d) for d in self._log]
 
     # --- events ---------------------------------------------------------------
 
@@ -202,7 +224,8 @@ class ManagerState:
 
     def _on_request(self, ev: RequestLoad) -> None:
         key = (ev.uid, ev.request_id)
-        if ev.request_id in self._submitted.get(ev.conn, ()):
+        submitted = self._submitted.get(ev.conn)
+        if submitted is not None and ev.request_id in submitted:
             raise InvalidArgument(
                 f"request {ev.request_id} was already submitted on this connection; "
                 "a request may be submitted once per connection"
@@ -220,16 +243,21 @@ class ManagerState:
             )
         except ValueError as exc:
             raise InvalidArgument(f"bad model load request: {exc}") from None
-        self._submitted.setdefault(ev.conn, set()).add(ev.request_id)
+        if submitted is None:
+            self._submitted[ev.conn] = {ev.request_id}
+        else:
+            submitted.add(ev.request_id)
         req = ManagedRequest(
-            key=key, conn=ev.conn, pid=ev.pid, size=size, priority=priority, created=ev.now,
-            seq=next(self._seq), rank=self.importance(ev.uid) + int(priority),
+            key, ev.conn, ev.pid, size, priority, ev.now, next(self._seq),
+            self.importance(ev.uid) + int(priority),
         )  # fmt: skip
         self._requests[key] = req
-        self._by_conn.setdefault(ev.conn, set()).add(key)
-        self._by_uid.setdefault(ev.uid, set()).add(key)
-        self._decide(key, "requested", size=size.name, priority=priority.name, rank=req.rank)
-        if not self._eligible(req):
+        _index_add(self._by_conn, ev.conn, key)
+        _index_add(self._by_uid, ev.uid, key)
+        self._decide(key, "requested", size=_SIZE_NAMES[size], priority=_PRIORITY_NAMES[priority],
+                     rank=req.rank)
+        charge = self._charge(req)
+        if not self._eligible(req, charge):
             self._park(req)
             self._set_waiting(req, _Q)
         else:
@@ -238,8 +266,8 @@ class ManagerState:
                 # Never granted past a better (or equal, earlier) waiter: it queues behind.
                 self._queue.push(req)
                 self._set_waiting(req, _Q)
-            elif self._fits(self._charge(req)):
-                self._grant(req)  # the hot path: O(1) whatever waits behind it
+            elif self._grant_cap is None or self._used + charge <= self._grant_cap:
+                self._grant(req, charge)  # the hot path: O(1) whatever waits behind it
                 return
             else:
                 self._queue.push(req)  # the new head: it may ask victims
@@ -254,7 +282,7 @@ class ManagerState:
 
     def _on_loaded(self, ev: ModelLoaded) -> None:
         req = self._get(ev.uid, ev.request_id)
-        if not req.state.holds:
+        if req.state not in _HOLDS:
             raise InvalidArgument(f"request {ev.request_id} was not granted; it cannot be loaded")
         if req.state is _G:
             req.state = _L
@@ -264,7 +292,7 @@ class ManagerState:
 
     def _on_unloaded(self, ev: ModelUnloaded) -> None:
         req = self._get(ev.uid, ev.request_id)
-        if not req.state.holds:
+        if req.state not in _HOLDS:
             raise InvalidArgument(f"request {ev.request_id} was not granted; it cannot be unloaded")
         self._finish(req, RequestStatus.COMPLETE)
         self._pump()
@@ -435,20 +463,27 @@ class ManagerState:
         self._grant_cap = pol.scale_budget(base, scale, in_bytes=in_bytes)
         held = pol.base_budget(self._settings, live + down)
         self._hold_cap = pol.scale_budget(held, scale, in_bytes=in_bytes)
+        self._keep = pol.keep_rank(self.params.thermal_keep_rank, self._thermal)
 
     def _keep_rank(self) -> int | None:
-        return pol.keep_rank(self.params.thermal_keep_rank, self._thermal)
+        return self._keep
 
     def _fits(self, charge: int) -> bool:
         return self._grant_cap is None or self._used + charge <= self._grant_cap
 
-    def _eligible(self, req: ManagedRequest) -> bool:
-        """Whether the request may be granted at all under the present thermal status and budget."""
-        if not pol.rank_allowed(req.rank, self._keep_rank()):
+    def _eligible(self, req: ManagedRequest, charge: int | None = None) -> bool:
+        """Whether the request may be granted at all under the present thermal status and budget.
+
+        ``charge``: the request's charge when the caller has it already."""
+        keep = self._keep
+        if keep is not None and req.rank > keep:
             return False
-        if req.opportunistic and self._thermal >= self.params.opportunistic_wait_from:
+        if req.priority == _OPP and self._thermal >= self.params.opportunistic_wait_from:
             return False
-        return self._grant_cap is None or self._charge(req) <= self._grant_cap
+        cap = self._grant_cap
+        if cap is None:
+            return True
+        return (self._charge(req) if charge is None else charge) <= cap
 
     def _victim_order(self, h: ManagedRequest) -> tuple[float, float, int]:
         # Least important first; among equals, whoever completed work most recently; newest.
@@ -519,16 +554,18 @@ class ManagerState:
 
     # --- transitions ------------------------------------------------------------
 
-    def _grant(self, req: ManagedRequest) -> None:
-        if req.state.waits:
+    def _grant(self, req: ManagedRequest, charge: int | None = None) -> None:
+        state = req.state
+        if state is _Q or state is _W:
             self._unplace(req)
-        self._cancel_timer(req, "wait")
+        if req.wait_timer is not None:
+            self._cancel_timer(req, "wait")
         grant_id = self._grant_ids()
         if grant_id in self._grants:
             raise AssertionError(f"grant id {grant_id!r} issued twice")
         req.grant_id = grant_id
         req.state = _G
-        req.charge = self._charge(req)
+        req.charge = self._charge(req) if charge is None else charge
         self._used += req.charge
         self._holders[req.key] = req
         self._grants[grant_id] = req.key
@@ -559,12 +596,15 @@ class ManagerState:
 
     def _finish(self, req: ManagedRequest, status: RequestStatus | None) -> None:
         """End a request: COMPLETE, CANCELLED, REVOKED, or ``None`` (its client is gone: silent)."""
-        self._cancel_timer(req, "wait")
-        self._cancel_timer(req, "unload")
-        if req.state.waits:
+        if req.wait_timer is not None:
+            self._cancel_timer(req, "wait")
+        if req.unload_timer is not None:
+            self._cancel_timer(req, "unload")
+        state = req.state
+        if state is _Q or state is _W:
             self._unplace(req)
         uid, rid = req.key
-        if req.state.holds:
+        if state in _HOLDS:
             assert req.grant_id is not None
             del self._holders[req.key]
             del self._grants[req.grant_id]
@@ -574,13 +614,17 @@ class ManagerState:
             self._emit(EndGrant(req.grant_id, uid, rid, revoked=status is RequestStatus.REVOKED))
         if status is not None:
             self._emit(SendComplete(req.conn, uid, rid, status))
-        del self._requests[req.key]
-        for index, k in ((self._by_conn, req.conn), (self._by_uid, uid)):
-            keys = index[k]
-            keys.discard(req.key)
-            if not keys:
-                del index[k]
-        what = status.name.lower() if status is not None else "dropped (client gone)"
+        key = req.key
+        del self._requests[key]
+        keys = self._by_conn[req.conn]
+        keys.discard(key)
+        if not keys:
+            del self._by_conn[req.conn]
+        keys = self._by_uid[uid]
+        keys.discard(key)
+        if not keys:
+            del self._by_uid[uid]
+        what = _ENDED[status] if status is not None else "dropped (client gone)"
         self._decide(req.key, what, was=req.state.value)
 
     def _park(self, req: ManagedRequest) -> None:
@@ -631,7 +675,7 @@ class ManagerState:
     def _decide(self, key: RequestKey | None, what: str, **details: object) -> None:
         ev = self._ev
         assert ev is not None
-        self._log.append(Decision(ev.now, ev.stimulus_id, key, what, details))
+        self._log.append((ev.now, ev.stimulus_id, key, what, details))
 
     def _counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in RequestState}
