@@ -53,8 +53,12 @@ from .request import (
 )
 
 log = logging.getLogger("npumanager.client")
+_CALLBACK_RAISED = "an app callback raised; npumanager keeps delivering the next ones"
 
+# Wire numbers to enums by dict: an Enum call is ~0.7 µs on every push.
 _LOAD_STATUS = {int(s): s for s in LoadStatus}
+_REQUEST_STATUS = {int(s): s for s in RequestStatus}
+_UNLOAD_REASON = {int(s): s for s in UnloadReason}
 
 
 class AsyncModelLoadStatusListener:
@@ -69,18 +73,22 @@ class AsyncModelLoadStatusListener:
         return f"<AsyncModelLoadStatusListener request={self.request.id} grant={self.grant_id}>"
 
     def _check(self, request: ModelLoadRequest) -> None:
-        if request != self.request:
+        if request is not self.request and request != self.request:
             raise InvalidArgument(
                 f"this listener belongs to request {self.request.id}, not {request!r}"
             )
 
     async def notify_model_loaded(self, request: ModelLoadRequest) -> None:
         self._check(request)
-        await self._mgr._call("loaded", RequestRef(request_id=request.id))
+        _payload, fds = await self._mgr._conn.call("loaded", RequestRef(request_id=request.id))
+        if fds:
+            close_fds(fds)
 
     async def notify_model_unloaded(self, request: ModelLoadRequest) -> None:
         self._check(request)
-        await self._mgr._call("unloaded", RequestRef(request_id=request.id))
+        _payload, fds = await self._mgr._conn.call("unloaded", RequestRef(request_id=request.id))
+        if fds:
+            close_fds(fds)
 
 
 class _Live:
@@ -167,8 +175,10 @@ class AsyncNpuManager:
         live = _Live(request, callback, executor, listener)
         self._live[request.id] = live  # npud pushes the first status before its reply
         try:
-            await self._call("request", LoadRequest(
+            _payload, fds = await self._conn.call("request", LoadRequest(
                 request_id=request.id, size=int(request.size), priority=int(request.priority)))
+            if fds:
+                close_fds(fds)
         except BaseException:
             if self._live.get(request.id) is live:
                 del self._live[request.id]
@@ -234,12 +244,20 @@ class AsyncNpuManager:
         try:
             result = fn()
         except Exception:
-            log.exception("an app callback raised; npumanager keeps delivering the next ones")
+            log.exception(_CALLBACK_RAISED)
             return
-        if result is not None and inspect.isawaitable(result):
+        if result is not None:
+            self._inline_result(result)
+
+    def _inline_result(self, result: Any) -> None:
+        """A callback run on the loop returned something: schedule it if awaitable."""
+        if inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    # The three push handlers call the app's callback directly when it runs on the loop
+    # (no executor): the same order and error handling as _deliver, without a closure.
 
     def _push_can_load(self, ctx: CallContext, payload: bytes) -> None:
         m = CanLoad.FromString(payload)
@@ -249,26 +267,57 @@ class AsyncNpuManager:
         status = _LOAD_STATUS[m.status]
         if status is LoadStatus.CAN_LOAD_NOW:
             live.listener.grant_id = m.grant_id or None
-        self._deliver(live, functools.partial(
-            live.callback.on_can_load_model, live.request, status, live.listener))
+        if live.executor is not None:
+            self._deliver(live, functools.partial(
+                live.callback.on_can_load_model, live.request, status, live.listener))
+            return
+        try:
+            # An async app may define its callbacks as coroutines (scheduled as tasks).
+            fn: Callable[..., Any] = live.callback.on_can_load_model
+            result = fn(live.request, status, live.listener)
+        except Exception:
+            log.exception(_CALLBACK_RAISED)
+            return
+        if result is not None:
+            self._inline_result(result)
 
     def _push_unload(self, ctx: CallContext, payload: bytes) -> None:
         u = UnloadAsk.FromString(payload)
         live = self._live.get(u.request_id)
         if live is None:
             return
-        reason = UnloadReason(u.reason)
+        reason = _UNLOAD_REASON.get(u.reason) or UnloadReason(u.reason)
         cb, req = live.callback, live.request
-        self._deliver(live, lambda: cb.on_request_unload_model(req, reason))
+        if live.executor is not None:
+            self._deliver(live, lambda: cb.on_request_unload_model(req, reason))
+            return
+        try:
+            fn: Callable[..., Any] = cb.on_request_unload_model
+            result = fn(req, reason)
+        except Exception:
+            log.exception(_CALLBACK_RAISED)
+            return
+        if result is not None:
+            self._inline_result(result)
 
     def _push_complete(self, ctx: CallContext, payload: bytes) -> None:
         c = RequestComplete.FromString(payload)
         live = self._live.pop(c.request_id, None)
         if live is None:
             return
-        status = RequestStatus(c.status)
+        status = _REQUEST_STATUS.get(c.status) or RequestStatus(c.status)
         cb, req = live.callback, live.request
-        self._deliver(live, lambda: cb.on_model_load_request_complete(req, status))
+        if live.executor is not None:
+            self._deliver(live, lambda: cb.on_model_load_request_complete(req, status))
+            return
+        try:
+            fn: Callable[..., Any] = cb.on_model_load_request_complete
+            result = fn(req, status)
+        except Exception:
+            log.exception(_CALLBACK_RAISED)
+            return
+        if result is not None:
+            self._inline_result(result)
 
     def _on_lost(self, exc: BaseException | None) -> None:
         if self._closing:

@@ -48,14 +48,17 @@ class ModelLoadRequest:
 
     def __post_init__(self) -> None:
         _check_int(self.id, "request id")
-        try:
-            object.__setattr__(self, "size", ModelSize(self.size))
-        except ValueError:
-            raise InvalidArgument(f"unknown model size {self.size!r}") from None
-        try:
-            object.__setattr__(self, "priority", ModelPriority(self.priority))
-        except ValueError:
-            raise InvalidArgument(f"unknown model priority {self.priority!r}") from None
+        # Already enum members (the usual case): nothing to convert (an Enum call is ~0.7 µs).
+        if type(self.size) is not ModelSize:
+            try:
+                object.__setattr__(self, "size", ModelSize(self.size))
+            except ValueError:
+                raise InvalidArgument(f"unknown model size {self.size!r}") from None
+        if type(self.priority) is not ModelPriority:
+            try:
+                object.__setattr__(self, "priority", ModelPriority(self.priority))
+            except ValueError:
+                raise InvalidArgument(f"unknown model priority {self.priority!r}") from None
 
     class Builder:
         """Android's ModelLoadRequest.Builder: ``Builder(id).set_size(..).build()``."""
