@@ -170,10 +170,12 @@ def main() -> int:
             ("background step (idle p50 / saturated p99)",
              f"{pct(step_times, 0.5) * ms:.3f} / {pct(loaded_steps, 0.99) * ms:.3f} ms", ""),
             ("driver: requested -> started, p50", f"{pct(drv, 0.5) * ms:.3f} ms", ""),
+            ("driver: requested -> started, p90", f"{pct(drv, 0.9) * ms:.3f} ms", ""),
             ("driver: requested -> started, p99", f"{pct(drv, 0.99) * ms:.3f} ms",
              f"target <= {target * ms:.3f} ms (one step + 1 ms): "
              f"{'PASS' if pct(drv, 0.99) <= target else 'FAIL'}"),
             ("client: extra latency vs idle, p50", f"{p50 * ms:.3f} ms", ""),
+            ("client: extra latency vs idle, p90", f"{pct(waits, 0.9) * ms:.3f} ms", ""),
             ("client: extra latency vs idle, p99", f"{p99 * ms:.3f} ms",
              f"target <= {target * ms:.3f} ms: {'PASS' if p99 <= target else 'FAIL'}"),
             ("client: extra latency vs idle, max", f"{worst * ms:.3f} ms", ""),
