@@ -62,6 +62,7 @@ class HostConfig:
     inline_limit: int = tensors.DEFAULT_INLINE_LIMIT
     grant_wait_s: float = 0.5
     inline_run_us: float = 150.0
+    inline_idle_run_us: float = 5000.0
     max_model_bytes: int = 4 << 30
     socket_mode: int = 0o666
     admin_group: str | int | None = None
@@ -87,6 +88,7 @@ class HostConfig:
             inline_limit=int(d.get("inline_limit_bytes", tensors.DEFAULT_INLINE_LIMIT)),
             grant_wait_s=float(d.get("grant_wait_s", 0.5)),
             inline_run_us=float(d.get("inline_run_us", 150.0)),
+            inline_idle_run_us=float(d.get("inline_idle_run_us", 5000.0)),
             max_model_bytes=int(d.get("max_model_bytes", 4 << 30)),
             socket_mode=int(mgr.get("socket_mode", 0o666)),
             admin_group=mgr.get("admin_group") or None,

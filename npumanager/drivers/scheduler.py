@@ -266,6 +266,10 @@ class Scheduler:
             job.cancel_reason = reason
             self.sink.abort_step(job)
 
+    def alone(self, job: Job) -> bool:
+        """Whether ``job`` is the only work on the device (running, nothing queued)."""
+        return not self._queue and len(self._running) == 1 and job.state == RUNNING
+
     def jobs(self) -> list[Job]:
         return [j for _, _, j in self._queue] + list(self._running.values())
 
