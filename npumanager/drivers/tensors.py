@@ -67,12 +67,13 @@ def inline_msg(name: str, arr: np.ndarray) -> pb.Tensor:
 
 def inline_array(msg: pb.Tensor) -> np.ndarray:
     dt = check_dtype(msg.dtype)
-    n = _count(msg.shape)
-    if n * dt.itemsize != len(msg.data):
+    shape = tuple(msg.shape)
+    data = msg.data  # each access copies the bytes out of the message: once only
+    if _count(shape) * dt.itemsize != len(data):
         raise InvalidArgument(
-            f"tensor {msg.name!r}: {len(msg.data)} bytes do not hold {tuple(msg.shape)} {dt.name}"
+            f"tensor {msg.name!r}: {len(data)} bytes do not hold {shape} {dt.name}"
         )
-    return np.frombuffer(msg.data, dtype=dt).reshape(tuple(msg.shape))
+    return np.frombuffer(data, dtype=dt).reshape(shape)
 
 
 def view_in(buf: mmap.mmap, offset: int, nbytes: int, dtype: str,
