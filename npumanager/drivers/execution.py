@@ -117,10 +117,12 @@ class ExecutionMixin:
         run_us = model.run_us
         inline = run_us is not None and model.runs >= 3 and (
             run_us < self.hc.inline_run_us
-            # Alone on the device, a medium step runs inline too: the loop is blocked for
-            # one step at most (work arriving meanwhile waits no longer than it would for
-            # a busy channel, and the next step goes back to the threads).
-            or (run_us < self.hc.inline_idle_run_us and self.scheduler.alone(job))
+            # Alone on the device, a medium single-step job runs inline too: the loop is
+            # blocked for that one run (work arriving meanwhile waits no longer than it
+            # would for a busy channel). Never multi-step jobs: their steps must stay
+            # preemptible by work that arrives while one runs.
+            or (job.steps == 1 and run_us < self.hc.inline_idle_run_us
+                and self.scheduler.alone(job))
         )
         if inline:
             # Cheaper than a thread hand-off; never re-enter the scheduler mid-dispatch.
