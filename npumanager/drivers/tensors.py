@@ -13,6 +13,7 @@ import functools
 import math
 import mmap
 import os
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -128,12 +129,14 @@ class ClientPool:
             os.close(self.fd)
             raise
         self.pool_id = 0
+        # A pool nobody closed still gives its fd back when it is collected.
+        self._close_fd = weakref.finalize(self, os.close, self.fd)
 
     def close(self) -> None:
         try:
             self.buf.close()
         except BufferError:
-            pass
+            pass  # a view is still out there; the mapping goes with the last one
         if self.fd >= 0:
-            os.close(self.fd)
+            self._close_fd()
             self.fd = -1
