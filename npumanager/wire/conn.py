@@ -417,23 +417,19 @@ class RpcConnection:
             return
         self._write(frame_bytes(PUSH, 0, method, payload, len(fds), self.max_frame), fds)
 
-    def call(
+    async def call(
         self, method: str, payload: Payload | None = None, fds: Sequence[int] = ()
-    ) -> asyncio.Future[tuple[bytes, list[int]]]:
-        """Call a method on the peer; await the result for (reply payload, fds) or its error.
-
-        Returns the call's future (no coroutine per call); a closed connection
-        gives a future that fails with ServiceUnavailable."""
-        fut: asyncio.Future[tuple[bytes, list[int]]] = self._loop.create_future()
+    ) -> tuple[bytes, list[int]]:
+        """Call a method on the peer; returns (reply payload, fds) or raises its error."""
         if self.closed:
-            fut.set_exception(ServiceUnavailable(f"connection {self.name} is closed"))
-            return fut
+            raise ServiceUnavailable(f"connection {self.name} is closed")
         call_id = self._next_call
         self._next_call = call_id + 1
         data = frame_bytes(REQUEST, call_id, method, payload, len(fds), self.max_frame)
+        fut: asyncio.Future[tuple[bytes, list[int]]] = self._loop.create_future()
         self._calls[call_id] = fut
         self._write(data, fds)
-        return fut
+        return await fut
 
     def close(self, exc: BaseException | None = None) -> None:
         if self.closed:
