@@ -71,6 +71,20 @@ def _cell(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+def _ago(v: Any) -> str:
+    """Seconds since something happened, as a person reads it ("never" if it did not)."""
+    return "never" if v is None else f"{float(v):.1f} s ago"
+
+
+def _bytes(v: Any) -> str:
+    if not isinstance(v, int):
+        return _cell(v)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= size:
+            return f"{v / size:.1f} {unit}"
+    return f"{v} B"
+
+
 def _importance_name(v: Any) -> str:
     from npumanager.constants import Importance
 
@@ -136,7 +150,7 @@ def render(dump: dict[str, Any]) -> None:
         t.add_column(col)
     for uid, u in uids.items():
         t.add_row(str(uid), _importance_name(u.get("importance")), _cell(u.get("app_priority")),
-                  _cell(u.get("requests")), _cell(u.get("last_completed")))
+                  _cell(u.get("requests")), _ago(u.get("last_completed_ago_s")))
     console.print(t)
 
     t = Table(title="requests", box=box.SIMPLE)
@@ -148,11 +162,11 @@ def render(dump: dict[str, Any]) -> None:
 
     if devices:
         t = Table(title="devices", box=box.SIMPLE)
-        for col in ("name", "available", "backend", "version", "channels", "memory_bytes"):
+        for col in ("name", "available", "backend", "version", "channels", "memory"):
             t.add_column(col)
         for d in devices:
             t.add_row(*(_cell(d.get(c)) for c in ("name", "available", "backend", "version",
-                                                  "channels", "memory_bytes")))
+                                                  "channels")), _bytes(d.get("memory_bytes")))
         console.print(t)
     else:
         console.print("devices: none")

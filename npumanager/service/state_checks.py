@@ -192,6 +192,9 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
                 "importance": s.importance(u),
                 "app_priority": s.app_priority(u),
                 "last_completed": s._last_completed.get(u),
+                "last_completed_ago_s": (
+                    round(now - s._last_completed[u], 3) if u in s._last_completed else None
+                ),
                 "requests": len(s._by_uid.get(u, ())),
             }
             for u in sorted(uids)
