@@ -65,12 +65,12 @@ class Execution:
     exec_id: int
     inputs: dict[str, np.ndarray]
     feedback: dict[str, str]
-    future: asyncio.Future[tuple[list[pb.Tensor], list[int]]]
+    future: asyncio.Future[tuple[pb.ExecuteResult, list[int]]]
     out_pool: tensors.MappedPool | None
     out_offset: int
     out_capacity: int
     out_pool_id: int = 0
-    result: tuple[list[pb.Tensor], list[int]] | None = None
+    result: tuple[pb.ExecuteResult, list[int]] | None = None
     revoked: str | None = None
 
 
@@ -230,8 +230,10 @@ class ExecutionMixin:
     def _place_outputs(
         self, ex: Execution, outs: dict[str, np.ndarray],
         bound: dict[str, tuple[np.ndarray, int]],
-    ) -> tuple[list[pb.Tensor], list[int]]:
-        msgs: list[pb.Tensor] = []
+    ) -> tuple[pb.ExecuteResult, list[int]]:
+        # Tensors are built in place in the reply (appending ready ones would copy them).
+        result = pb.ExecuteResult()
+        msgs = result.outputs
         big: list[tuple[str, np.ndarray]] = []
         offset = ex.out_offset
         for view, start in bound.values():
@@ -241,14 +243,13 @@ class ExecutionMixin:
         for name, arr in outs.items():
             placed = bound.get(name)
             if placed is not None and arr is placed[0]:
-                msgs.append(pb.Tensor(name=name, dtype=tensors.dtype_name(arr.dtype),
-                                      shape=arr.shape, pool_id=ex.out_pool_id, offset=placed[1],
-                                      nbytes=arr.nbytes))
+                msgs.add(name=name, dtype=tensors.dtype_name(arr.dtype), shape=arr.shape,
+                         pool_id=ex.out_pool_id, offset=placed[1], nbytes=arr.nbytes)
                 continue
             arr = np.ascontiguousarray(arr)
             if arr.nbytes <= self.hc.inline_limit or ex.out_pool is None:
                 if arr.nbytes <= inline_budget:
-                    msgs.append(tensors.inline_msg(name, arr))
+                    tensors.add_inline(msgs, name, arr)
                     inline_budget -= arr.nbytes
                     continue
                 big.append((name, arr))
@@ -258,13 +259,13 @@ class ExecutionMixin:
                 dt = tensors.dtype_name(arr.dtype)
                 view = tensors.view_in(ex.out_pool.buf, start, arr.nbytes, dt, arr.shape, name)
                 np.copyto(view, arr)
-                msgs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
-                                      pool_id=ex.out_pool_id, offset=start, nbytes=arr.nbytes))
+                msgs.add(name=name, dtype=dt, shape=arr.shape, pool_id=ex.out_pool_id,
+                         offset=start, nbytes=arr.nbytes)
                 offset = start + arr.nbytes
             else:
                 big.append((name, arr))
         if not big:
-            return msgs, []
+            return result, []
         # Outputs that fit neither inline nor the client's pool: one memfd with the reply.
         total = sum(tensors.align(a.nbytes) for _, a in big)
         pool = tensors.ClientPool(total)
@@ -275,13 +276,13 @@ class ExecutionMixin:
                 view = tensors.view_in(pool.buf, pos, arr.nbytes, dt, arr.shape, name)
                 np.copyto(view, arr)
                 del view
-                msgs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
-                                      offset=pos, nbytes=arr.nbytes, in_reply_fd=True))
+                msgs.add(name=name, dtype=dt, shape=arr.shape, offset=pos, nbytes=arr.nbytes,
+                         in_reply_fd=True)
                 pos += tensors.align(arr.nbytes)
             fd = os.dup(pool.fd)
         finally:
             pool.close()
-        return msgs, [fd]
+        return result, [fd]
 
     # --- device.execute / device.cancel -------------------------------------------
 
@@ -344,15 +345,19 @@ class ExecutionMixin:
             self._arm()
         fut = ex.future
         if fut.done():
-            outputs, fds = fut.result()
-            return pb.ExecuteResult(outputs=outputs, work_id=job.id, steps_run=job.step), fds
+            res, fds = fut.result()
+            res.work_id = job.id
+            res.steps_run = job.step
+            return res, fds
         return self._finish_execute(job, fut)
 
     async def _finish_execute(
-        self, job: Job, fut: asyncio.Future[tuple[list[pb.Tensor], list[int]]]
+        self, job: Job, fut: asyncio.Future[tuple[pb.ExecuteResult, list[int]]]
     ) -> tuple[pb.ExecuteResult, list[int]]:
-        outputs, fds = await fut
-        return pb.ExecuteResult(outputs=outputs, work_id=job.id, steps_run=job.step), fds
+        res, fds = await fut
+        res.work_id = job.id
+        res.steps_run = job.step
+        return res, fds
 
     def _cancel(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.Cancel.FromString(payload)

@@ -15,6 +15,7 @@ import mmap
 import os
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,15 @@ def inline_msg(name: str, arr: np.ndarray) -> pb.Tensor:
     arr = np.ascontiguousarray(arr)
     return pb.Tensor(name=name, dtype=dtype_name(arr.dtype), shape=arr.shape, data=arr.tobytes(),
                      nbytes=arr.nbytes)
+
+
+def add_inline(into: Any, name: str, arr: np.ndarray) -> None:
+    """Add ``arr`` as an inline tensor to the repeated field ``into`` (``msg.inputs`` or
+    ``msg.outputs``): built in place, where appending a ready Tensor would copy it and its
+    bytes once more (a copy per tensor that costs ~10 µs at 64 KiB)."""
+    arr = np.ascontiguousarray(arr)
+    into.add(name=name, dtype=dtype_name(arr.dtype), shape=arr.shape, data=arr.tobytes(),
+             nbytes=arr.nbytes)
 
 
 def inline_array(msg: pb.Tensor) -> np.ndarray:

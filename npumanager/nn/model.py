@@ -210,20 +210,18 @@ class Model:
                 dt = tensors.dtype_name(arr.dtype)
                 if name in staged:
                     assert pool is not None
-                    msg.inputs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
-                                                pool_id=pool.pool_id, offset=staged[name],
-                                                nbytes=arr.nbytes))
+                    msg.inputs.add(name=name, dtype=dt, shape=arr.shape, pool_id=pool.pool_id,
+                                   offset=staged[name], nbytes=arr.nbytes)
                 elif pool is not None and arr.nbytes > self._inline_limit:
                     start = tensors.align(pos)
                     view = tensors.view_in(pool.buf, start, arr.nbytes, dt, arr.shape, name)
                     np.copyto(view, arr)
                     del view
-                    msg.inputs.append(pb.Tensor(name=name, dtype=dt, shape=arr.shape,
-                                                pool_id=pool.pool_id, offset=start,
-                                                nbytes=arr.nbytes))
+                    msg.inputs.add(name=name, dtype=dt, shape=arr.shape, pool_id=pool.pool_id,
+                                   offset=start, nbytes=arr.nbytes)
                     pos = start + arr.nbytes
                 else:
-                    msg.inputs.append(tensors.inline_msg(name, arr))
+                    tensors.add_inline(msg.inputs, name, arr)
             if pool is not None:
                 pos = tensors.align(pos)
                 msg.out_pool_id = pool.pool_id
