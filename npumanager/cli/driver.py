@@ -16,8 +16,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from npumanager.cli.main import add_runtime_dir
+
+if TYPE_CHECKING:
+    from npumanager.drivers.host import DriverHost
+
+log = logging.getLogger("npumanager.driver")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,6 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--channels", type=int, default=None, help="override the channel count")
     p.add_argument("--no-enforce-admission", action="store_true",
                    help="prepare without a grant from npud (testing, standalone use)")
+    p.add_argument("--exit-with-manager", action="store_true",
+                   help="once the npud that attached is gone, exit when the last client leaves "
+                   "(npud passes this to the hosts it supervises)")
     # npud passes the resolved driver entry so overrides it was started with carry over.
     p.add_argument("--host-config-json", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=main)
@@ -62,11 +71,30 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     print(f"driver {hc.name} ready at {host.socket_path} ({driver.version}, "
           f"{hc.channels} channels)", flush=True)
+    watch = (asyncio.ensure_future(_exit_when_orphaned(host, stop))
+             if args.exit_with_manager else None)
     try:
         await stop.wait()
     finally:
+        if watch is not None:
+            watch.cancel()
         await host.close()
     return 0
+
+
+async def _exit_when_orphaned(host: DriverHost, stop: asyncio.Event) -> None:
+    """npud died: keep serving the clients already connected (their running inference
+    survives npud), then exit once they have all left. A restarted npud starts a host of
+    its own on the same socket path, so without this the old one would idle forever."""
+    await host.manager_lost.wait()
+    server = host.server
+    n = len(server.connections) if server is not None else 0
+    log.warning("npud went away; serving the %d connected client(s) until they leave, "
+                "then exiting", n)
+    while server is not None and server.connections:
+        await asyncio.sleep(0.2)
+    log.warning("no clients left and no npud: exiting")
+    stop.set()
 
 
 def main(args: argparse.Namespace) -> int:

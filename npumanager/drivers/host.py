@@ -183,6 +183,8 @@ class DriverHost(ExecutionMixin):
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._grant_event = asyncio.Event()
+        #: Set when the npud that attached goes away (see ``npu driver --exit-with-manager``).
+        self.manager_lost = asyncio.Event()
         (self.runtime_dir / "drivers").mkdir(parents=True, exist_ok=True)
         self.server = RpcServer(
             str(self.socket_path), SERVICE, self.handlers(), mode=self.hc.socket_mode,
@@ -229,6 +231,7 @@ class DriverHost(ExecutionMixin):
             self.scheduler.events_enabled = False
         if conn is self.manager_conn:
             self.manager_conn = None
+            self.manager_lost.set()
         for job in list(_conn_jobs(conn)):
             self.scheduler.cancel(job, EndReason.CANCELLED_USER)
         for model_id in list(_conn_models(conn)):

@@ -174,7 +174,8 @@ class DriverSupervisor:
         hc.enforce_admission = self.enforce_admission
         cmd = [sys.executable, "-m", "npumanager", "driver", slot.name,
                "--runtime-dir", str(self.runtime_dir),
-               "--host-config-json", json.dumps(dataclasses.asdict(hc))]
+               "--host-config-json", json.dumps(dataclasses.asdict(hc)),
+               "--exit-with-manager"]
         if self.state_dir is not None:
             cmd += ["--state-dir", str(self.state_dir)]
         return cmd

@@ -43,9 +43,15 @@ class Granted(ModelLoadRequestCallback):
 
 
 def _driver_pid(rt: Path) -> int:
-    out = subprocess.run(["pgrep", "-f", f"npumanager driver reference --runtime-dir {rt}"],
-                         capture_output=True, text=True).stdout.split()
-    assert out, "no driver process"
+    deadline = time.monotonic() + 10
+    while True:
+        out = subprocess.run(["pgrep", "-f", f"npumanager driver reference --runtime-dir {rt}"],
+                             capture_output=True, text=True).stdout.split()
+        if out or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert out, "no driver process: " + subprocess.run(
+        ["pgrep", "-af", "npumanager"], capture_output=True, text=True).stdout
     return int(out[0])
 
 
@@ -101,3 +107,43 @@ def test_killed_driver_gives_device_unavailable_then_works_again(npud: DaemonPro
             cb.listener.notify_model_unloaded(req)
         finally:
             dev.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_driver_host_outlives_a_killed_npud_only_while_clients_use_it(
+        npud: DaemonProcess, runtime_dir: Path) -> None:
+    """npud dying does not kill running inference, but its orphaned host exits once the last
+    client leaves (a restarted npud starts its own host on the same socket path)."""
+    drv = _driver_pid(runtime_dir)
+    cb = Granted()
+    with NpuManager(runtime_dir) as mgr:
+        mgr.request_can_load_model(ModelLoadRequest(1), cb)
+        assert cb.event.wait(10)
+        dev = nn.device("reference", runtime_dir)
+        model = dev.prepare_model(add_model(), grant=cb.listener)
+        npud.proc.kill()  # type: ignore[union-attr]
+        npud.proc.wait(10)  # type: ignore[union-attr]
+        x = np.ones((1, 4), np.float32)
+        for _ in range(3):  # the connected client keeps being served
+            out = model.execute({"x": x})
+            np.testing.assert_allclose(out["y"], x + 1.0)
+        assert _alive(drv)
+        model.release()
+        dev.close()
+    assert _wait_gone(drv, 10), "the orphaned driver host did not exit after its last client"
