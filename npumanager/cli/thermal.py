@@ -33,13 +33,15 @@ def main(args: argparse.Namespace) -> int:
     from npumanager.client import NpuManager, ThermalInfo
     from npumanager.constants import parse_thermal_status
 
+    level = None
+    if args.verb == "override":  # a typo is reported before anything is asked of npud
+        try:
+            level = parse_thermal_status(args.level)
+        except ValueError as exc:
+            raise SystemExit(f"npu thermal: {exc}") from None
     with NpuManager(args.runtime_dir) as mgr:
         info: ThermalInfo
-        if args.verb == "override":
-            try:
-                level = parse_thermal_status(args.level)
-            except ValueError as exc:
-                raise SystemExit(f"npu thermal: {exc}") from None
+        if level is not None:
             info = mgr.override_thermal_status(level)
         elif args.verb == "reset":
             info = mgr.reset_thermal_status()
