@@ -231,7 +231,11 @@ class ManagerState:
                 "a request may be submitted once per connection"
             )
         if key in self._requests:
-            raise InvalidArgument(f"request {ev.request_id} of uid {ev.uid} is still live")
+            raise InvalidArgument(
+                f"request {ev.request_id} of uid {ev.uid} is still live (requests are keyed by "
+                "(uid, id): another connection of this uid holds that id; use distinct ids, "
+                'or [importance] identity = "unit" to tell apps of one uid apart)'
+            )
         if len(self._by_uid.get(ev.uid, ())) >= self.params.max_requests_per_uid:
             raise LimitExceeded(
                 f"uid {ev.uid} already has {self.params.max_requests_per_uid} live requests"
