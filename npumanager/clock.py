@@ -23,7 +23,3 @@ class MonotonicClock:
     def __repr__(self) -> str:
         return "MonotonicClock()"
 
-
-def monotonic_ms() -> int:
-    """CLOCK_MONOTONIC in milliseconds, as WorkInfo.timestamp_ms uses."""
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1_000_000

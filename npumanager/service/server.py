@@ -83,29 +83,23 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         ))
         return EMPTY
 
-    def cancel(ctx: CallContext, payload: bytes) -> HandlerResult:
-        m = RequestRef()
-        _parse(m, payload)
-        submit(ev.CancelLoad(stimulus_id=stimulus("cancel"), now=clock.now(),
-                             uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
-                             request_id=m.request_id))
-        return EMPTY
+    def by_request_ref(event: type[ev.CancelLoad | ev.ModelLoaded | ev.ModelUnloaded],
+                       kind: str) -> Handler:
+        """cancel / loaded / unloaded: the caller names one of its own requests by id."""
 
-    def loaded(ctx: CallContext, payload: bytes) -> HandlerResult:
-        m = RequestRef()
-        _parse(m, payload)
-        submit(ev.ModelLoaded(stimulus_id=stimulus("loaded"), now=clock.now(),
-                              uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
-                              request_id=m.request_id))
-        return EMPTY
+        def handler(ctx: CallContext, payload: bytes) -> HandlerResult:
+            m = RequestRef()
+            _parse(m, payload)
+            submit(event(stimulus_id=stimulus(kind), now=clock.now(),
+                         uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
+                         request_id=m.request_id))
+            return EMPTY
 
-    def unloaded(ctx: CallContext, payload: bytes) -> HandlerResult:
-        m = RequestRef()
-        _parse(m, payload)
-        submit(ev.ModelUnloaded(stimulus_id=stimulus("unloaded"), now=clock.now(),
-                                uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
-                                request_id=m.request_id))
-        return EMPTY
+        return handler
+
+    cancel = by_request_ref(ev.CancelLoad, "cancel")
+    loaded = by_request_ref(ev.ModelLoaded, "loaded")
+    unloaded = by_request_ref(ev.ModelUnloaded, "unloaded")
 
     def set_policy(ctx: CallContext, payload: bytes) -> HandlerResult:
         _require_admin(ctx, "set_policy")

@@ -87,9 +87,6 @@ class EventLog(ISchedulingCallback):
                 self._cond.wait(left)
             return list(self.events)
 
-    def for_work(self, work_id: int) -> list[tuple[str, int]]:
-        return [(k, r) for k, i, r in self.snapshot() if i.id == work_id]
-
 
 _grant_seq = itertools.count(1)
 
