@@ -125,6 +125,9 @@ def render(dump: dict[str, Any]) -> None:
     uids = rest.pop("uids", {})
     requests = rest.pop("requests", [])
     summary = rest.pop("summary", None)
+    # A non-admin's dump holds only its own requests, the others as counts per state.
+    own_only = rest.pop("visibility", "all") == "own"
+    other_requests = rest.pop("other_requests", {})
 
     console.print(
         f"npud {daemon.get('version', '?')}  pid {daemon.get('pid')}  uid {daemon.get('uid')}  "
@@ -153,12 +156,17 @@ def render(dump: dict[str, Any]) -> None:
                   _cell(u.get("requests")), _ago(u.get("last_completed_ago_s")))
     console.print(t)
 
-    t = Table(title="requests", box=box.SIMPLE)
+    title = "your requests (not an admin: other uids' are counted below)" if own_only \
+        else "requests"
+    t = Table(title=title, box=box.SIMPLE)
     for _key, title in REQUEST_COLUMNS:
         t.add_column(title, no_wrap=True)
     for r in requests:
         t.add_row(*(_cell(r.get(key)) for key, _title in REQUEST_COLUMNS))
     console.print(t)
+    if own_only:
+        counts = ", ".join(f"{n} {state}" for state, n in other_requests.items()) or "none"
+        console.print(f"other uids' requests: {counts}")
 
     if devices:
         t = Table(title="devices", box=box.SIMPLE)

@@ -27,6 +27,7 @@ from npumanager.proto.v1.manager_pb2 import (
     ThermalReply,
 )
 from npumanager.service import events as ev
+from npumanager.service.visibility import admin_view, own_view
 from npumanager.wire.conn import CallContext, Handler, HandlerResult
 
 if TYPE_CHECKING:
@@ -43,6 +44,15 @@ def _require_admin(ctx: CallContext, what: str) -> None:
             f"{what} is for admins (root, npud's uid or the admin group); uid {ctx.peer.uid} "
             f"is not one"
         )
+
+
+def _own_keys(ctx: CallContext) -> set[int]:
+    """The keys the caller's requests are filed under: its uid, or its app's unit key."""
+    keys = {ctx.peer.uid}
+    key = ctx.conn.state.get("uid")
+    if isinstance(key, int):
+        keys.add(key)
+    return keys
 
 
 def _parse(msg: Message, payload: bytes) -> None:
@@ -127,7 +137,11 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
     def dump(ctx: CallContext, payload: bytes) -> HandlerResult:
         from npumanager.service.daemon import to_json
 
-        dump = d.dump()
+        conn = ctx.conn
+        if conn.state.get("admin"):
+            dump = admin_view(d.dump())
+        else:
+            dump = own_view(d.dump(), _own_keys(ctx))
         text = to_json(dump)
         limit = ctx.conn.max_frame - 1024
         requests = dump.get("requests")
@@ -152,6 +166,11 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
 
         m = StoryRequest()
         _parse(m, payload)
+        if not ctx.conn.state.get("admin") and m.uid not in _own_keys(ctx):
+            raise PermissionDenied(
+                f"the story of uid {m.uid}'s request is for admins and that uid; "
+                f"uid {ctx.peer.uid} may read its own (`npu status --story "
+                f"{ctx.peer.uid}:ID`)")
         decisions = d.state.story(m.uid, m.request_id)
         return JsonReply(json=to_json([
             {"at": x.at, "stimulus_id": x.stimulus_id,

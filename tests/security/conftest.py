@@ -1,0 +1,39 @@
+"""Fixtures for the adversarial tests: a real npud (and driver host) as root, apps under
+real uids. Every test here plays a hostile local user against root's npud and checks two
+things: the attack fails, and another user's app is still served."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from npumanager.testing.daemon import DaemonProcess
+
+if os.getuid() != 0:
+    pytest.skip("the security tests run apps under other uids (setuid in forked children): "
+                "run them as root", allow_module_level=True)
+
+StartDaemon = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def start_npud(runtime_dir: Path, state_dir: Path) -> Iterator[StartDaemon]:
+    """``start_npud(manager={...}, drivers=False, **sections)``: a real `npu serve`."""
+    started: list[DaemonProcess] = []
+
+    def start(manager: dict[str, Any] | None = None, *, drivers: bool = False,
+              rt: Path | None = None, **sections: Any) -> DaemonProcess:
+        cfg: dict[str, Any] = {"manager": {"log_level": "info", **(manager or {})}, **sections}
+        env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+        d = DaemonProcess(rt or runtime_dir, cfg, drivers=drivers, env=env,
+                          ready_timeout=60).start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
