@@ -126,6 +126,11 @@ class RequestEnded(ServiceError):
         self.status = status
 
 
+class UnsafePath(ServiceError):
+    """A runtime or state directory is not safe to serve from (a symlink, owned by another
+    uid, or writable by others); the message names the path and what is wrong."""
+
+
 class InternalError(ServiceError):
     """A bug on the service side; the daemon logged it and kept serving."""
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import platformdirs
+
+from npumanager.errors import UnsafePath
 
 MANAGER_SOCKET = "npu.sock"
 
@@ -42,17 +45,96 @@ def default_state_dir() -> Path:
     return Path(platformdirs.user_state_dir("npumanager", appauthor=False))
 
 
+def secure_dir(path: str | os.PathLike[str], what: str, mode: int | None = None, *,
+               parents: bool = True) -> Path:
+    """Create ``path`` (mode 0700), or accept it only if it is safe; return it.
+
+    Safe: ``lstat`` shows a real directory (not a symlink), owned by this process's
+    uid, that group and others cannot write. Anything else raises :class:`UnsafePath`
+    naming the path and what is wrong: a directory another local user owns or can
+    write lets that user replace the sockets or files in it (and receive what apps
+    send there), and a symlink would make us chmod and bind wherever it points.
+
+    ``mode``: set on the directory, through an fd opened ``O_DIRECTORY|O_NOFOLLOW``
+    and checked to be the inode that was inspected (never chmod by path, which
+    follows a symlink swapped in after the check); ``None`` leaves an accepted
+    directory's mode as it is. ``what`` names the directory in messages
+    ("runtime dir", "state dir", ...). Missing parents are created (mode 0755 less the
+    umask) when ``parents``; only the last component is checked."""
+    p = Path(path)
+    uid = os.getuid()
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        if parents:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(p, 0o700)  # private until the mode below is set through the fd
+        except FileExistsError:
+            pass  # created meanwhile: checked below like any existing one
+        st = os.lstat(p)
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = f" (to {os.readlink(p)})"
+        except OSError:
+            target = ""
+        raise UnsafePath(f"{what} {p} is a symlink{target}; it must be a real directory: "
+                         f"remove the link (npumanager creates the directory itself)")
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except NotADirectoryError:
+        raise UnsafePath(f"{what} {p} is not a directory; remove it or choose another "
+                         f"path") from None
+    except OSError as exc:
+        raise UnsafePath(f"{what} {p} cannot be opened: {exc.strerror}") from None
+    try:
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise UnsafePath(f"{what} {p} was replaced while it was being checked")
+        problem = dir_problem(fst, uid)
+        if problem:
+            raise UnsafePath(f"{what} {p} {problem}")
+        if mode is not None and stat.S_IMODE(fst.st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return p
+
+
+def dir_problem(st: os.stat_result, uid: int) -> str:
+    """What makes a directory with this stat unsafe for ``uid`` to serve from ("" if
+    nothing)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != uid:
+        return (f"is owned by uid {st.st_uid}, not by uid {uid} that runs this service: "
+                f"another user could replace what is in it; remove it or give it to uid {uid}")
+    if st.st_mode & 0o022:
+        who = {0o022: "group and others", 0o020: "group", 0o002: "others"}[st.st_mode & 0o022]
+        return (f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}): other users "
+                f"could replace what is in it; chmod go-w it")
+    return ""
+
+
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` mode 0700 (and fix the mode if it exists wider)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-    return path
+    """Create ``path`` mode 0700 (narrowing an accepted one to 0700); see :func:`secure_dir`."""
+    return secure_dir(path, "private dir", 0o700)
+
+
+def ensure_state_dir(path: Path) -> Path:
+    """The state root (``--state-dir``, $NPU_STATE_DIR, ...): created 0700; an existing one
+    is accepted if safe, its mode kept."""
+    return secure_dir(path, "state dir")
 
 
 def ensure_runtime_dir(path: Path) -> Path:
-    """Create the runtime dir traversable by all (sockets decide per call)."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o755)
-    (path / "drivers").mkdir(exist_ok=True)
-    os.chmod(path / "drivers", 0o755)
+    """Create the runtime dir and its ``drivers/`` traversable by all (sockets decide per
+    call), refusing unsafe ones (see :func:`secure_dir`)."""
+    secure_dir(path, "runtime dir", 0o755)
+    ensure_drivers_dir(path)
     return path
+
+
+def ensure_drivers_dir(rt: Path) -> Path:
+    """``RT/drivers``, where driver hosts bind their sockets (see :func:`secure_dir`)."""
+    return secure_dir(rt / "drivers", "drivers dir", 0o755)

@@ -59,7 +59,6 @@ async def serve(args: argparse.Namespace) -> int:
     if args.no_enforce_admission:
         hc.enforce_admission = False
     rt = runtime_dir(args.runtime_dir)
-    (rt / "drivers").mkdir(parents=True, exist_ok=True)
     state_root = Path(args.state_dir) if args.state_dir else default_state_dir()
     ensure_private_dir(state_root / "drivers" / hc.name)
     driver, counts = instantiate(hc.plugin, hc.options)

@@ -40,6 +40,7 @@ from npumanager.errors import (
 )
 from npumanager.hal.types import HAL_VERSION, EndReason
 from npumanager.hal.wire import SERVICE, configs_from_payload, work_to_msg
+from npumanager.paths import ensure_drivers_dir
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.conn import CallContext, Handler, RpcConnection, close_fds
@@ -185,7 +186,7 @@ class DriverHost(ExecutionMixin):
         self._grant_event = asyncio.Event()
         #: Set when the npud that attached goes away (see ``npu driver --exit-with-manager``).
         self.manager_lost = asyncio.Event()
-        (self.runtime_dir / "drivers").mkdir(parents=True, exist_ok=True)
+        ensure_drivers_dir(self.runtime_dir)
         self.server = RpcServer(
             str(self.socket_path), SERVICE, self.handlers(), mode=self.hc.socket_mode,
             max_frame=self.hc.max_frame, admin_gid=resolve_group(self.hc.admin_group),

@@ -33,7 +33,12 @@ from npumanager.config import Config
 from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
 from npumanager.errors import InternalError, NpuError, ServiceError
 from npumanager.hal.types import EndReason, WorkInfo
-from npumanager.paths import ensure_runtime_dir, manager_socket
+from npumanager.paths import (
+    default_state_dir,
+    ensure_runtime_dir,
+    ensure_state_dir,
+    manager_socket,
+)
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.manager_pb2 import CanLoad, RequestComplete, UnloadAsk
 from npumanager.service import events as ev
@@ -447,6 +452,11 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
     import signal
 
     loop = asyncio.get_running_loop()
+    ensure_runtime_dir(runtime_dir)
+    if use_drivers and drivers_enabled(cfg):
+        # The drivers keep their private state (cache maps, keys) under it: refuse to
+        # start on one another user could write rather than have each driver fail.
+        ensure_state_dir(default_state_dir())
     daemon = Daemon(cfg, runtime_dir, use_drivers=use_drivers)
     stop = asyncio.Event()
     why: list[str] = []

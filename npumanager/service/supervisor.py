@@ -27,6 +27,7 @@ from npumanager.config import Config
 from npumanager.constants import ThermalStatus
 from npumanager.hal.types import DEBOUNCE_DURATION_MS, EndReason, SchedulingConfig
 from npumanager.hal.wire import SERVICE, configs_msg, work_event_from_payload
+from npumanager.paths import ensure_drivers_dir
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
@@ -108,7 +109,7 @@ class DriverSupervisor:
     # --- DriverControl ------------------------------------------------------------
 
     async def start(self) -> None:
-        (self.runtime_dir / "drivers").mkdir(parents=True, exist_ok=True)
+        ensure_drivers_dir(self.runtime_dir)
         for slot in self.slots:
             slot.task = asyncio.get_running_loop().create_task(self._supervise(slot))
         # npud is ready once its drivers are (or failed to come up in time).
