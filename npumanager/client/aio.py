@@ -1,8 +1,10 @@
 """AsyncNpuManager: the asyncio client of npud, and ``reserve()`` leases.
 
-Everything runs on the caller's event loop: pushes from npud arrive as
-handlers on the connection and callbacks run there in order (a callback that
-returns a coroutine is scheduled as a task), or on the executor given.
+A thin adapter over the shared :class:`~npumanager.client.core.ClientCore`
+(live requests, push decoding, lost connection). Everything runs on the
+caller's event loop: pushes from npud arrive as handlers on the connection and
+callbacks run there in order (a callback that returns a coroutine is scheduled
+as a task), or on the executor given.
 
 ``async with mgr.reserve(req) as lease:`` asks, waits for CAN_LOAD_NOW,
 reports the model loaded, and on leaving reports it unloaded; inside,
@@ -16,91 +18,47 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 import logging
 import os
-from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
-from npumanager.errors import InvalidArgument, NpuError, RequestEnded, ServiceUnavailable
+from npumanager.errors import NpuError, RequestEnded, ServiceUnavailable
 from npumanager.paths import manager_socket
-from npumanager.proto.v1.manager_pb2 import (
-    CanLoad,
-    DeviceList,
-    JsonReply,
-    LoadRequest,
-    RequestComplete,
-    RequestRef,
-    SetImportance,
-    StoryRequest,
-    ThermalOverride,
-    ThermalReply,
-    UnloadAsk,
-)
-from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import CallContext, RpcConnection, close_fds
 
-from .manager import ExecutorLike
+from . import calls
+from .core import PUSHES, ClientCore, ExecutorLike, hand_to_executor, run_callback
 from .request import (
     DeviceSummary,
+    ListenerBase,
     ModelLoadRequest,
     ModelLoadRequestCallback,
     ThermalInfo,
-    policy_message,
 )
 
 log = logging.getLogger("npumanager.client")
-_CALLBACK_RAISED = "an app callback raised; npumanager keeps delivering the next ones"
 
-# Wire numbers to enums by dict: an Enum call is ~0.7 µs on every push.
-_LOAD_STATUS = {int(s): s for s in LoadStatus}
-_REQUEST_STATUS = {int(s): s for s in RequestStatus}
-_UNLOAD_REASON = {int(s): s for s in UnloadReason}
+T = TypeVar("T")
 
 
-class AsyncModelLoadStatusListener:
+class AsyncModelLoadStatusListener(ListenerBase):
     """The async listener: valid only for its request; ``grant_id`` once granted."""
 
-    def __init__(self, request: ModelLoadRequest, mgr: AsyncNpuManager) -> None:
-        self.request = request
-        self.grant_id: str | None = None
-        self._mgr = mgr
-
-    def __repr__(self) -> str:
-        return f"<AsyncModelLoadStatusListener request={self.request.id} grant={self.grant_id}>"
-
-    def _check(self, request: ModelLoadRequest) -> None:
-        if request is not self.request and request != self.request:
-            raise InvalidArgument(
-                f"this listener belongs to request {self.request.id}, not {request!r}"
-            )
+    def __init__(self, request: ModelLoadRequest,
+                 report: Callable[[str, int], Awaitable[None]]) -> None:
+        super().__init__(request)
+        self._report = report
 
     async def notify_model_loaded(self, request: ModelLoadRequest) -> None:
         self._check(request)
-        _payload, fds = await self._mgr._conn.call("loaded", RequestRef(request_id=request.id))
-        if fds:
-            close_fds(fds)
+        await self._report("loaded", request.id)
 
     async def notify_model_unloaded(self, request: ModelLoadRequest) -> None:
         self._check(request)
-        _payload, fds = await self._mgr._conn.call("unloaded", RequestRef(request_id=request.id))
-        if fds:
-            close_fds(fds)
-
-
-class _Live:
-    __slots__ = ("callback", "executor", "listener", "request")
-
-    def __init__(self, request: ModelLoadRequest, callback: ModelLoadRequestCallback,
-                 executor: ExecutorLike | None,
-                 listener: AsyncModelLoadStatusListener) -> None:
-        self.request = request
-        self.callback = callback
-        self.executor = executor
-        self.listener = listener
+        await self._report("unloaded", request.id)
 
 
 class AsyncNpuManager:
@@ -110,37 +68,32 @@ class AsyncNpuManager:
         self._conn = conn
         self.uid = uid
         self.admin = admin
-        self._live: dict[int, _Live] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._closing = False
+        self._core: ClientCore[AsyncModelLoadStatusListener] = ClientCore(
+            self._deliver, lambda req: AsyncModelLoadStatusListener(req, self._report))
+        for name in PUSHES:
+            conn.handlers[name] = functools.partial(self._on_push, name)
 
     @classmethod
     async def connect(cls, runtime_dir: str | os.PathLike[str] | None = None, *,
                       client_name: str = "") -> AsyncNpuManager:
-        holder: list[AsyncNpuManager] = []
+        made: list[AsyncNpuManager] = []
 
         def on_close(conn: RpcConnection, exc: BaseException | None) -> None:
-            if holder:
-                holder[0]._on_lost(exc)
+            if made:
+                made[0]._core.connection_lost(exc)
 
-        handlers: dict[str, object] = {}
         conn, hello = await connect_async(
-            str(manager_socket(runtime_dir)), "manager", handlers,
+            str(manager_socket(runtime_dir)), "manager", {},
             client_name=client_name or f"pid{os.getpid()}", on_close=on_close,
         )
         mgr = cls(conn, hello.uid, hello.admin)
-        holder.append(mgr)
-        # The handler table is the connection's own dict; fill it now that mgr exists.
-        conn.handlers.update({
-            "on_can_load_model": mgr._push_can_load,
-            "on_request_unload_model": mgr._push_unload,
-            "on_model_load_request_complete": mgr._push_complete,
-        })
+        made.append(mgr)
         return mgr
 
     def __repr__(self) -> str:
         state = "closed" if self._conn.closed else "connected"
-        return f"<AsyncNpuManager {state} uid={self.uid} | {len(self._live)} live requests>"
+        return f"<AsyncNpuManager {state} uid={self.uid} | {len(self._core)} live requests>"
 
     async def __aenter__(self) -> AsyncNpuManager:
         return self
@@ -154,182 +107,98 @@ class AsyncNpuManager:
 
     # --- calls ------------------------------------------------------------
 
-    async def _call(self, method: str, msg: Any) -> bytes:
-        payload, fds = await self._conn.call(method, msg)
+    async def _do(self, call: calls.Call[T]) -> T:
+        payload, fds = await self._conn.call(call.method, call.message)
         if fds:
             close_fds(fds)
-        return payload
+        return call.decode(payload)
+
+    async def _report(self, method: str, request_id: int) -> None:
+        await self._do(calls.request_ref(method, request_id))
+        self._core.reported(method, request_id)
 
     async def request_can_load_model(
         self, request: ModelLoadRequest, callback: ModelLoadRequestCallback,
         executor: ExecutorLike | None = None,
     ) -> AsyncModelLoadStatusListener:
-        if not isinstance(request, ModelLoadRequest):
-            raise InvalidArgument(f"expected a ModelLoadRequest, got {type(request).__name__}")
-        if request.id in self._live:
-            raise InvalidArgument(
-                f"request {request.id} is already live on this connection; "
-                f"a request may be submitted once"
-            )
-        listener = AsyncModelLoadStatusListener(request, self)
-        live = _Live(request, callback, executor, listener)
-        self._live[request.id] = live  # npud pushes the first status before its reply
+        live = self._core.register(request, callback, executor)
         try:
-            _payload, fds = await self._conn.call("request", LoadRequest(
-                request_id=request.id, size=int(request.size), priority=int(request.priority)))
-            if fds:
-                close_fds(fds)
-        except BaseException:
-            if self._live.get(request.id) is live:
-                del self._live[request.id]
+            await self._do(calls.request(request))
+        except asyncio.CancelledError:
+            self._core.withdraw(live)
+            # The request left before the first await: npud holds it unless told otherwise.
+            self._spawn(self._cancel_quietly(request))
             raise
-        return listener
+        except BaseException:
+            self._core.withdraw(live)
+            raise
+        return live.listener
+
+    async def _cancel_quietly(self, request: ModelLoadRequest) -> None:
+        try:
+            await self.cancel_model_load(request)
+        except NpuError as exc:  # it ended meanwhile, or npud is gone
+            log.debug("cancelling request %d after an interrupted request: %s", request.id, exc)
 
     async def cancel_model_load(self, request: ModelLoadRequest) -> None:
-        await self._call("cancel", RequestRef(request_id=request.id))
+        await self._do(calls.request_ref("cancel", request.id))
 
     async def set_policy(self, policy: int, bundle: Mapping[str, Any] | None = None) -> None:
-        await self._call("set_policy", policy_message(policy, bundle))
+        await self._do(calls.set_policy(policy, bundle))
 
     async def set_uid_importance(self, uid: int, importance: int) -> None:
-        await self._call("set_importance", SetImportance(uid=uid, importance=int(importance)))
+        await self._do(calls.set_importance(uid, importance))
 
     async def dump(self) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(JsonReply.FromString(
-            await self._call("dump", Empty())).json)
-        return out
+        return await self._do(calls.dump())
 
     async def story(self, uid: int, request_id: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = json.loads(JsonReply.FromString(await self._call(
-            "story", StoryRequest(uid=uid, request_id=request_id))).json)
-        return out
+        return await self._do(calls.story(uid, request_id))
 
     async def devices(self) -> list[DeviceSummary]:
-        reply = DeviceList.FromString(await self._call("list_devices", Empty()))
-        return [DeviceSummary.from_proto(d) for d in reply.devices]
+        return await self._do(calls.devices())
 
     async def thermal_status(self) -> ThermalInfo:
-        return ThermalInfo.from_proto(ThermalReply.FromString(
-            await self._call("thermal_status", Empty())))
+        return await self._do(calls.thermal_status())
 
     async def override_thermal_status(self, status: ThermalStatus | int) -> ThermalInfo:
-        return ThermalInfo.from_proto(ThermalReply.FromString(
-            await self._call("thermal_override", ThermalOverride(status=int(status)))))
+        return await self._do(calls.thermal_override(status))
 
     async def reset_thermal_status(self) -> ThermalInfo:
-        return ThermalInfo.from_proto(ThermalReply.FromString(
-            await self._call("thermal_reset", Empty())))
+        return await self._do(calls.thermal_reset())
 
     def reserve(self, request: ModelLoadRequest) -> Lease:
         """``async with mgr.reserve(req) as lease:`` — see the module docstring."""
         return Lease(self, request)
 
     async def close(self) -> None:
-        self._closing = True
-        self._live.clear()
+        self._core.close()
         self._conn.close()
         for t in list(self._tasks):
             t.cancel()
 
-    # --- pushes (on the loop) --------------------------------------------
+    # --- pushes and callbacks (on the loop) ---------------------------------
 
-    def _deliver(self, live: _Live, fn: Callable[[], Any]) -> None:
-        if live.executor is not None:
-            executor = live.executor
-            if isinstance(executor, Executor):
-                executor.submit(fn)
-            else:
-                executor(fn)
-            return
-        try:
-            result = fn()
-        except Exception:
-            log.exception(_CALLBACK_RAISED)
-            return
-        if result is not None:
-            self._inline_result(result)
+    def _on_push(self, method: str, ctx: CallContext, payload: bytes) -> None:
+        self._core.on_push(method, payload, ctx.fds)
 
-    def _inline_result(self, result: Any) -> None:
-        """A callback run on the loop returned something: schedule it if awaitable."""
-        if inspect.isawaitable(result):
-            task = asyncio.ensure_future(result)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    def _deliver(self, executor: ExecutorLike | None, fn: Callable[[], object]) -> None:
+        """Run one callback: on the app's executor, or here on the loop. An async app may
+        define its callbacks as coroutines: the loop runs them as tasks."""
+        if executor is not None:
+            try:
+                hand_to_executor(executor, fn)
+                return
+            except Exception:
+                log.exception("the app's executor refused a callback; running it on the loop")
+        result = run_callback(fn)
+        if result is not None and inspect.isawaitable(result):
+            self._spawn(result)
 
-    # The three push handlers call the app's callback directly when it runs on the loop
-    # (no executor): the same order and error handling as _deliver, without a closure.
-
-    def _push_can_load(self, ctx: CallContext, payload: bytes) -> None:
-        m = CanLoad.FromString(payload)
-        live = self._live.get(m.request_id)
-        if live is None:
-            return
-        status = _LOAD_STATUS[m.status]
-        if status is LoadStatus.CAN_LOAD_NOW:
-            live.listener.grant_id = m.grant_id or None
-        if live.executor is not None:
-            self._deliver(live, functools.partial(
-                live.callback.on_can_load_model, live.request, status, live.listener))
-            return
-        try:
-            # An async app may define its callbacks as coroutines (scheduled as tasks).
-            fn: Callable[..., Any] = live.callback.on_can_load_model
-            result = fn(live.request, status, live.listener)
-        except Exception:
-            log.exception(_CALLBACK_RAISED)
-            return
-        if result is not None:
-            self._inline_result(result)
-
-    def _push_unload(self, ctx: CallContext, payload: bytes) -> None:
-        u = UnloadAsk.FromString(payload)
-        live = self._live.get(u.request_id)
-        if live is None:
-            return
-        reason = _UNLOAD_REASON.get(u.reason) or UnloadReason(u.reason)
-        cb, req = live.callback, live.request
-        if live.executor is not None:
-            self._deliver(live, lambda: cb.on_request_unload_model(req, reason))
-            return
-        try:
-            fn: Callable[..., Any] = cb.on_request_unload_model
-            result = fn(req, reason)
-        except Exception:
-            log.exception(_CALLBACK_RAISED)
-            return
-        if result is not None:
-            self._inline_result(result)
-
-    def _push_complete(self, ctx: CallContext, payload: bytes) -> None:
-        c = RequestComplete.FromString(payload)
-        live = self._live.pop(c.request_id, None)
-        if live is None:
-            return
-        status = _REQUEST_STATUS.get(c.status) or RequestStatus(c.status)
-        cb, req = live.callback, live.request
-        if live.executor is not None:
-            self._deliver(live, lambda: cb.on_model_load_request_complete(req, status))
-            return
-        try:
-            fn: Callable[..., Any] = cb.on_model_load_request_complete
-            result = fn(req, status)
-        except Exception:
-            log.exception(_CALLBACK_RAISED)
-            return
-        if result is not None:
-            self._inline_result(result)
-
-    def _on_lost(self, exc: BaseException | None) -> None:
-        if self._closing:
-            return
-        ended = list(self._live.values())
-        self._live.clear()
-        for live in ended:
-            log.warning("connection to npud lost (%s): request %d ends CANCELLED",
-                        exc or "closed", live.request.id)
-            self._deliver(live, functools.partial(
-                live.callback.on_model_load_request_complete, live.request,
-                RequestStatus.CANCELLED))
+    def _spawn(self, aw: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(aw)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 class _LeaseCallback(ModelLoadRequestCallback):

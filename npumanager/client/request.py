@@ -100,25 +100,32 @@ class ModelLoadRequestCallback:
         """The request ended: CANCELLED, COMPLETE or REVOKED. Nothing follows."""
 
 
-class ModelLoadStatusListener:
+class ListenerBase:
+    """What both APIs' listeners share: the one request they are valid for, and its grant."""
+
+    def __init__(self, request: ModelLoadRequest) -> None:
+        self.request = request
+        self.grant_id: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} request={self.request.id} grant={self.grant_id}>"
+
+    def _check(self, request: ModelLoadRequest) -> None:
+        if request is not self.request and request != self.request:
+            raise InvalidArgument(
+                f"this listener belongs to request {self.request.id}, not {request!r}"
+            )
+
+
+class ModelLoadStatusListener(ListenerBase):
     """Tells npud what the app did with one request; valid only for that request.
 
     ``grant_id`` is set once npud answered CAN_LOAD_NOW; pass the listener as
     ``grant=`` to ``nn.Device.prepare_model``."""
 
     def __init__(self, request: ModelLoadRequest, report: Callable[[str, int], None]) -> None:
-        self.request = request
-        self.grant_id: str | None = None
+        super().__init__(request)
         self._report = report
-
-    def __repr__(self) -> str:
-        return f"<ModelLoadStatusListener request={self.request.id} grant={self.grant_id}>"
-
-    def _check(self, request: ModelLoadRequest) -> None:
-        if request != self.request:
-            raise InvalidArgument(
-                f"this listener belongs to request {self.request.id}, not {request!r}"
-            )
 
     def notify_model_loaded(self, request: ModelLoadRequest) -> None:
         self._check(request)

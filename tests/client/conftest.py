@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,9 @@ import pytest
 
 from npumanager.config import Config
 from npumanager.service.daemon import Daemon
+from npumanager.service.state import ManagerState, RequestState
+
+Watch = tuple[Callable[[ManagerState], bool], threading.Event]
 
 
 class DaemonThread:
@@ -22,6 +25,7 @@ class DaemonThread:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.daemon: Daemon | None = None
         self._stop: asyncio.Event | None = None
+        self._watches: list[Watch] = []
         self.thread = threading.Thread(target=self._run, args=(cfg,), daemon=True)
         self.thread.start()
         assert self.ready.wait(10), "in-process npud did not start"
@@ -30,13 +34,49 @@ class DaemonThread:
         async def main() -> None:
             self.loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self.daemon = Daemon(cfg, self.runtime_dir, use_drivers=False)
-            await self.daemon.start()
+            self.daemon = d = Daemon(cfg, self.runtime_dir, use_drivers=False)
+            submit = d.submit
+
+            def watched_submit(event: Any) -> Any:
+                try:
+                    return submit(event)
+                finally:
+                    self._check_watches()
+
+            d.submit = watched_submit  # type: ignore[method-assign]  # before start(): handlers
+            await d.start()
             self.ready.set()
             await self._stop.wait()
             await self.daemon.stop("test over")
 
         asyncio.run(main())
+
+    def _check_watches(self) -> None:
+        assert self.daemon is not None
+        state = self.daemon.state
+        for watch in list(self._watches):
+            if watch[0](state):
+                self._watches.remove(watch)
+                watch[1].set()
+
+    def wait_for(self, pred: Callable[[ManagerState], bool], what: str,
+                 timeout: float = 5.0) -> None:
+        """Block until ``pred(npud's state)`` holds: checked on npud's loop after every event
+        (never a poll), bounded by ``timeout``."""
+        assert self.loop is not None
+        watch = (pred, threading.Event())
+
+        def add() -> None:
+            self._watches.append(watch)
+            self._check_watches()
+
+        self.loop.call_soon_threadsafe(add)
+        if not watch[1].wait(timeout):
+            raise AssertionError(f"npud did not get to: {what} (within {timeout} s)")
+
+    async def wait_for_async(self, pred: Callable[[ManagerState], bool], what: str,
+                             timeout: float = 5.0) -> None:
+        await asyncio.to_thread(self.wait_for, pred, what, timeout)
 
     def stop(self) -> None:
         if self.thread.is_alive():
@@ -50,3 +90,17 @@ def npud(runtime_dir: Path) -> Iterator[DaemonThread]:
     d = DaemonThread(runtime_dir)
     yield d
     d.stop()
+
+
+def in_state(uid: int, rid: int, state: RequestState) -> Callable[[ManagerState], bool]:
+    return lambda s: s.request_state(uid, rid) is state
+
+
+def ended(uid: int, rid: int, how: str) -> Callable[[ManagerState], bool]:
+    """The request's last incarnation ended ``how`` ("cancelled", "dropped (client gone)")."""
+
+    def check(s: ManagerState) -> bool:
+        story = s.story(uid, rid)
+        return s.request_state(uid, rid) is None and bool(story) and story[-1].what == how
+
+    return check

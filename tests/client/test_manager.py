@@ -21,7 +21,7 @@ from npumanager import (
 )
 from npumanager.errors import InvalidArgument, ServiceUnavailable, UnknownRequest
 
-from .conftest import DaemonThread
+from .conftest import DaemonThread, ended
 
 
 class Rec(ModelLoadRequestCallback):
@@ -151,10 +151,6 @@ def test_close_drops_requests_without_callbacks(npud: DaemonThread, runtime_dir:
         mgr.request_can_load_model(ModelLoadRequest(1), cb)
         mgr.close()
         mgr.close()  # idempotent
-        import time
-
-        deadline = time.monotonic() + 5
-        while admin.dump()["requests"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        npud.wait_for(ended(mgr.uid, 1, "dropped (client gone)"), "request 1 dropped")
         assert admin.dump()["requests"] == []
     assert [e[0] for e in cb.events] in (["can"], [])

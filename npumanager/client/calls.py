@@ -1,0 +1,98 @@
+"""The manager's calls as wire messages and reply decoders, shared by both client APIs.
+
+Each function returns a :class:`Call`: the method name, the request message
+and how to turn the reply payload into what the API returns. The blocking and
+the async manager differ only in how they send it (``_do``), so the protobuf
+side of every call is written once, here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from npumanager.constants import ThermalStatus
+from npumanager.proto.v1.manager_pb2 import (
+    DeviceList,
+    JsonReply,
+    LoadRequest,
+    RequestRef,
+    SetImportance,
+    StoryRequest,
+    ThermalOverride,
+    ThermalReply,
+)
+from npumanager.proto.v1.wire_pb2 import Empty
+
+from .request import DeviceSummary, ModelLoadRequest, ThermalInfo, policy_message
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    method: str
+    message: Message
+    decode: Callable[[bytes], T]
+
+
+def _nothing(payload: bytes) -> None:
+    return None
+
+
+def _json(payload: bytes) -> Any:
+    return json.loads(JsonReply.FromString(payload).json)
+
+
+def _thermal(payload: bytes) -> ThermalInfo:
+    return ThermalInfo.from_proto(ThermalReply.FromString(payload))
+
+
+def _devices(payload: bytes) -> list[DeviceSummary]:
+    return [DeviceSummary.from_proto(d) for d in DeviceList.FromString(payload).devices]
+
+
+def request(req: ModelLoadRequest) -> Call[None]:
+    return Call("request", LoadRequest(request_id=req.id, size=int(req.size),
+                                       priority=int(req.priority)), _nothing)
+
+
+def request_ref(method: str, request_id: int) -> Call[None]:
+    """``cancel``, ``loaded`` or ``unloaded`` for one of this connection's requests."""
+    return Call(method, RequestRef(request_id=request_id), _nothing)
+
+
+def set_policy(policy: int, bundle: Mapping[str, Any] | None) -> Call[None]:
+    return Call("set_policy", policy_message(policy, bundle), _nothing)
+
+
+def set_importance(uid: int, importance: int) -> Call[None]:
+    return Call("set_importance", SetImportance(uid=uid, importance=int(importance)), _nothing)
+
+
+def dump() -> Call[dict[str, Any]]:
+    return Call("dump", Empty(), _json)
+
+
+def story(uid: int, request_id: int) -> Call[list[dict[str, Any]]]:
+    return Call("story", StoryRequest(uid=uid, request_id=request_id), _json)
+
+
+def devices() -> Call[list[DeviceSummary]]:
+    return Call("list_devices", Empty(), _devices)
+
+
+def thermal_status() -> Call[ThermalInfo]:
+    return Call("thermal_status", Empty(), _thermal)
+
+
+def thermal_override(status: ThermalStatus | int) -> Call[ThermalInfo]:
+    return Call("thermal_override", ThermalOverride(status=int(status)), _thermal)
+
+
+def thermal_reset() -> Call[ThermalInfo]:
+    return Call("thermal_reset", Empty(), _thermal)
