@@ -26,6 +26,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check npumanager tests bench examples
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -42,7 +42,8 @@ from npumanager.drivers.reference_cache import (
     compile_with_artifacts,
     session_from_artifacts,
 )
-from npumanager.nn.cache_files import cache_file_names, close_fds, open_cache_files
+from npumanager.fds import close_fds
+from npumanager.nn.cache_files import cache_file_names, open_cache_files
 
 MIB = 1 << 20
 

@@ -6,8 +6,6 @@ API.md for the contract. Implementation lives in the subpackages.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from npumanager.client import (
     AsyncNpuManager,
     ModelLoadRequest,
@@ -43,6 +41,7 @@ from npumanager.constants import (
     ThermalStatus,
     UnloadReason,
 )
+from npumanager.version import __version__
 
 __all__ = [
     "KEY_MAX_BUDGET",

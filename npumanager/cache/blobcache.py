@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from npumanager import __version__
 from npumanager.cache.crc import crc32c_nn
 from npumanager.clock import Clock
 from npumanager.errors import InvalidArgument
+from npumanager.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import blake3
 
+from npumanager.cachetoken import check_token
 from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.paths import default_state_dir, ensure_private_dir
 
@@ -230,7 +231,7 @@ class CacheVerifier:
         """Remember the tag of what was just written (files fully written and synced)."""
         if self.admin:
             raise GeneralFailure("a map opened for administration does not record")
-        token = _check_token(token)
+        token = check_token(token)
         with self._lock:
             key = self._key_for_hashing()
         # Hash outside the lock: other threads keep using the map meanwhile.
@@ -288,7 +289,7 @@ class CacheVerifier:
         Any map error counts as a mismatch: the caller then compiles afresh.
         """
         try:
-            token = _check_token(token)
+            token = check_token(token)
         except InvalidArgument:
             return False
         with self._lock:
@@ -389,12 +390,6 @@ def _entry(row: Any) -> CacheEntry:
         last_used=float(last_used),
         hits=int(hits),
     )
-
-
-def _check_token(token: object) -> bytes:
-    if not isinstance(token, bytes | bytearray | memoryview) or len(bytes(token)) != 32:
-        raise InvalidArgument("cache token must be exactly 32 bytes")
-    return bytes(token)
 
 
 __all__ = ["DB_NAME", "CacheEntry", "CacheVerifier", "compute_tag", "verifier_dir"]

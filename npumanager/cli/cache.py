@@ -175,7 +175,8 @@ def cmd_ls(args: argparse.Namespace, v: Any) -> int:
 def cmd_verify(args: argparse.Namespace, v: Any) -> int:
     from npumanager.drivers.cache_io import read_cache_files
     from npumanager.errors import NpuError
-    from npumanager.nn.cache_files import cache_file_names, close_fds
+    from npumanager.fds import close_fds
+    from npumanager.nn.cache_files import cache_file_names
 
     if not args.dir:
         print(

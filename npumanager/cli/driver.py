@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 async def serve(args: argparse.Namespace) -> int:
     from npumanager.config import Config
     from npumanager.drivers.base import instantiate
-    from npumanager.drivers.host import DriverHost, HostConfig
+    from npumanager.drivers.host import DriverHost
+    from npumanager.hal.host_config import HostConfig
     from npumanager.paths import default_state_dir, ensure_private_dir, runtime_dir
 
     if args.host_config_json:

@@ -11,8 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from npumanager import __version__
 from npumanager.errors import NpuError
+from npumanager.version import __version__
 
 # Module names under npumanager.cli, in the order `npu --help` lists them.
 COMMANDS = [

@@ -18,12 +18,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from npumanager.cachetoken import MAX_NUMBER_OF_CACHE_FILES
 from npumanager.errors import DriverRefused
 from npumanager.hal.types import HAL_VERSION
+from npumanager.tensorio.specs import TensorSpec
 
 ENTRY_POINT_GROUP = "npumanager.drivers"
 #: NNAPI's MAX_NUMBER_OF_CACHE_FILES, for each kind of cache file.
-MAX_CACHE_FILES = 32
+MAX_CACHE_FILES = MAX_NUMBER_OF_CACHE_FILES
 
 #: Methods a driver must implement (name -> what it is for), checked at load.
 REQUIRED_DRIVER_METHODS = {
@@ -37,18 +39,8 @@ REQUIRED_DRIVER_METHODS = {
 REQUIRED_MODEL_METHODS = ("run", "release", "artifacts")
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """A model input or output: numpy dtype name and shape (-1 = dynamic)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def static_nbytes(self) -> int | None:
-        if any(d < 0 for d in self.shape):
-            return None
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+#: A model input or output (the plugin API's name for :class:`TensorSpec`).
+TensorInfo = TensorSpec
 
 
 @dataclass(frozen=True)

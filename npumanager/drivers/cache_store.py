@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from npumanager.cache.verifier import CacheVerifier, verifier_dir
+from npumanager.cachetoken import MAX_NUMBER_OF_CACHE_FILES, check_token
 from npumanager.drivers.cache_io import (
     LOCK_TIMEOUT_S,
     check_fds,
@@ -30,8 +31,6 @@ from npumanager.drivers.cache_io import (
     write_cache_files,
 )
 from npumanager.errors import GeneralFailure, InvalidArgument
-from npumanager.nn.cache_files import MAX_NUMBER_OF_CACHE_FILES
-from npumanager.nn.token import check_token
 
 log = logging.getLogger(__name__)
 

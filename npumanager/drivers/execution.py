@@ -19,17 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from npumanager.drivers import tensors
+from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.scheduler import Job, Scheduler
 from npumanager.errors import ExecutionFailed, GrantRevoked, InvalidArgument, WorkCancelled
+from npumanager.fds import close_fds
 from npumanager.hal.types import EndReason
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
-from npumanager.wire.conn import CallContext, RpcConnection, close_fds
+from npumanager.wire.conn import CallContext, RpcConnection
 
 if TYPE_CHECKING:
-    from npumanager.drivers.host import HostConfig
+    from npumanager.hal.host_config import HostConfig
 
 @dataclass(eq=False)
 class ModelEntry:
@@ -66,7 +67,7 @@ class Execution:
     inputs: dict[str, np.ndarray]
     feedback: dict[str, str]
     future: asyncio.Future[tuple[pb.ExecuteResult, list[int]]]
-    out_pool: tensors.MappedPool | None
+    out_pool: tensorio.MappedPool | None
     out_offset: int
     out_capacity: int
     out_pool_id: int = 0
@@ -74,19 +75,13 @@ class Execution:
     revoked: str | None = None
 
 
-def _conn_models(conn: RpcConnection) -> set[int]:
-    models: set[int] = conn.state.setdefault("models", set())
-    return models
+@dataclass(eq=False)
+class ClientConn:
+    """The driver host's state of one client connection."""
 
-
-def _conn_pools(conn: RpcConnection) -> dict[int, tensors.MappedPool]:
-    pools: dict[int, tensors.MappedPool] = conn.state.setdefault("pools", {})
-    return pools
-
-
-def _conn_jobs(conn: RpcConnection) -> set[Job]:
-    jobs: set[Job] = conn.state.setdefault("jobs", set())
-    return jobs
+    models: set[int] = field(default_factory=set)
+    pools: dict[int, tensorio.MappedPool] = field(default_factory=dict)
+    jobs: set[Job] = field(default_factory=set)
 
 
 class ExecutionMixin:
@@ -98,6 +93,13 @@ class ExecutionMixin:
     _busy_s: float
     _submitting: Any
     _inline_now: Job | None
+    clients: dict[RpcConnection, ClientConn]
+
+    def _client(self, conn: RpcConnection) -> ClientConn:
+        client = self.clients.get(conn)
+        if client is None:
+            client = self.clients[conn] = ClientConn()
+        return client
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -184,7 +186,7 @@ class ExecutionMixin:
     def job_finished(self, job: Job) -> None:
         ex: Execution = job.payload
         ex.model.jobs.discard(job)
-        _conn_jobs(ex.conn).discard(job)
+        self._client(ex.conn).jobs.discard(job)
         fut = ex.future
         if fut.done():
             if ex.result is not None:
@@ -219,10 +221,10 @@ class ExecutionMixin:
             nbytes = spec.static_nbytes()
             if nbytes is None or nbytes <= self.hc.inline_limit:
                 continue
-            start = tensors.align(offset)
+            start = tensorio.align(offset)
             if start + nbytes > end:
                 break
-            bound[spec.name] = (tensors.view_in(ex.out_pool.buf, start, nbytes, spec.dtype,
+            bound[spec.name] = (tensorio.view_in(ex.out_pool.buf, start, nbytes, spec.dtype,
                                                 spec.shape, spec.name), start)
             offset = start + nbytes
         return bound
@@ -243,21 +245,21 @@ class ExecutionMixin:
         for name, arr in outs.items():
             placed = bound.get(name)
             if placed is not None and arr is placed[0]:
-                msgs.add(name=name, dtype=tensors.dtype_name(arr.dtype), shape=arr.shape,
+                msgs.add(name=name, dtype=tensorio.dtype_name(arr.dtype), shape=arr.shape,
                          pool_id=ex.out_pool_id, offset=placed[1], nbytes=arr.nbytes)
                 continue
             arr = np.ascontiguousarray(arr)
             if arr.nbytes <= self.hc.inline_limit or ex.out_pool is None:
                 if arr.nbytes <= inline_budget:
-                    tensors.add_inline(msgs, name, arr)
+                    tensorio.add_inline(msgs, name, arr)
                     inline_budget -= arr.nbytes
                     continue
                 big.append((name, arr))
                 continue
-            start = tensors.align(offset)
+            start = tensorio.align(offset)
             if start + arr.nbytes <= end:
-                dt = tensors.dtype_name(arr.dtype)
-                view = tensors.view_in(ex.out_pool.buf, start, arr.nbytes, dt, arr.shape, name)
+                dt = tensorio.dtype_name(arr.dtype)
+                view = tensorio.view_in(ex.out_pool.buf, start, arr.nbytes, dt, arr.shape, name)
                 np.copyto(view, arr)
                 msgs.add(name=name, dtype=dt, shape=arr.shape, pool_id=ex.out_pool_id,
                          offset=start, nbytes=arr.nbytes)
@@ -267,18 +269,18 @@ class ExecutionMixin:
         if not big:
             return result, []
         # Outputs that fit neither inline nor the client's pool: one memfd with the reply.
-        total = sum(tensors.align(a.nbytes) for _, a in big)
-        pool = tensors.ClientPool(total)
+        total = sum(tensorio.align(a.nbytes) for _, a in big)
+        pool = tensorio.ClientPool(total)
         try:
             pos = 0
             for name, arr in big:
-                dt = tensors.dtype_name(arr.dtype)
-                view = tensors.view_in(pool.buf, pos, arr.nbytes, dt, arr.shape, name)
+                dt = tensorio.dtype_name(arr.dtype)
+                view = tensorio.view_in(pool.buf, pos, arr.nbytes, dt, arr.shape, name)
                 np.copyto(view, arr)
                 del view
                 msgs.add(name=name, dtype=dt, shape=arr.shape, offset=pos, nbytes=arr.nbytes,
                          in_reply_fd=True)
-                pos += tensors.align(arr.nbytes)
+                pos += tensorio.align(arr.nbytes)
             fd = os.dup(pool.fd)
         finally:
             pool.close()
@@ -288,11 +290,11 @@ class ExecutionMixin:
 
     def _input(self, ctx: CallContext, t: pb.Tensor) -> np.ndarray:
         if t.pool_id == 0:
-            return tensors.inline_array(t)
-        pool = _conn_pools(ctx.conn).get(t.pool_id)
+            return tensorio.inline_array(t)
+        pool = self._client(ctx.conn).pools.get(t.pool_id)
         if pool is None:
             raise InvalidArgument(f"input {t.name!r} names unknown pool {t.pool_id}")
-        return tensors.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
+        return tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
 
     def _execute(
         self, ctx: CallContext, payload: bytes
@@ -315,7 +317,7 @@ class ExecutionMixin:
                                       f"output/input of this model")
         out_pool = None
         if msg.out_pool_id:
-            out_pool = _conn_pools(ctx.conn).get(msg.out_pool_id)
+            out_pool = self._client(ctx.conn).pools.get(msg.out_pool_id)
             if out_pool is None or msg.out_offset + msg.out_capacity > out_pool.size:
                 raise InvalidArgument("the output area lies outside a registered pool")
         ex = Execution(
@@ -337,7 +339,7 @@ class ExecutionMixin:
             self._submitting = None
         if job.state != "done":
             entry.jobs.add(job)
-            _conn_jobs(ctx.conn).add(job)
+            self._client(ctx.conn).jobs.add(job)
         inline, self._inline_now = self._inline_now, None
         if inline is job:
             self._step_finished(job, self._run_step(job))
@@ -361,7 +363,7 @@ class ExecutionMixin:
 
     def _cancel(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.Cancel.FromString(payload)
-        for job in list(_conn_jobs(ctx.conn)):
+        for job in list(self._client(ctx.conn).jobs):
             ex: Execution = job.payload
             if ex.model.model_id == msg.model_id and msg.exec_id in (0, ex.exec_id):
                 self.scheduler.cancel(job, EndReason.CANCELLED_USER)

@@ -19,18 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npumanager import tensorio
 from npumanager.clock import Clock, MonotonicClock
-from npumanager.config import Config
 from npumanager.constants import ThermalStatus
-from npumanager.drivers import tensors
 from npumanager.drivers.base import Driver, PreparedModel
 from npumanager.drivers.execution import (
+    ClientConn,
     Execution,
     ExecutionMixin,
     ModelEntry,
-    _conn_jobs,
-    _conn_models,
-    _conn_pools,
 )
 from npumanager.drivers.scheduler import Job, Scheduler
 from npumanager.errors import (
@@ -38,65 +35,19 @@ from npumanager.errors import (
     InvalidArgument,
     PermissionDenied,
 )
+from npumanager.fds import close_fds
+from npumanager.hal.host_config import HostConfig
 from npumanager.hal.types import HAL_VERSION, EndReason
 from npumanager.hal.wire import SERVICE, configs_from_payload, work_to_msg
 from npumanager.paths import ensure_drivers_dir
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
-from npumanager.wire.conn import CallContext, Handler, RpcConnection, close_fds
+from npumanager.wire.conn import CallContext, Handler, RpcConnection
 from npumanager.wire.server import RpcServer, resolve_group
 
 log = logging.getLogger("npumanager.drivers.host")
 
 _TOMBSTONES = 4096
-
-
-@dataclass
-class HostConfig:
-    """A [[driver]] entry and the manager keys the host needs."""
-
-    name: str
-    plugin: str = "reference"
-    channels: int = 2
-    enforce_admission: bool = True
-    thermal_cutoff: int = 500
-    inline_limit: int = tensors.DEFAULT_INLINE_LIMIT
-    grant_wait_s: float = 0.5
-    inline_run_us: float = 150.0
-    inline_idle_run_us: float = 5000.0
-    max_model_bytes: int = 4 << 30
-    socket_mode: int = 0o666
-    admin_group: str | int | None = None
-    max_frame: int = 1 << 20
-    cache_max_entries: int = 4096
-    options: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, cfg: Config, name: str) -> HostConfig:
-        entries = [d for d in cfg.drivers() if d.get("name") == name]
-        if entries:
-            d = entries[0]
-        else:  # `npu driver X` for a driver the config does not list: X is the plugin
-            template = Config().drivers()[0]
-            d = {**template, "name": name, "plugin": name}
-        mgr = cfg.section("manager")
-        return cls(
-            name=name,
-            plugin=str(d.get("plugin", name)),
-            channels=int(d.get("channels", 2)),
-            enforce_admission=bool(mgr.get("enforce_admission", True)),
-            thermal_cutoff=int(d.get("thermal_holdback_priority", 500)),
-            inline_limit=int(d.get("inline_limit_bytes", tensors.DEFAULT_INLINE_LIMIT)),
-            grant_wait_s=float(d.get("grant_wait_s", 0.5)),
-            inline_run_us=float(d.get("inline_run_us", 150.0)),
-            inline_idle_run_us=float(d.get("inline_idle_run_us", 5000.0)),
-            max_model_bytes=int(d.get("max_model_bytes", 4 << 30)),
-            socket_mode=int(mgr.get("socket_mode", 0o666)),
-            admin_group=mgr.get("admin_group") or None,
-            max_frame=int(mgr.get("max_frame", 1 << 20)),
-            cache_max_entries=int(cfg.section("cache").get("max_entries", 4096)),
-            options=dict(d.get("options", {})),
-        )
 
 
 @dataclass(eq=False)
@@ -134,6 +85,7 @@ class DriverHost(ExecutionMixin):
         self.ended_grants: OrderedDict[str, bool] = OrderedDict()
         self.tombstones: OrderedDict[int, str] = OrderedDict()
         self.callback_conn: RpcConnection | None = None
+        self.clients: dict[RpcConnection, ClientConn] = {}
         self.manager_conn: RpcConnection | None = None
         self._next_model = 1
         self._next_pool = 1
@@ -217,7 +169,7 @@ class DriverHost(ExecutionMixin):
 
     def _admin(self, fn: Handler) -> Handler:
         def guarded(ctx: CallContext, payload: bytes) -> Any:
-            if not ctx.conn.state.get("admin"):
+            if not ctx.conn.admin:
                 close_fds(ctx.fds)
                 raise PermissionDenied(
                     f"{ctx.method} is for npud and admins only (uid {ctx.peer.uid} is neither)"
@@ -233,13 +185,15 @@ class DriverHost(ExecutionMixin):
         if conn is self.manager_conn:
             self.manager_conn = None
             self.manager_lost.set()
-        for job in list(_conn_jobs(conn)):
-            self.scheduler.cancel(job, EndReason.CANCELLED_USER)
-        for model_id in list(_conn_models(conn)):
-            self._drop_model(model_id, None)
-        for pool in _conn_pools(conn).values():
-            pool.close()
-        _conn_pools(conn).clear()
+        client = self.clients.pop(conn, None)
+        if client is not None:
+            for job in list(client.jobs):
+                self.scheduler.cancel(job, EndReason.CANCELLED_USER)
+            for model_id in list(client.models):
+                self._drop_model(model_id, None)
+            for pool in client.pools.values():
+                pool.close()
+            client.pools.clear()
         self._arm()
 
     # --- timers (debounce windows) ----------------------------------------------------
@@ -381,7 +335,7 @@ class DriverHost(ExecutionMixin):
                            input_names=frozenset(i.name for i in prepared.inputs),
                            output_names=frozenset(o.name for o in prepared.outputs))
         self.models[model_id] = entry
-        _conn_models(conn).add(model_id)
+        self._client(conn).models.add(model_id)
         if grant is not None:
             grant.models.add(model_id)
         if self.manager_conn is not None and grant is not None:
@@ -395,7 +349,7 @@ class DriverHost(ExecutionMixin):
         entry = self.models.pop(model_id, None)
         if entry is None:
             return
-        _conn_models(entry.conn).discard(model_id)
+        self._client(entry.conn).models.discard(model_id)
         if entry.grant_id is not None and entry.grant_id in self.grants:
             self.grants[entry.grant_id].models.discard(model_id)
         reason = EndReason.CANCELLED_USER
@@ -414,7 +368,7 @@ class DriverHost(ExecutionMixin):
         entry = self.models.get(model_id)
         if entry is None or entry.conn is not ctx.conn:
             why = self.tombstones.get(model_id)
-            if why is not None and model_id in _conn_models(ctx.conn) | {model_id}:
+            if why is not None and model_id in self._client(ctx.conn).models | {model_id}:
                 raise GrantRevoked(why)
             raise InvalidArgument(f"no prepared model {model_id} on this connection")
         return entry
@@ -425,17 +379,17 @@ class DriverHost(ExecutionMixin):
         try:
             if len(fds) != 1:
                 raise InvalidArgument(f"register_pool takes one memfd, got {len(fds)} fds")
-            pool = tensors.MappedPool(fds[0], msg.size)
+            pool = tensorio.MappedPool(fds[0], msg.size)
         finally:
             close_fds(fds)
         pool_id = self._next_pool
         self._next_pool += 1
-        _conn_pools(ctx.conn)[pool_id] = pool
+        self._client(ctx.conn).pools[pool_id] = pool
         return pb.PoolId(pool_id=pool_id)
 
     def _unregister_pool(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.PoolId.FromString(payload)
-        pool = _conn_pools(ctx.conn).pop(msg.pool_id, None)
+        pool = self._client(ctx.conn).pools.pop(msg.pool_id, None)
         if pool is not None:
             pool.close()
         return Empty()
@@ -443,7 +397,7 @@ class DriverHost(ExecutionMixin):
 
     def _release(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.Release.FromString(payload)
-        if msg.model_id in _conn_models(ctx.conn):
+        if msg.model_id in self._client(ctx.conn).models:
             self._drop_model(msg.model_id, None)
         self._arm()
         return Empty()

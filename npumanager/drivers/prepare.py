@@ -24,8 +24,9 @@ from npumanager.errors import (
     GrantRevoked,
     InvalidArgument,
 )
+from npumanager.fds import close_fds
 from npumanager.proto.v1 import driver_pb2 as pb
-from npumanager.wire.conn import CallContext, close_fds
+from npumanager.wire.conn import CallContext
 
 if TYPE_CHECKING:
     from npumanager.drivers.host import DriverHost, Grant

@@ -31,7 +31,7 @@ import numpy as np
 from npumanager.drivers.base import PreparedModel, TensorInfo
 from npumanager.drivers.cache_io import dup_fds
 from npumanager.errors import GeneralFailure, InvalidArgument
-from npumanager.nn.cache_files import close_fds
+from npumanager.fds import close_fds
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ import os
 
 from npumanager import paths
 from npumanager.errors import PermissionDenied
+from npumanager.fds import close_fds
 from npumanager.hal.types import (
     DEBOUNCE_DURATION_MS,
     EndReason,
@@ -22,7 +23,6 @@ from npumanager.hal.wire import SERVICE, configs_msg, work_event_from_payload
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.client import SyncRpcClient
-from npumanager.wire.conn import close_fds
 
 
 class IScheduling:

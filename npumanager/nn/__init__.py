@@ -25,8 +25,9 @@ from npumanager.errors import (
 # Compilation caching helpers (owned by the cache engineer).
 from npumanager.nn.cache_files import cache_file_names as cache_file_names
 from npumanager.nn.device import Capabilities, Device, ExecutionPreference, Priority
-from npumanager.nn.model import Model, TensorSpec
+from npumanager.nn.model import Model
 from npumanager.nn.token import driver_token as driver_token
+from npumanager.tensorio import TensorSpec
 
 
 def devices(runtime_dir: str | os.PathLike[str] | None = None) -> list[Device]:

@@ -13,11 +13,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from npumanager.cachetoken import MAX_NUMBER_OF_CACHE_FILES, check_token
 from npumanager.errors import InvalidArgument
-from npumanager.nn.token import check_token
-
-#: MAX_NUMBER_OF_CACHE_FILES: the limit for each kind of cache file.
-MAX_NUMBER_OF_CACHE_FILES = 32
+from npumanager.fds import close_fds
 
 CACHE_FILE_MODE = 0o600
 
@@ -52,15 +50,6 @@ def cache_file_names(
     return model, data
 
 
-def close_fds(fds: Sequence[int]) -> None:
-    """Close every fd, ignoring ones already closed."""
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
 def open_cache_files(paths: Sequence[str | os.PathLike[str]], create: bool) -> list[int] | None:
     """Open every path O_RDWR (mode 0600 when created); None if any cannot be opened.
 
@@ -82,7 +71,6 @@ __all__ = [
     "CACHE_FILE_MODE",
     "MAX_NUMBER_OF_CACHE_FILES",
     "cache_file_names",
-    "close_fds",
     "open_cache_files",
     "token_string",
 ]

@@ -28,12 +28,14 @@ from npumanager.errors import (
     NpuError,
     ServiceUnavailable,
 )
+from npumanager.fds import close_fds
 from npumanager.hal.wire import SERVICE
+from npumanager.nn.cache_files import cache_file_names, open_cache_files
 from npumanager.nn.model import Model
+from npumanager.nn.token import check_token, driver_token
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.client import SyncRpcClient
-from npumanager.wire.conn import close_fds
 
 log = logging.getLogger("npumanager.nn")
 
@@ -181,8 +183,6 @@ class Device:
         token: bytes | None = None,
     ) -> Model:
         """Prepare ``model`` (ONNX path or bytes) under ``grant``; NNAPI caching if asked."""
-        from npumanager.nn.token import check_token
-
         if int(preference) not in (0, 1, 2):
             raise InvalidArgument(f"unknown execution preference {preference!r}")
         if int(priority) not in (90, 100, 110):
@@ -197,9 +197,6 @@ class Device:
         n_model, n_data = self.get_number_of_cache_files_needed()
         if n_model + n_data == 0:
             return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), b"", [], 0)
-        from npumanager.nn.cache_files import cache_file_names, open_cache_files
-        from npumanager.nn.token import driver_token
-
         dtoken = driver_token(token, self.name, self.version, int(preference), int(priority))
         model_paths, data_paths = cache_file_names(cache_dir, dtoken, n_model, n_data)
         fds = open_cache_files([*model_paths, *data_paths], create=False)

@@ -12,15 +12,15 @@ import itertools
 import mmap
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from npumanager.drivers import tensors
+from npumanager import tensorio
 from npumanager.errors import InvalidArgument, ServiceUnavailable
+from npumanager.fds import close_fds
 from npumanager.proto.v1 import driver_pb2 as pb
-from npumanager.wire.conn import close_fds
+from npumanager.tensorio import TensorSpec
 
 if TYPE_CHECKING:
     from npumanager.nn.device import Device
@@ -28,20 +28,6 @@ if TYPE_CHECKING:
 
 _MIN_POOL = 1 << 20
 _exec_ids = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A model input or output as the driver reports it (-1 = dynamic dimension)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def static_nbytes(self) -> int | None:
-        if any(d < 0 for d in self.shape):
-            return None
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
 def _pool_size(n: int) -> int:
@@ -67,14 +53,14 @@ class Model:
         self._inline_limit = device.capabilities.inline_limit
         sizes = [spec.static_nbytes() for spec in self.outputs]
         self._dynamic_outputs = sum(n is None for n in sizes)
-        self._static_out_need = sum(tensors.align(n) for n in sizes
+        self._static_out_need = sum(tensorio.align(n) for n in sizes
                                     if n is not None and n > self._inline_limit)
         self._lock = threading.Lock()
-        self._free_pools: list[tensors.ClientPool] = []
-        self._staging: tensors.ClientPool | None = None
+        self._free_pools: list[tensorio.ClientPool] = []
+        self._staging: tensorio.ClientPool | None = None
         self._staging_end = 0
         self._staging_lock = threading.Lock()
-        self._all_pools: list[tensors.ClientPool] = []
+        self._all_pools: list[tensorio.ClientPool] = []
 
     def __repr__(self) -> str:
         state = "released" if self.released else "prepared"
@@ -84,12 +70,12 @@ class Model:
 
     # --- pools ----------------------------------------------------------------------
 
-    def _take_pool(self, need: int) -> tensors.ClientPool:
+    def _take_pool(self, need: int) -> tensorio.ClientPool:
         with self._lock:
             for i, pool in enumerate(self._free_pools):
                 if pool.size >= need:
                     return self._free_pools.pop(i)
-        pool = tensors.ClientPool(_pool_size(need))
+        pool = tensorio.ClientPool(_pool_size(need))
         try:
             payload, _ = self.device.call(
                 self._rpc, "device.register_pool", pb.RegisterPool(size=pool.size), fds=[pool.fd]
@@ -102,7 +88,7 @@ class Model:
             self._all_pools.append(pool)
         return pool
 
-    def _give_pool(self, pool: tensors.ClientPool) -> None:
+    def _give_pool(self, pool: tensorio.ClientPool) -> None:
         with self._lock:
             if self.released:
                 pool.close()
@@ -127,14 +113,14 @@ class Model:
                                       "give its shape")
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
             layout.append((spec.name, spec.dtype, shape, pos))
-            pos = tensors.align(pos + nbytes)
+            pos = tensorio.align(pos + nbytes)
         out_need = self._static_out_need + self._dynamic_outputs * pos
         with self._lock:
             old, self._staging = self._staging, None
         if old is not None:
             self._give_pool(old)
         pool = self._take_pool(pos + out_need)
-        views = {name: tensors.view_in(pool.buf, off, int(np.prod(shape, dtype=np.int64))
+        views = {name: tensorio.view_in(pool.buf, off, int(np.prod(shape, dtype=np.int64))
                                        * np.dtype(dt).itemsize, dt, shape, name)
                  for name, dt, shape, off in layout}
         with self._lock:
@@ -142,7 +128,7 @@ class Model:
             self._staging_end = pos
         return views
 
-    def _staged_offset(self, pool: tensors.ClientPool, arr: np.ndarray) -> int | None:
+    def _staged_offset(self, pool: tensorio.ClientPool, arr: np.ndarray) -> int | None:
         """Where ``arr`` lies in ``pool`` if it is one of its views, else None."""
         base = np.frombuffer(pool.buf, np.uint8, count=1).ctypes.data
         addr = arr.ctypes.data
@@ -192,7 +178,7 @@ class Model:
         if staged:
             assert staging is not None
             self._staging_lock.acquire()
-            pool: tensors.ClientPool | None = staging
+            pool: tensorio.ClientPool | None = staging
             pos = self._staging_end
         else:
             big = [a for a in arrays.values() if a.nbytes > self._inline_limit]
@@ -201,29 +187,29 @@ class Model:
                 # Unknown until it runs: guess each is as large as the largest input.
                 nb = max((a.nbytes for a in arrays.values()), default=0)
                 if nb > self._inline_limit:
-                    out_need += self._dynamic_outputs * tensors.align(nb)
-            in_need = sum(tensors.align(a.nbytes) for a in big)
+                    out_need += self._dynamic_outputs * tensorio.align(nb)
+            in_need = sum(tensorio.align(a.nbytes) for a in big)
             pool = self._take_pool(in_need + out_need) if (big or out_need) else None
             pos = 0
         try:
             for name, arr in arrays.items():
-                dt = tensors.dtype_name(arr.dtype)
+                dt = tensorio.dtype_name(arr.dtype)
                 if name in staged:
                     assert pool is not None
                     msg.inputs.add(name=name, dtype=dt, shape=arr.shape, pool_id=pool.pool_id,
                                    offset=staged[name], nbytes=arr.nbytes)
                 elif pool is not None and arr.nbytes > self._inline_limit:
-                    start = tensors.align(pos)
-                    view = tensors.view_in(pool.buf, start, arr.nbytes, dt, arr.shape, name)
+                    start = tensorio.align(pos)
+                    view = tensorio.view_in(pool.buf, start, arr.nbytes, dt, arr.shape, name)
                     np.copyto(view, arr)
                     del view
                     msg.inputs.add(name=name, dtype=dt, shape=arr.shape, pool_id=pool.pool_id,
                                    offset=start, nbytes=arr.nbytes)
                     pos = start + arr.nbytes
                 else:
-                    tensors.add_inline(msg.inputs, name, arr)
+                    tensorio.add_inline(msg.inputs, name, arr)
             if pool is not None:
-                pos = tensors.align(pos)
+                pos = tensorio.align(pos)
                 msg.out_pool_id = pool.pool_id
                 msg.out_offset = pos
                 msg.out_capacity = pool.size - pos
@@ -239,7 +225,7 @@ class Model:
             elif pool is not None:
                 self._give_pool(pool)
 
-    def _outputs(self, res: pb.ExecuteResult, pool: tensors.ClientPool | None, fds: list[int],
+    def _outputs(self, res: pb.ExecuteResult, pool: tensorio.ClientPool | None, fds: list[int],
                  copy: bool = True) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         reply_map: mmap.mmap | None = None
@@ -250,16 +236,16 @@ class Model:
                         if not fds:
                             raise ServiceUnavailable("the driver's output memfd did not arrive")
                         reply_map = mmap.mmap(fds[0], 0, mmap.MAP_SHARED, mmap.PROT_READ)
-                    out[t.name] = tensors.view_in(reply_map, t.offset, t.nbytes, t.dtype,
+                    out[t.name] = tensorio.view_in(reply_map, t.offset, t.nbytes, t.dtype,
                                                   t.shape, t.name).copy()
                 elif t.pool_id:
                     if pool is None or t.pool_id != pool.pool_id:
                         raise ServiceUnavailable("the driver named a pool this call did not use")
-                    view = tensors.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape,
+                    view = tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape,
                                            t.name)
                     out[t.name] = view.copy() if copy else view
                 else:
-                    out[t.name] = tensors.inline_array(t).copy()
+                    out[t.name] = tensorio.inline_array(t).copy()
         finally:
             if reply_map is not None:
                 reply_map.close()

@@ -14,24 +14,10 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from npumanager.cachetoken import BYTE_SIZE_OF_CACHE_TOKEN, check_token
 from npumanager.errors import InvalidArgument
 
-#: ANEURALNETWORKS_BYTE_SIZE_OF_CACHE_TOKEN.
-BYTE_SIZE_OF_CACHE_TOKEN = 32
-
 _INT32 = struct.Struct("<i")
-
-
-def check_token(token: object, what: str = "cache token") -> bytes:
-    """``token`` as bytes if it is exactly 32 bytes; otherwise InvalidArgument."""
-    if not isinstance(token, bytes | bytearray | memoryview):
-        raise InvalidArgument(f"{what} must be bytes, not {type(token).__name__}")
-    raw = bytes(token)
-    if len(raw) != BYTE_SIZE_OF_CACHE_TOKEN:
-        raise InvalidArgument(
-            f"{what} must be exactly {BYTE_SIZE_OF_CACHE_TOKEN} bytes, got {len(raw)}"
-        )
-    return raw
 
 
 def _int32(value: int, name: str) -> bytes:

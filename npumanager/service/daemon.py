@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib
 import itertools
 import json
 import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from npumanager import __version__
 from npumanager.clock import Clock, MonotonicClock
 from npumanager.config import Config
 from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
@@ -45,6 +44,10 @@ from npumanager.service import events as ev
 from npumanager.service.driver_link import DriverControl, DriverEvents, NoDrivers
 from npumanager.service.integrations import Integrations
 from npumanager.service.logs import DECISIONS, decision
+from npumanager.service.policy import ManagerParams
+from npumanager.service.state import ManagerState
+from npumanager.service.supervisor import DriverSupervisor
+from npumanager.version import __version__
 from npumanager.wire.conn import RpcConnection
 from npumanager.wire.server import RpcServer, resolve_group
 
@@ -63,22 +66,23 @@ def drivers_enabled(cfg: Config) -> bool:
 def make_driver_control(
     cfg: Config, runtime_dir: Path, events: DriverEvents, clock: Clock
 ) -> DriverControl:
-    """The one place npud builds its driver supervisor.
-
-    ``npumanager.service.supervisor.DriverSupervisor(cfg, runtime_dir, events, clock)``
-    is used when it exists and drivers are enabled; otherwise npud runs with
-    :class:`NoDrivers` (a pure manager)."""
+    """The one place npud builds its driver supervisor: a :class:`DriverSupervisor` when
+    drivers are enabled, else :class:`NoDrivers` (a pure manager)."""
     if not drivers_enabled(cfg):
         return NoDrivers()
-    try:
-        mod = importlib.import_module("npumanager.service.supervisor")
-    except ModuleNotFoundError as exc:
-        if exc.name != "npumanager.service.supervisor":
-            raise
-        log.warning("no driver supervisor in this build; serving without drivers")
-        return NoDrivers()
-    control: DriverControl = mod.DriverSupervisor(cfg, runtime_dir, events, clock)
-    return control
+    return DriverSupervisor(cfg, runtime_dir, events, clock)
+
+
+@dataclass(eq=False, slots=True)
+class ManagerClient:
+    """npud's state of one client connection."""
+
+    cid: int
+    #: The key its requests are filed under: its uid, or its app's key (unit identity).
+    key: int
+    conn: RpcConnection
+    #: It made a request: its death is reported to the state (ClientGone).
+    seen: bool = False
 
 
 class Daemon:
@@ -91,12 +95,10 @@ class Daemon:
         *,
         clock: Clock | None = None,
         drivers: DriverControl | None = None,
-        state: Any = None,
+        state: ManagerState | None = None,
         real_timers: bool = True,
         use_drivers: bool = True,
     ) -> None:
-        from npumanager.service.state import ManagerParams, ManagerState
-
         self.cfg = cfg
         self.runtime_dir = Path(runtime_dir)
         self.clock: Clock = clock if clock is not None else MonotonicClock()
@@ -109,6 +111,7 @@ class Daemon:
         else:
             self.drivers = NoDrivers()
         self.conns: dict[int, RpcConnection] = {}
+        self.clients: dict[RpcConnection, ManagerClient] = {}
         self._next_conn = itertools.count(1)
         self._stimuli = itertools.count(1)
         self._timers: dict[str, tuple[float, asyncio.TimerHandle | None]] = {}
@@ -291,24 +294,23 @@ class Daemon:
 
     def _on_connect(self, conn: RpcConnection) -> None:
         cid = next(self._next_conn)
-        conn.state["cid"] = cid
         # The key requests are filed under: the uid, or the app's systemd unit.
-        conn.state["uid"] = self.extras.identity(conn.peer.uid, conn.peer.pid)
+        key = self.extras.identity(conn.peer.uid, conn.peer.pid)
+        self.clients[conn] = ManagerClient(cid, key, conn)
         self.conns[cid] = conn
 
     def _on_disconnect(self, conn: RpcConnection, exc: BaseException | None) -> None:
-        cid = conn.state.get("cid")
-        if cid is None:
+        client = self.clients.pop(conn, None)
+        if client is None:
             return
-        self.conns.pop(cid, None)
+        self.conns.pop(client.cid, None)
         if self.stopping:
             return
-        if conn.state.get("uid_seen"):
+        if client.seen:
             self.submit_quietly(ev.ClientGone(stimulus_id=self.stimulus("gone"),
-                                              now=self.clock.now(), conn=cid))
-        key = conn.state.get("uid", conn.peer.uid)
-        if not any(c.state.get("uid") == key for c in self.conns.values()):
-            self.extras.client_gone(key)
+                                              now=self.clock.now(), conn=client.cid))
+        if not any(c.key == client.key for c in self.clients.values()):
+            self.extras.client_gone(client.key)
 
     # --- DriverEvents (called by the supervisor on this loop) -------------
 
@@ -335,9 +337,9 @@ class Daemon:
 
     # --- optional inputs (see integrations.py) -----------------------------
 
-    def client_seen(self, conn: RpcConnection) -> None:
-        conn.state["uid_seen"] = True
-        self.extras.client_seen(conn)
+    def client_seen(self, client: ManagerClient) -> None:
+        client.seen = True
+        self.extras.client_seen(client)
 
     def thermal_info(self) -> dict[str, Any]:
         return self.extras.thermal_info()

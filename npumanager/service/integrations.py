@@ -1,5 +1,5 @@
-"""npud's optional inputs: the thermal monitor, the Linux importance provider and the
-``[[app]]`` table, each wired in only when its module is installed.
+"""npud's inputs besides its clients: the thermal monitor, the Linux importance
+provider and the ``[[app]]`` table, each wired in when its config asks for it.
 
 What each feeds the state:
 
@@ -21,43 +21,34 @@ What each feeds the state:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from npumanager.constants import ThermalStatus
 from npumanager.errors import NpuError
 from npumanager.hal.types import SchedulingConfig
 from npumanager.service import events as ev
-from npumanager.wire.conn import RpcConnection
+from npumanager.service.apps import AppEntry, AppTable
+from npumanager.service.importance import ProcessImportance
+from npumanager.thermal.monitor import ThermalMonitor
 
 if TYPE_CHECKING:
-    from npumanager.service.daemon import Daemon
+    from npumanager.service.daemon import Daemon, ManagerClient
 
 log = logging.getLogger("npumanager.npud")
-
-
-def optional(module: str, attr: str) -> Any:
-    """``module.attr`` if another component is installed, else None."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module.startswith(exc.name):
-            return None
-        raise
-    return getattr(mod, attr, None)
 
 
 class Integrations:
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
-        self.thermal: Any = None
-        self.importance: Any = None
-        self.apps: Any = None
+        self.thermal: ThermalMonitor | None = None
+        self.importance: ProcessImportance | None = None
+        self.apps: AppTable | None = None
         self.unit_identity = False
         self.status = ThermalStatus.NONE
         self._override: ThermalStatus | None = None
-        self._app_by_key: dict[int, Any] = {}
+        self._app_by_key: dict[int, AppEntry] = {}
         self._importance_of: dict[int, int] = {}
         #: Keys whose importance an admin set: the process provider never overrides them
         #: (precedence: admin API, then [[app]], then the process).
@@ -74,22 +65,18 @@ class Integrations:
     def setup(self) -> None:
         cfg = self.d.cfg
         imp_section = cfg.section("importance")
-        app_table = optional("npumanager.service.apps", "AppTable")
-        if app_table is not None and (cfg.apps() or imp_section.get("identity") == "unit"):
-            self.apps = app_table.from_config(cfg)
-            self.unit_identity = getattr(self.apps, "identity_mode", "uid") == "unit"
-            self._app_by_key = {e.key: e for e in getattr(self.apps, "entries", [])}
+        if cfg.apps() or imp_section.get("identity") == "unit":
+            self.apps = AppTable.from_config(cfg)
+            self.unit_identity = self.apps.identity_mode == "unit"
+            self._app_by_key = {e.key: e for e in self.apps.entries}
             self.d.drivers.set_scheduling_configs(list(self.apps.scheduling_table()))
-            for key, importance in dict(self.apps.importances()).items():
-                self._feed_importance(int(key), int(importance), "app-config")
-        monitor = optional("npumanager.thermal.monitor", "ThermalMonitor")
-        if monitor is not None:
-            section = cfg.section("thermal")
-            self.thermal = monitor(section, self.d.clock, self.d.drivers.temperatures)
-            self._spawn(self._poll_thermal(float(section.get("poll_interval_s", 1.0))))
-        provider = optional("npumanager.service.importance", "ProcessImportance")
-        if provider is not None and imp_section.get("from_process"):
-            self.importance = provider(imp_section)
+            for key, importance in self.apps.importances().items():
+                self._feed_importance(key, importance, "app-config")
+        section = cfg.section("thermal")
+        self.thermal = ThermalMonitor(section, self.d.clock, self.d.drivers.temperatures)
+        self._spawn(self._poll_thermal(float(section.get("poll_interval_s", 1.0))))
+        if imp_section.get("from_process"):
+            self.importance = ProcessImportance(imp_section)
             self._spawn(self._recheck_importance(
                 float(imp_section.get("recheck_interval_s", 2.0))))
         log.info("optional components: %s", self.wired())
@@ -97,14 +84,13 @@ class Integrations:
     def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        close = getattr(self.thermal, "close", None)
-        if close is not None:
+        if self.thermal is not None:
             try:
-                close()
+                self.thermal.close()
             except Exception:
                 log.exception("closing the thermal monitor failed")
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -113,10 +99,10 @@ class Integrations:
 
     def identity(self, uid: int, pid: int) -> int:
         """The key npud uses for a client: its uid, or its systemd unit's app key."""
-        if not self.unit_identity or pid <= 0:
+        if not self.unit_identity or pid <= 0 or self.apps is None:
             return uid
         try:
-            return int(self.apps.identity(uid, pid))
+            return self.apps.identity(uid, pid)
         except Exception:
             log.exception("app identity of pid %d failed; using uid %d", pid, uid)
             return uid
@@ -143,17 +129,18 @@ class Integrations:
         """An admin set this key's importance (set_uid_importance); it now wins."""
         self._admin_keys.add(key)
 
-    def client_seen(self, conn: RpcConnection) -> None:
+    def client_seen(self, client: ManagerClient) -> None:
         """A connection's first request: derive its importance from its process if asked."""
         if self.importance is None:
             return
-        key = int(conn.state.get("uid", conn.peer.uid))
+        key = client.key
         if key in self._importance_of or key in self._app_by_key or key in self._admin_keys:
             return
+        pid = client.conn.peer.pid
         try:
-            imp = self.importance.importance_of(conn.peer.pid)
+            imp = self.importance.importance_of(pid)
         except Exception:
-            log.exception("importance provider failed for pid %d", conn.peer.pid)
+            log.exception("importance provider failed for pid %d", pid)
             return
         if imp is not None:
             self._feed_importance(key, int(imp), "importance")
@@ -166,15 +153,15 @@ class Integrations:
         if self.importance is None:
             return
         fresh: dict[int, int] = {}
-        for conn in list(self.d.conns.values()):
-            key = int(conn.state.get("uid", conn.peer.uid))
+        for client in list(self.d.clients.values()):
+            key, pid = client.key, client.conn.peer.pid
             if (key in fresh or key in self._app_by_key or key in self._admin_keys
-                    or conn.peer.pid <= 0):
+                    or pid <= 0):
                 continue
             try:
-                imp = self.importance.importance_of(conn.peer.pid)
+                imp = self.importance.importance_of(pid)
             except Exception:
-                log.exception("importance provider failed for pid %d", conn.peer.pid)
+                log.exception("importance provider failed for pid %d", pid)
                 continue
             if imp is not None:
                 fresh[key] = int(imp)

@@ -39,19 +39,19 @@ PRIORITIES = {int(m): m for m in ModelPriority}
 
 
 def _require_admin(ctx: CallContext, what: str) -> None:
-    if not ctx.conn.state.get("admin"):
+    if not ctx.conn.admin:
         raise PermissionDenied(
             f"{what} is for admins (root, npud's uid or the admin group); uid {ctx.peer.uid} "
             f"is not one"
         )
 
 
-def _own_keys(ctx: CallContext) -> set[int]:
+def _own_keys(d: Daemon, ctx: CallContext) -> set[int]:
     """The keys the caller's requests are filed under: its uid, or its app's unit key."""
     keys = {ctx.peer.uid}
-    key = ctx.conn.state.get("uid")
-    if isinstance(key, int):
-        keys.add(key)
+    client = d.clients.get(ctx.conn)
+    if client is not None:
+        keys.add(client.key)
     return keys
 
 
@@ -74,21 +74,22 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
     clock = d.clock
     submit = d.submit
     stimulus = d.stimulus
+    clients = d.clients
 
     def request(ctx: CallContext, payload: bytes) -> HandlerResult:
         m = LoadRequest()
         _parse(m, payload)
-        conn = ctx.conn
-        if "uid_seen" not in conn.state:
-            d.client_seen(conn)
+        client = clients[ctx.conn]
+        if not client.seen:
+            d.client_seen(client)
         size = SIZES.get(m.size)
         priority = PRIORITIES.get(m.priority)
         if size is None or priority is None:
             _enum(ModelSize, m.size, "size")
             _enum(ModelPriority, m.priority, "priority")
         submit(ev.RequestLoad(
-            stimulus_id=stimulus("request"), now=clock.now(), uid=conn.state["uid"],
-            pid=conn.peer.pid, conn=conn.state["cid"], request_id=m.request_id,
+            stimulus_id=stimulus("request"), now=clock.now(), uid=client.key,
+            pid=ctx.conn.peer.pid, conn=client.cid, request_id=m.request_id,
             size=size, priority=priority,  # type: ignore[arg-type]  # checked above
         ))
         return EMPTY
@@ -100,9 +101,9 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         def handler(ctx: CallContext, payload: bytes) -> HandlerResult:
             m = RequestRef()
             _parse(m, payload)
-            submit(event(stimulus_id=stimulus(kind), now=clock.now(),
-                         uid=ctx.conn.state["uid"], conn=ctx.conn.state["cid"],
-                         request_id=m.request_id))
+            client = clients[ctx.conn]
+            submit(event(stimulus_id=stimulus(kind), now=clock.now(), uid=client.key,
+                         conn=client.cid, request_id=m.request_id))
             return EMPTY
 
         return handler
@@ -137,11 +138,8 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
     def dump(ctx: CallContext, payload: bytes) -> HandlerResult:
         from npumanager.service.daemon import to_json
 
-        conn = ctx.conn
-        if conn.state.get("admin"):
-            dump = admin_view(d.dump())
-        else:
-            dump = own_view(d.dump(), _own_keys(ctx))
+        full = d.dump()
+        dump = admin_view(full) if ctx.conn.admin else own_view(full, _own_keys(d, ctx))
         text = to_json(dump)
         limit = ctx.conn.max_frame - 1024
         requests = dump.get("requests")
@@ -166,7 +164,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
 
         m = StoryRequest()
         _parse(m, payload)
-        if not ctx.conn.state.get("admin") and m.uid not in _own_keys(ctx):
+        if not ctx.conn.admin and m.uid not in _own_keys(d, ctx):
             raise PermissionDenied(
                 f"the story of uid {m.uid}'s request is for admins and that uid; "
                 f"uid {ctx.peer.uid} may read its own (`npu status --story "

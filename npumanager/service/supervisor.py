@@ -25,6 +25,7 @@ from typing import Any
 from npumanager.clock import Clock
 from npumanager.config import Config
 from npumanager.constants import ThermalStatus
+from npumanager.fds import close_fds
 from npumanager.hal.types import DEBOUNCE_DURATION_MS, EndReason, SchedulingConfig
 from npumanager.hal.wire import SERVICE, configs_msg, work_event_from_payload
 from npumanager.paths import ensure_drivers_dir
@@ -33,7 +34,7 @@ from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.service.driver_link import DriverEvents
 from npumanager.wire.client import connect_async
-from npumanager.wire.conn import CallContext, RpcConnection, close_fds
+from npumanager.wire.conn import CallContext, RpcConnection
 
 log = logging.getLogger("npumanager.service.supervisor")
 
@@ -169,7 +170,7 @@ class DriverSupervisor:
                 slot.conn.push(method, msg)
 
     def _command(self, slot: DriverSlot) -> list[str]:
-        from npumanager.drivers.host import HostConfig
+        from npumanager.hal.host_config import HostConfig
 
         hc = HostConfig.from_config(self.cfg, slot.name)
         hc.enforce_admission = self.enforce_admission

@@ -24,7 +24,7 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Protocol, TypeAlias, cast
 
 from google.protobuf.message import Message
 
@@ -35,6 +35,8 @@ from npumanager.errors import (
     error_from_wire,
     error_to_wire,
 )
+from npumanager.fds import close_fds as close_fds  # re-exported: older imports name it here
+from npumanager.proto.v1.wire_pb2 import Hello
 from npumanager.wire.framing import (
     DEFAULT_MAX_FRAME,
     ERROR,
@@ -128,14 +130,6 @@ def frame_bytes(kind: int, call_id: int, name: str, payload: Payload | None, n_f
     return _pack_header(n, kind, n_fds, len(nb), call_id) + nb + body
 
 
-def close_fds(fds: Sequence[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
 def take_fds(anc: list[tuple[int, int, bytes]], into: collections.deque[int]) -> None:
     """Append the fds of SCM_RIGHTS ancillary data to ``into``, in arrival order."""
     for level, kind, cdata in anc:
@@ -169,8 +163,11 @@ class RpcConnection:
         self.name = name
         self.max_frame = max_frame
         self.on_close = on_close
-        #: Free-form per-connection state for the service (hello done, admin, ...).
-        self.state: dict[str, Any] = {}
+        #: Set by the server's handshake (``hello``): what the peer said, and whether it
+        #: is an admin. A service keeps its own typed per-connection state, keyed by
+        #: the connection.
+        self.hello: Hello | None = None
+        self.admin = False
         self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder(max_frame)
         self._fdq: collections.deque[int] = collections.deque()

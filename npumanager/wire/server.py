@@ -15,9 +15,9 @@ import socket
 from collections import Counter
 from collections.abc import Callable
 
-from npumanager import __version__
 from npumanager.errors import LimitExceeded, ProtocolError
 from npumanager.proto.v1.wire_pb2 import Hello, HelloReply
+from npumanager.version import __version__
 from npumanager.wire.conn import (
     CallContext,
     Handler,
@@ -118,8 +118,8 @@ class RpcServer:
             raise ProtocolError(
                 f"this socket serves {self.service!r}, not {hello.service!r}; check the path"
             )
-        conn.state["hello"] = hello
-        conn.state["admin"] = is_admin(conn.peer, self.admin_gid, os.getuid())
+        conn.hello = hello
+        conn.admin = is_admin(conn.peer, self.admin_gid, os.getuid())
         conn.open_gate()
         return HelloReply(
             protocol_version=PROTOCOL_VERSION,
@@ -127,7 +127,7 @@ class RpcServer:
             server_version=__version__,
             uid=conn.peer.uid,
             pid=max(conn.peer.pid, 0),
-            admin=conn.state["admin"],
+            admin=conn.admin,
             max_frame=self.max_frame,
         )
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel
 from npumanager.drivers.cache_store import DriverCache
 from npumanager.errors import GeneralFailure, InvalidArgument
-from npumanager.nn.cache_files import cache_file_names, close_fds, open_cache_files
+from npumanager.fds import close_fds
+from npumanager.nn.cache_files import cache_file_names, open_cache_files
 
 OPTS = CompileOptions()
 

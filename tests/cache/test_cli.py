@@ -10,7 +10,8 @@ import pytest
 
 from npumanager.cli.main import main
 from npumanager.drivers.cache_store import DriverCache
-from npumanager.nn.cache_files import cache_file_names, close_fds, open_cache_files
+from npumanager.fds import close_fds
+from npumanager.nn.cache_files import cache_file_names, open_cache_files
 
 TOKENS = [bytes([i]) * 32 for i in range(1, 4)]
 

@@ -19,7 +19,8 @@ import pytest
 from npumanager.drivers.cache_store import DriverCache
 from npumanager.drivers.reference import ReferenceDriver
 from npumanager.errors import GeneralFailure, InvalidArgument
-from npumanager.nn.cache_files import cache_file_names, close_fds, open_cache_files
+from npumanager.fds import close_fds
+from npumanager.nn.cache_files import cache_file_names, open_cache_files
 from tests.cache.flow import OPTS, compile_and_save, prepare, try_load
 from tests.cache.models import LinearModel
 

@@ -14,7 +14,8 @@ from npumanager.drivers.reference import ReferenceDriver
 from npumanager.drivers.reference_cache import artifacts_from_onnx
 from npumanager.drivers.staged import CacheRewriter, StagedModel, check_mode
 from npumanager.errors import GeneralFailure, InvalidArgument
-from npumanager.nn.cache_files import cache_file_names, close_fds, open_cache_files
+from npumanager.fds import close_fds
+from npumanager.nn.cache_files import cache_file_names, open_cache_files
 from tests.cache.flow import OPTS, try_load
 from tests.cache.models import LinearModel
 

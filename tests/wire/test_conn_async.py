@@ -20,6 +20,8 @@ Body = Callable[[str, RpcServer], Awaitable[None]]
 
 
 def _run(runtime_dir: Path, body: Body, **server_kw: object) -> None:
+    sent: list[int] = []  # fds given away by give_fd, closed at the end
+
     async def main() -> None:
         seen: list[bytes] = []
 
@@ -40,7 +42,7 @@ def _run(runtime_dir: Path, body: Body, **server_kw: object) -> None:
             r, w = os.pipe()
             os.write(w, payload)
             os.close(w)
-            ctx.conn.state.setdefault("sent", []).append(r)
+            sent.append(r)
             return b"", [r]
 
         def empty(ctx: CallContext, payload: bytes) -> HandlerResult:
@@ -53,9 +55,8 @@ def _run(runtime_dir: Path, body: Body, **server_kw: object) -> None:
         try:
             await body(path, srv)
         finally:
-            for conn in srv.connections:
-                for fd in conn.state.get("sent", []):
-                    os.close(fd)
+            for fd in sent:
+                os.close(fd)
             await srv.close("done")
 
     asyncio.run(main())

@@ -1,19 +1,15 @@
-"""Tensors on the device socket: inline bytes, or offsets into a shared-memory pool.
+"""Tensors on the device socket: inline bytes, or views at offsets in a mapped pool.
 
-Both ends use these codecs. A pool is a sealed memfd (it can neither shrink
-nor grow, so the driver's mapping can never fault with SIGBUS however the
-client misbehaves); the client registers it once and then only
-(pool, offset, nbytes) travel. Every offset a client names is bounds-checked.
+Both ends use these codecs (the client in :mod:`npumanager.nn`, the driver host
+in :mod:`npumanager.drivers`). Every dtype, shape and offset a peer names is
+checked: only numeric dtypes, no negative dimensions, bytes inside the pool.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import math
 import mmap
-import os
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,11 +18,8 @@ import numpy as np
 from npumanager.errors import InvalidArgument
 from npumanager.proto.v1 import driver_pb2 as pb
 
-#: Tensors above this many bytes go through a pool when the client has one.
-DEFAULT_INLINE_LIMIT = 64 * 1024
 ALIGN = 64
 _ALLOWED_KINDS = set("biuf")  # bool, signed, unsigned, float: no object/str dtypes
-_REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
 def align(n: int) -> int:
@@ -98,55 +91,3 @@ def view_in(buf: mmap.mmap, offset: int, nbytes: int, dtype: str,
         raise InvalidArgument(f"{what}: bytes {offset}..{offset + nbytes} lie outside the pool "
                               f"of {len(buf)} bytes")
     return np.frombuffer(buf, dtype=dt, count=n, offset=offset).reshape(tuple(shape))
-
-
-class MappedPool:
-    """The driver's mapping of a client's sealed memfd pool."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        try:
-            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        except OSError:
-            raise InvalidArgument("a pool must be a memfd created with sealing allowed") from None
-        if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
-            raise InvalidArgument("a pool memfd must be sealed against shrinking and growing")
-        actual = os.fstat(fd).st_size
-        if size <= 0 or actual < size:
-            raise InvalidArgument(f"pool claims {size} bytes but the memfd holds {actual}")
-        self.size = size
-        self.buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-
-    def close(self) -> None:
-        try:
-            self.buf.close()
-        except BufferError:
-            # A numpy view still exists (a running step); the GC unmaps it later.
-            pass
-
-
-class ClientPool:
-    """The client's pool: a sealed memfd it writes inputs to and reads outputs from."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.fd = os.memfd_create("npu-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, size)
-            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _REQUIRED_SEALS)
-            self.buf = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(self.fd)
-            raise
-        self.pool_id = 0
-        # A pool nobody closed still gives its fd back when it is collected.
-        self._close_fd = weakref.finalize(self, os.close, self.fd)
-
-    def close(self) -> None:
-        try:
-            self.buf.close()
-        except BufferError:
-            pass  # a view is still out there; the mapping goes with the last one
-        if self.fd >= 0:
-            self._close_fd()
-            self.fd = -1

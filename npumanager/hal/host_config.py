@@ -1,0 +1,64 @@
+"""How npud starts a driver host: one [[driver]] entry plus the manager keys it needs.
+
+Kept apart from the driver host itself so npud can build and JSON-encode a
+host's config (``npu driver NAME --host-config-json``) without importing the
+host (numpy, ONNX Runtime).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager.config import Config
+
+#: Tensors above this many bytes go through a shared-memory pool when the client has one.
+DEFAULT_INLINE_LIMIT = 64 * 1024
+
+
+@dataclass
+class HostConfig:
+    """A [[driver]] entry and the manager keys the host needs."""
+
+    name: str
+    plugin: str = "reference"
+    channels: int = 2
+    enforce_admission: bool = True
+    thermal_cutoff: int = 500
+    inline_limit: int = DEFAULT_INLINE_LIMIT
+    grant_wait_s: float = 0.5
+    inline_run_us: float = 150.0
+    inline_idle_run_us: float = 5000.0
+    max_model_bytes: int = 4 << 30
+    socket_mode: int = 0o666
+    admin_group: str | int | None = None
+    max_frame: int = 1 << 20
+    cache_max_entries: int = 4096
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Config, name: str) -> HostConfig:
+        entries = [d for d in cfg.drivers() if d.get("name") == name]
+        if entries:
+            d = entries[0]
+        else:  # `npu driver X` for a driver the config does not list: X is the plugin
+            template = Config().drivers()[0]
+            d = {**template, "name": name, "plugin": name}
+        mgr = cfg.section("manager")
+        return cls(
+            name=name,
+            plugin=str(d.get("plugin", name)),
+            channels=int(d.get("channels", 2)),
+            enforce_admission=bool(mgr.get("enforce_admission", True)),
+            thermal_cutoff=int(d.get("thermal_holdback_priority", 500)),
+            inline_limit=int(d.get("inline_limit_bytes", DEFAULT_INLINE_LIMIT)),
+            grant_wait_s=float(d.get("grant_wait_s", 0.5)),
+            inline_run_us=float(d.get("inline_run_us", 150.0)),
+            inline_idle_run_us=float(d.get("inline_idle_run_us", 5000.0)),
+            max_model_bytes=int(d.get("max_model_bytes", 4 << 30)),
+            socket_mode=int(mgr.get("socket_mode", 0o666)),
+            admin_group=mgr.get("admin_group") or None,
+            max_frame=int(mgr.get("max_frame", 1 << 20)),
+            cache_max_entries=int(cfg.section("cache").get("max_entries", 4096)),
+            options=dict(d.get("options", {})),
+        )
