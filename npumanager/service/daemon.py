@@ -360,6 +360,7 @@ class Daemon:
             "uptime_s": round(time.time() - self.started_at, 3),
             "clients": len(self.conns),
             "internal_errors": self.internal_errors,
+            "accept_failures": self.server.accept_failures if self.server is not None else 0,
             "timers": len(self._timers),
             "components": self.extras.wired(),
         }
@@ -383,6 +384,9 @@ class Daemon:
             max_frame=int(mcfg.get("max_frame", 1 << 20)),
             max_connections_per_uid=int(mcfg.get("max_connections_per_uid", 64)),
             admin_gid=resolve_group(mcfg.get("admin_group") or None),
+            hello_timeout=float(mcfg.get("hello_timeout_s", 5.0)),
+            # No manager method takes fds: any fd a client sends closes its connection.
+            max_fds_in_flight=0,
             on_connect=self._on_connect,
             on_disconnect=self._on_disconnect,
         )

@@ -6,18 +6,41 @@ pushes at any time); with ``threaded=False`` the calling thread reads its own
 reply, which saves a thread hand-off per call (the device client's hot path).
 If the connection is lost every waiting call raises ServiceUnavailable at once
 and later calls raise it too: never a hang.
+
+Every wait is bounded (``ServiceUnavailable`` when it runs out, and the
+connection is closed, so a late answer cannot be mistaken for another's):
+
+* connecting: ``connect_timeout`` (5 s);
+* the handshake: ``hello_timeout`` (:data:`HELLO_TIMEOUT_S`, 10 s): a server that
+  accepted but does not answer (out of fds, wedged) is not serving;
+* every call: ``call_timeout``, by default :func:`default_call_timeout` of the
+  service: 30 s for npud (it answers every call at once; grants come by push),
+  300 s for a driver (an execute is answered when the work is done, which may
+  wait behind more important work). ``$NPU_CALL_TIMEOUT_S`` overrides both
+  defaults; a call's own ``timeout=`` overrides the client's.
+* sending: a peer that stops reading fails the send after ``call_timeout``.
 """
 
 from __future__ import annotations
 
 import array
+import asyncio
 import collections
 import logging
+import os
 import socket
+import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 
-from npumanager.errors import NpuError, ProtocolError, ServiceUnavailable, error_from_wire
+from npumanager.errors import (
+    CallerError,
+    NpuError,
+    ProtocolError,
+    ServiceUnavailable,
+    error_from_wire,
+)
 from npumanager.proto.v1.wire_pb2 import Hello, HelloReply
 from npumanager.wire.conn import (
     ANC_SIZE,
@@ -32,6 +55,7 @@ from npumanager.wire.conn import (
 from npumanager.wire.framing import (
     DEFAULT_MAX_FRAME,
     ERROR,
+    MAX_FDS,
     PROTOCOL_VERSION,
     PUSH,
     REPLY,
@@ -41,6 +65,33 @@ from npumanager.wire.framing import (
 )
 
 log = logging.getLogger("npumanager.wire.client")
+
+#: How long a client waits for the server's answer to its hello.
+HELLO_TIMEOUT_S = 10.0
+#: Default call timeouts per service (see the module docstring); others get the driver's.
+CALL_TIMEOUT_S = {"manager": 30.0}
+DRIVER_CALL_TIMEOUT_S = 300.0
+#: In unthreaded mode a blocked read wakes this often to check its call's deadline.
+_READ_TICK_S = 1.0
+
+
+def default_call_timeout(service: str) -> float:
+    """``$NPU_CALL_TIMEOUT_S`` if set, else the service's default."""
+    env = os.environ.get("NPU_CALL_TIMEOUT_S")
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = 0.0
+        if value > 0:
+            return value
+        log.warning("ignoring NPU_CALL_TIMEOUT_S=%r (want seconds > 0)", env)
+    return CALL_TIMEOUT_S.get(service, DRIVER_CALL_TIMEOUT_S)
+
+
+def _timeval(seconds: float) -> bytes:
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
 
 PushHandler = Callable[[str, bytes, list[int]], None]
 
@@ -67,9 +118,14 @@ class SyncRpcClient:
         max_frame: int = DEFAULT_MAX_FRAME,
         threaded: bool = True,
         connect_timeout: float = 5.0,
+        hello_timeout: float = HELLO_TIMEOUT_S,
+        call_timeout: float | None = None,
     ) -> None:
         self.path = path
         self.service = service
+        #: Seconds a call waits for its reply (see the module docstring).
+        self.call_timeout = call_timeout if call_timeout is not None else \
+            default_call_timeout(service)
         self.on_push = on_push
         self.on_close = on_close
         self.threaded = threaded
@@ -89,6 +145,13 @@ class SyncRpcClient:
             sock.close()
             raise ServiceUnavailable(f"cannot connect to {path}: {exc}") from None
         sock.settimeout(None)
+        # Kernel-side timeouts keep the socket blocking (no poll() per call on the hot
+        # path): a send to a peer that stopped reading fails after call_timeout, and in
+        # unthreaded mode a read wakes every tick so a waiting caller can give up.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(self.call_timeout))
+        if not threaded:
+            tick = max(0.01, min(_READ_TICK_S, hello_timeout / 4, self.call_timeout / 4))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(tick))
         self.sock = sock
         self.max_frame = max_frame
         self._decoder = FrameDecoder(max_frame)
@@ -112,6 +175,7 @@ class SyncRpcClient:
             payload, _ = self.call(
                 "hello",
                 Hello(protocol_version=PROTOCOL_VERSION, service=service, client_name=client_name),
+                timeout=hello_timeout,
             )
         except BaseException:
             self.close()
@@ -131,14 +195,19 @@ class SyncRpcClient:
             raise self._pending_error
         try:
             data, anc, _f, _a = self.sock.recvmsg(RECV_SIZE, ANC_SIZE)
+        except BlockingIOError:
+            return []  # SO_RCVTIMEO's tick (unthreaded mode): the caller checks its deadline
         except OSError as exc:
             raise ServiceUnavailable(f"connection to {self.service} lost: {exc}") from None
+        fdq = self._fdq
         if anc:
-            take_fds(anc, self._fdq)
+            take_fds(anc, fdq)
+            if len(fdq) > MAX_FDS:
+                raise ProtocolError(f"{len(fdq)} fds received; a frame carries at most "
+                                    f"{MAX_FDS}")
         if not data:
             raise ServiceUnavailable(f"the {self.service} service closed the connection")
         out = []
-        fdq = self._fdq
         frames = self._decoder.frames(data)
         for frame in frames:
             n_fds = frame[4]
@@ -149,6 +218,9 @@ class SyncRpcClient:
             # Route the good frames first; the next read reports the error.
             err, self._decoder.error = self._decoder.error, None
             self._pending_error = err
+        elif fdq and len(fdq) > self._decoder.pending_fds():
+            self._pending_error = ProtocolError(f"{len(fdq)} fds arrived that no frame "
+                                                f"announced")
         return out
 
     def _route(self, frame: RawFrame, fds: list[int]) -> None:
@@ -205,12 +277,15 @@ class SyncRpcClient:
             self.closed = True
             waiters = list(self._waiters.values())
             self._waiters.clear()
+        # Waiters learn why: a refusal they can act on keeps its type (LimitExceeded when
+        # the server turned the connection away), anything else is ServiceUnavailable.
         reason = exc if isinstance(exc, NpuError) else ServiceUnavailable(
             f"connection to the {self.service} service lost"
         )
         for w in waiters:
-            w.error = reason if isinstance(reason, ServiceUnavailable) else ServiceUnavailable(
-                str(reason))
+            w.error = (type(reason)(str(reason))
+                       if isinstance(reason, (CallerError, ServiceUnavailable))
+                       else ServiceUnavailable(str(reason)))
             w.done.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -243,9 +318,27 @@ class SyncRpcClient:
             raise self._unavailable()
         self._send(frame_bytes(PUSH, 0, method, payload, len(fds), self.max_frame), fds)
 
-    def _unavailable(self) -> ServiceUnavailable:
-        why = f": {self._close_reason}" if self._close_reason else ""
+    def _unavailable(self) -> NpuError:
+        reason = self._close_reason
+        if isinstance(reason, CallerError):  # refused: e.g. LimitExceeded, keep its type
+            return type(reason)(str(reason))
+        why = f": {reason}" if reason else ""
         return ServiceUnavailable(f"not connected to the {self.service} service{why}")
+
+    def _send_failed(self, exc: ServiceUnavailable) -> NpuError:
+        """The send failed; if the server refused us (it says why, then closes, possibly
+        before our frame went out) that reason is in our receive queue: read it."""
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=1.0)  # it routes what arrived, then sees the close
+        elif not self.threaded:
+            try:
+                for _ in range(4):
+                    for frame, fds in self._recv_some():
+                        self._route(frame, fds)
+            except NpuError:
+                pass
+        return self._unavailable() if isinstance(self._close_reason, CallerError) else exc
 
     def call(
         self,
@@ -254,7 +347,12 @@ class SyncRpcClient:
         fds: Sequence[int] = (),
         timeout: float | None = None,
     ) -> tuple[bytes, list[int]]:
-        """Call ``method``; returns (reply payload, received fds) or raises the peer's error."""
+        """Call ``method``; returns (reply payload, received fds) or raises the peer's error.
+
+        ``timeout``: seconds to wait for the reply (default: the client's
+        ``call_timeout``); past it the connection is closed and ServiceUnavailable raised."""
+        if timeout is None:
+            timeout = self.call_timeout
         w = _Waiter()
         with self._lock:
             if self.closed:
@@ -271,20 +369,34 @@ class SyncRpcClient:
         try:
             self._send(data, fds)
         except ServiceUnavailable as exc:
-            self._shutdown(exc)
-            raise
+            err = self._send_failed(exc)
+            self._shutdown(err)
+            raise err from None
         if self.threaded:
             if not w.done.wait(timeout):
-                with self._lock:
-                    self._waiters.pop(call_id, None)
-                raise TimeoutError(f"{method} got no reply within {timeout} s")
+                self._timed_out(call_id, w, method, timeout)
         else:
-            self._pump_until(w)
+            self._pump_until(w, time.monotonic() + timeout)
+            if not w.done.is_set():
+                self._timed_out(call_id, w, method, timeout)
         if w.error is not None:
             raise w.error
         return w.payload, w.fds
 
-    def _pump_until(self, w: _Waiter) -> None:
+    def _timed_out(self, call_id: int, w: _Waiter, method: str, timeout: float) -> None:
+        with self._lock:
+            gone = self._waiters.pop(call_id, None) is None
+        if gone:  # answered (or failed) just now; whoever took it sets w at once
+            w.done.wait()
+            return
+        err = ServiceUnavailable(
+            f"the {self.service} service did not answer {method} within {timeout} s; "
+            f"connection closed")
+        log.warning("%s", err)
+        self._shutdown(err)
+        raise err
+
+    def _pump_until(self, w: _Waiter, deadline: float) -> None:
         # One thread at a time reads; it routes every reply it receives. It must not
         # block in recv while holding a lock other callers wait on: a caller whose reply
         # it already routed would stay stuck until *its* reply came (a long execute).
@@ -292,8 +404,11 @@ class SyncRpcClient:
         while not w.done.is_set():
             with self._pump_cond:
                 while self._pumping and not w.done.is_set():
-                    self._pump_cond.wait()
-                if w.done.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._pump_cond.wait(left)
+                if w.done.is_set() or time.monotonic() >= deadline:
                     return
                 self._pumping = True
             try:
@@ -346,14 +461,27 @@ async def connect_async(
     client_name: str = "",
     max_frame: int = DEFAULT_MAX_FRAME,
     on_close: Callable[[RpcConnection, BaseException | None], None] | None = None,
+    connect_timeout: float = 5.0,
+    hello_timeout: float = HELLO_TIMEOUT_S,
+    call_timeout: float | None = None,
 ) -> tuple[RpcConnection, HelloReply]:
-    """Open an async connection and do the version handshake."""
+    """Open an async connection and do the version handshake, each bounded in time (see
+    the module docstring); ``call_timeout`` (default by service) bounds every later call."""
     conn = await open_connection(
-        path, handlers or {}, max_frame=max_frame, on_close=on_close, name=f"{service}-client"  # type: ignore[arg-type]
+        path, handlers or {}, max_frame=max_frame, on_close=on_close,  # type: ignore[arg-type]
+        name=f"{service}-client", connect_timeout=connect_timeout,
+        call_timeout=call_timeout if call_timeout is not None else default_call_timeout(service),
     )
-    payload, _ = await conn.call(
-        "hello", Hello(protocol_version=PROTOCOL_VERSION, service=service, client_name=client_name)
-    )
+    hello = Hello(protocol_version=PROTOCOL_VERSION, service=service, client_name=client_name)
+    try:
+        payload, _ = await asyncio.wait_for(conn.call("hello", hello), hello_timeout)
+    except TimeoutError:
+        conn.close(None)
+        raise ServiceUnavailable(f"the {service} service at {path} did not answer hello "
+                                 f"within {hello_timeout} s") from None
+    except BaseException:
+        conn.close(None)
+        raise
     reply = HelloReply()
     reply.ParseFromString(payload)
     return conn, reply

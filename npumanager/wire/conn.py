@@ -7,6 +7,12 @@ non-blocking socket with ``add_reader``/``add_writer`` and ``recvmsg``/
 ancillary data with the first byte of the frame it was sent with, so they are
 always there by then).
 
+Received fds are bounded: at most ``max_fds_in_flight`` may wait in the
+queue (per connection, and per uid through a shared :class:`FdBudget`), and
+after each read every queued fd must be announced by the frame still being
+received; any other fd is a ProtocolError that closes the connection and every
+fd it sent (a peer must not pin our fd table with fds nobody will take).
+
 One class serves both ends: a server wraps each accepted socket, a client
 wraps the socket it connected. Incoming REQUESTs go to a handler table;
 a handler may return a value (answered at once, in order) or a coroutine
@@ -29,6 +35,7 @@ from typing import Protocol, TypeAlias, cast
 from google.protobuf.message import Message
 
 from npumanager.errors import (
+    CallerError,
     NpuError,
     ProtocolError,
     ServiceUnavailable,
@@ -41,6 +48,7 @@ from npumanager.wire.framing import (
     DEFAULT_MAX_FRAME,
     ERROR,
     FRAME_HEADER,
+    MAX_FDS,
     MIN_BODY,
     PUSH,
     REPLY,
@@ -54,7 +62,9 @@ log = logging.getLogger("npumanager.wire")
 # Below glibc's mmap threshold (128 KiB): a larger recv buffer is mmapped and unmapped on
 # every call, which tripled the round trip (measured: 23 µs vs 83 µs raw, 64 vs 256 KiB).
 RECV_SIZE = 64 * 1024
-MAX_FDS_PER_RECV = 64
+#: Room for a whole frame's fds in one read (the kernel hands over one sendmsg's fds per
+#: read and would close what does not fit).
+MAX_FDS_PER_RECV = MAX_FDS
 ANC_SIZE = socket.CMSG_SPACE(MAX_FDS_PER_RECV * 4)
 #: A peer that stops reading gets disconnected once this much is queued for it.
 MAX_WRITE_BACKLOG = 32 * 1024 * 1024
@@ -82,6 +92,20 @@ def peer_credentials(sock: socket.socket) -> Peer:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", creds)
     return Peer(uid=uid, pid=pid, gid=gid)
+
+
+class FdBudget:
+    """Received fds not yet handed to a handler, counted across connections (one budget
+    per uid on a server): a uid with many connections cannot pin more than ``limit``."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def __repr__(self) -> str:
+        return f"<FdBudget {self.used}/{self.limit}>"
 
 
 class CallContext:
@@ -155,6 +179,10 @@ class RpcConnection:
         on_close: Callable[[RpcConnection, BaseException | None], None] | None = None,
         name: str = "conn",
         require_hello: bool = False,
+        max_fds_in_flight: int = MAX_FDS,
+        fd_budget: FdBudget | None = None,
+        fd_methods: frozenset[str] | None = None,
+        call_timeout: float | None = None,
     ) -> None:
         sock.setblocking(False)
         self.sock = sock
@@ -182,6 +210,18 @@ class RpcConnection:
         self._corked = False
         self._gated = require_hello
         self._closed_evt = asyncio.Event()
+        #: Received fds that may wait for their frame (0: this service takes no fds).
+        self.max_fds_in_flight = max_fds_in_flight
+        self._fd_budget = fd_budget
+        #: Methods that may receive fds (None: any; the handler owns what it gets).
+        self.fd_methods = fd_methods
+        #: A call unanswered this long (at most twice this) closes the connection with
+        #: ServiceUnavailable; None waits forever (servers: their peers do not answer calls).
+        self.call_timeout = call_timeout
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watch_mark = 0
+        #: Why the peer said it drops us (an ERROR frame with call id 0), for pending calls.
+        self._peer_error: NpuError | None = None
         self._fileno = sock.fileno()
         self._recvmsg = sock.recvmsg
         self._send = sock.send
@@ -209,8 +249,8 @@ class RpcConnection:
         except OSError as exc:
             self.close(exc)
             return
-        if anc:
-            take_fds(anc, self._fdq)
+        if anc and not self._took_fds(anc):
+            return
         if not data:
             self.close(None)
             return
@@ -220,14 +260,7 @@ class RpcConnection:
         self._corked = True
         try:
             for kind, call_id, name, payload, n_fds in decoder.frames(data):
-                if n_fds:
-                    fdq = self._fdq
-                    if n_fds > len(fdq):
-                        raise ProtocolError(
-                            f"frame announces {n_fds} fds but {len(fdq)} arrived")
-                    fds = [fdq.popleft() for _ in range(n_fds)]
-                else:
-                    fds = []
+                fds = self._frame_fds(n_fds) if n_fds else []
                 if kind in (REPLY, ERROR):
                     self._answered(kind, call_id, name, payload, fds)
                 else:
@@ -236,6 +269,10 @@ class RpcConnection:
                         return
             if decoder.error is not None:
                 raise decoder.error
+            if self._fdq and len(self._fdq) > decoder.pending_fds():
+                raise ProtocolError(
+                    f"{len(self._fdq)} fds arrived that no frame announced "
+                    f"({decoder.pending_fds()} may follow with the frame being received)")
         except ProtocolError as exc:
             self._corked = False
             self._protocol_error(exc)
@@ -244,6 +281,35 @@ class RpcConnection:
             self._corked = False
         if self._out and not self._writing:
             self._flush_now()
+
+    def _took_fds(self, anc: list[tuple[int, int, bytes]]) -> bool:
+        """Queue received fds within the bounds; on a breach close (False)."""
+        fdq = self._fdq
+        before = len(fdq)
+        take_fds(anc, fdq)
+        got = len(fdq) - before
+        budget = self._fd_budget
+        if budget is not None:
+            budget.used += got
+        if len(fdq) > self.max_fds_in_flight:
+            what = ("this service takes no fds" if not self.max_fds_in_flight else
+                    f"at most {self.max_fds_in_flight} may wait for their frame")
+            self._protocol_error(ProtocolError(f"{len(fdq)} fds received: {what}"))
+            return False
+        if budget is not None and budget.used > budget.limit:
+            self._protocol_error(ProtocolError(
+                f"uid {self.peer.uid} has {budget.used} fds waiting for their frames; "
+                f"the bound is {budget.limit}"))
+            return False
+        return True
+
+    def _frame_fds(self, n_fds: int) -> list[int]:
+        fdq = self._fdq
+        if n_fds > len(fdq):
+            raise ProtocolError(f"frame announces {n_fds} fds but {len(fdq)} arrived")
+        if self._fd_budget is not None:
+            self._fd_budget.used -= n_fds
+        return [fdq.popleft() for _ in range(n_fds)]
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         # A malformed frame closes this connection only; tell the peer why.
@@ -260,6 +326,7 @@ class RpcConnection:
             if kind == ERROR and call_id == 0:
                 log.warning("%s: peer reported %s: %s", self, name,
                             payload.decode(errors="replace"))
+                self._peer_error = error_from_wire(name, payload.decode(errors="replace"))
             return
         if kind == REPLY:
             fut.set_result((payload, fds))
@@ -269,6 +336,9 @@ class RpcConnection:
 
     def _dispatch(self, kind: int, call_id: int, method: str, payload: bytes,
                   fds: list[int]) -> None:
+        if fds and self.fd_methods is not None and method not in self.fd_methods:
+            close_fds(fds)
+            raise ProtocolError(f"{method!r} takes no fds; {len(fds)} came with it")
         handler = self.handlers.get(method)
         if handler is None:
             close_fds(fds)
@@ -354,13 +424,23 @@ class RpcConnection:
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError as exc:
-            self.close(exc)
+            self._lost_on_send(exc)
             return
         if n < len(data):
             self._out.append((memoryview(data)[n:], _NO_FDS))
             self._out_bytes += len(data) - n
             self._writing = True
             self._loop.add_writer(self._fileno, self._on_writable)
+
+    def _lost_on_send(self, exc: OSError) -> None:
+        """The peer is gone. If it said why before closing (a server refusing the
+        connection: LimitExceeded), that frame is in our receive queue: read it so
+        pending calls get that reason, then close."""
+        for _ in range(4):
+            if self.closed:
+                return
+            self._on_readable()
+        self.close(exc)
 
     def _flush_now(self) -> None:
         out = self._out
@@ -425,8 +505,32 @@ class RpcConnection:
         data = frame_bytes(REQUEST, call_id, method, payload, len(fds), self.max_frame)
         fut: asyncio.Future[tuple[bytes, list[int]]] = self._loop.create_future()
         self._calls[call_id] = fut
+        if self._watchdog is None and self.call_timeout is not None:
+            self._arm_watchdog()
         self._write(data, fds)
         return await fut
+
+    # One timer per connection, not one per call (a timer per call costs more than the
+    # rest of a call's bookkeeping): each tick remembers the next call id; a call still
+    # pending at the following tick, issued before that mark, has waited a whole period.
+    def _arm_watchdog(self) -> None:
+        assert self.call_timeout is not None
+        self._watch_mark = self._next_call
+        self._watchdog = self._loop.call_later(self.call_timeout, self._watchdog_tick)
+
+    def _watchdog_tick(self) -> None:
+        self._watchdog = None
+        if self.closed or not self._calls:
+            return
+        oldest = next(iter(self._calls))  # ids are issued in order; dicts keep it
+        if oldest < self._watch_mark:
+            log.warning("%s: no reply to call %d within %s s; closing", self, oldest,
+                        self.call_timeout)
+            self.close(ServiceUnavailable(
+                f"{self.name}: no reply within {self.call_timeout} s; the connection is "
+                f"closed"))
+            return
+        self._arm_watchdog()
 
     def close(self, exc: BaseException | None = None) -> None:
         if self.closed:
@@ -439,13 +543,21 @@ class RpcConnection:
         except (ValueError, OSError):
             pass
         self.sock.close()
+        if self._fd_budget is not None:
+            self._fd_budget.used -= len(self._fdq)
         close_fds(list(self._fdq))
         self._fdq.clear()
         self._out.clear()  # fds queued to send belong to their callers: not closed here
         self._out_bytes = 0
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.set_exception(ServiceUnavailable(f"connection {self.name} closed"))
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self._calls:
+            # Pending calls learn why: the peer's own reason (e.g. LimitExceeded when a
+            # server refuses the connection), ours, or that the connection is gone.
+            for fut in self._calls.values():
+                if not fut.done():
+                    fut.set_exception(self._close_error(exc))
         self._calls.clear()
         for task in list(self._tasks):
             task.cancel()
@@ -455,6 +567,16 @@ class RpcConnection:
                 self.on_close(self, exc)
             except Exception:
                 log.exception("%s: on_close hook failed", self)
+
+    def _close_error(self, exc: BaseException | None) -> NpuError:
+        """What pending calls raise: a refusal the caller can act on keeps its type
+        (LimitExceeded when a server turns the connection away), anything else is
+        ServiceUnavailable with the reason."""
+        why = self._peer_error or exc
+        if isinstance(why, (CallerError, ServiceUnavailable)):
+            return type(why)(str(why))
+        return ServiceUnavailable(f"connection {self.name} closed"
+                                  + (f": {why}" if why is not None else ""))
 
     async def wait_closed(self) -> None:
         await self._closed_evt.wait()
@@ -485,13 +607,23 @@ async def open_connection(
     max_frame: int = DEFAULT_MAX_FRAME,
     on_close: Callable[[RpcConnection, BaseException | None], None] | None = None,
     name: str = "client",
+    connect_timeout: float = 5.0,
+    call_timeout: float | None = None,
 ) -> RpcConnection:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
     try:
-        await loop.sock_connect(sock, path)
+        await asyncio.wait_for(loop.sock_connect(sock, path), connect_timeout)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         raise ServiceUnavailable(f"nothing is listening at {path}: {exc.strerror}") from None
-    return RpcConnection(sock, handlers or {}, max_frame=max_frame, on_close=on_close, name=name)
+    except TimeoutError:
+        sock.close()
+        raise ServiceUnavailable(f"connecting to {path} took over {connect_timeout} s"
+                                 ) from None
+    except OSError as exc:
+        sock.close()
+        raise ServiceUnavailable(f"cannot connect to {path}: {exc}") from None
+    return RpcConnection(sock, handlers or {}, max_frame=max_frame, on_close=on_close, name=name,
+                         call_timeout=call_timeout)

@@ -225,3 +225,15 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buf)
+
+    def pending_fds(self) -> int:
+        """How many fds the partial frame buffered here may still take: the ``n_fds`` its
+        header announces, :data:`MAX_FDS` while that header is incomplete (not known
+        yet), 0 when nothing is buffered. Received fds beyond this were announced by no
+        frame (see RpcConnection)."""
+        buf = self._buf
+        if not buf:
+            return 0
+        if len(buf) < FRAME_HEADER.size:
+            return MAX_FDS
+        return int(buf[5])

@@ -1,8 +1,11 @@
 """An RPC server on a Unix socket: handshake, identity, bounds.
 
-Every connection must open with ``hello`` (a version handshake); the caller's
-identity comes from SO_PEERCRED only. Connections per uid are bounded. A
-malformed frame closes that connection alone.
+Every connection must open with ``hello`` (a version handshake) within
+``hello_timeout`` (5 s) or it is closed; the caller's identity comes from
+SO_PEERCRED only. Bounded per uid: connections, and received fds waiting for
+their frame (per connection too, see conn.py). A malformed frame closes that
+connection alone. When ``accept`` fails (out of fds: EMFILE/ENFILE) the server
+backs off up to 1 s between tries and logs once per episode, not per try.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import asyncio
 import grp
 import logging
 import os
+import resource
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -20,6 +25,7 @@ from npumanager.proto.v1.wire_pb2 import Hello, HelloReply
 from npumanager.version import __version__
 from npumanager.wire.conn import (
     CallContext,
+    FdBudget,
     Handler,
     HandlerResult,
     Peer,
@@ -27,9 +33,55 @@ from npumanager.wire.conn import (
     make_unix_listener,
     peer_credentials,
 )
-from npumanager.wire.framing import DEFAULT_MAX_FRAME, PROTOCOL_VERSION
+from npumanager.wire.framing import DEFAULT_MAX_FRAME, MAX_FDS, PROTOCOL_VERSION
 
 log = logging.getLogger("npumanager.wire.server")
+
+#: A new connection must say hello within this many seconds.
+HELLO_TIMEOUT_S = 5.0
+#: Received fds one uid may have waiting for their frames, over all its connections.
+MAX_FDS_IN_FLIGHT_PER_UID = 2 * MAX_FDS
+#: Longest pause between accept tries while accept fails.
+ACCEPT_BACKOFF_MAX_S = 1.0
+
+
+def raise_fd_limit(want: int = 65536) -> int:
+    """Raise the soft RLIMIT_NOFILE toward the hard limit (at most ``want``); returns the
+    soft limit now. A server holds one fd per connection and the fds clients pass; the
+    usual soft default (1024) is reached by a few busy local users."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            pass
+    return int(soft)
+
+
+class Throttled:
+    """Log one line per ``interval`` for an event a peer can repeat at will, with the
+    count since the last line: a hostile client must not fill the log."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self.log = logger
+        self.interval = interval
+        self._last = float("-inf")
+        self._since = 0
+        self.total = 0
+
+    def note(self, level: int, msg: str, *args: object) -> None:
+        self.total += 1
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            self._since += 1
+            return
+        more = f" (and {self._since} more like it since the last such line)" if self._since \
+            else ""
+        self.log.log(level, msg + more, *args)
+        self._last = now
+        self._since = 0
 
 
 def supplementary_groups(pid: int) -> set[int]:
@@ -82,7 +134,14 @@ class RpcServer:
         admin_gid: int | None = None,
         on_connect: Callable[[RpcConnection], None] | None = None,
         on_disconnect: Callable[[RpcConnection, BaseException | None], None] | None = None,
+        hello_timeout: float = HELLO_TIMEOUT_S,
+        max_fds_in_flight: int = MAX_FDS,
+        max_fds_in_flight_per_uid: int = MAX_FDS_IN_FLIGHT_PER_UID,
+        fd_methods: frozenset[str] | None = None,
     ) -> None:
+        """``max_fds_in_flight``: received fds one connection may have waiting for their
+        frame (0 for a service whose methods take no fds); ``fd_methods``: the methods
+        that may receive fds (None: any)."""
         self.path = path
         self.service = service
         self.mode = mode
@@ -91,8 +150,18 @@ class RpcServer:
         self.admin_gid = admin_gid
         self.on_connect = on_connect
         self.on_disconnect = on_disconnect
+        self.hello_timeout = hello_timeout
+        self.max_fds_in_flight = max_fds_in_flight
+        self.max_fds_in_flight_per_uid = max_fds_in_flight_per_uid
+        self.fd_methods = fd_methods
         self.connections: set[RpcConnection] = set()
         self._per_uid: Counter[int] = Counter()
+        self._fd_budgets: dict[int, FdBudget] = {}
+        self._awaiting_hello: dict[RpcConnection, asyncio.TimerHandle] = {}
+        #: Times accept failed (out of fds, ...), and connections closed by a bound.
+        self.accept_failures = 0
+        self._silent = Throttled(log)
+        self._refused = Throttled(log)
         self._sock: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         # Connections refuse every method but hello until the handshake (RpcConnection's
@@ -121,6 +190,9 @@ class RpcServer:
         conn.hello = hello
         conn.admin = is_admin(conn.peer, self.admin_gid, os.getuid())
         conn.open_gate()
+        timer = self._awaiting_hello.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
         return HelloReply(
             protocol_version=PROTOCOL_VERSION,
             service=self.service,
@@ -132,21 +204,35 @@ class RpcServer:
         )
 
     async def start(self) -> None:
+        raise_fd_limit()
         self._sock = make_unix_listener(self.path, self.mode)
         self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
 
     async def _accept_loop(self) -> None:
         assert self._sock is not None
         loop = asyncio.get_running_loop()
+        failing = 0  # consecutive failed accepts: one line when it starts, one when it ends
+        delay = 0.0
         while True:
             try:
                 sock, _ = await loop.sock_accept(self._sock)
             except asyncio.CancelledError:
                 raise
             except OSError as exc:
-                log.warning("%s: accept failed: %s", self, exc)
-                await asyncio.sleep(0.01)
+                # Out of fds (EMFILE/ENFILE) the listening socket stays readable: without a
+                # pause this is a hot loop, and one log line per try filled the disk.
+                self.accept_failures += 1
+                if not failing:
+                    log.error("%s: accept failed: %s; retrying with back-off (up to %s s), "
+                              "quietly until it works again", self, exc, ACCEPT_BACKOFF_MAX_S)
+                failing += 1
+                delay = min(ACCEPT_BACKOFF_MAX_S, delay * 2 if delay else 0.01)
+                await asyncio.sleep(delay)
                 continue
+            if failing:
+                log.warning("%s: accepting again after %d failed tries", self, failing)
+                failing = 0
+                delay = 0.0
             try:
                 self._accepted(sock)
             except Exception:
@@ -156,8 +242,8 @@ class RpcServer:
     def _accepted(self, sock: socket.socket) -> None:
         peer = peer_credentials(sock)
         if self._per_uid[peer.uid] >= self.max_connections_per_uid:
-            log.warning("uid %d has %d connections; refusing another", peer.uid,
-                        self._per_uid[peer.uid])
+            self._refused.note(logging.WARNING, "%s: uid %d has %d connections; refusing "
+                               "another", self, peer.uid, self._per_uid[peer.uid])
             conn = RpcConnection(sock, {}, peer=peer, max_frame=self.max_frame, name="refused")
             conn._reply_error(0, LimitExceeded(
                 f"uid {peer.uid} already has {self.max_connections_per_uid} connections "
@@ -166,6 +252,9 @@ class RpcServer:
             conn.close()
             return
         self._per_uid[peer.uid] += 1
+        budget = self._fd_budgets.get(peer.uid)
+        if budget is None:
+            budget = self._fd_budgets[peer.uid] = FdBudget(self.max_fds_in_flight_per_uid)
         conn = RpcConnection(
             sock,
             self._handlers,
@@ -174,17 +263,39 @@ class RpcServer:
             on_close=self._closed,
             name=f"{self.service}:{peer.uid}/{peer.pid}",
             require_hello=True,
+            max_fds_in_flight=self.max_fds_in_flight,
+            fd_budget=budget,
+            fd_methods=self.fd_methods,
         )
         self.connections.add(conn)
+        self._awaiting_hello[conn] = asyncio.get_running_loop().call_later(
+            self.hello_timeout, self._hello_overdue, conn)
         if self.on_connect is not None:
             self.on_connect(conn)
 
+    def _hello_overdue(self, conn: RpcConnection) -> None:
+        """An unauthenticated connection holds a slot and fds: it has ``hello_timeout``."""
+        self._awaiting_hello.pop(conn, None)
+        if conn.closed:
+            return
+        self._silent.note(logging.INFO, "%s: closing %r: no hello within %s s", self, conn,
+                          self.hello_timeout)
+        conn._reply_error(0, ProtocolError(
+            f"no hello within {self.hello_timeout} s: open with the version handshake"))
+        conn._flush_now()
+        conn.close()
+
     def _closed(self, conn: RpcConnection, exc: BaseException | None) -> None:
+        timer = self._awaiting_hello.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
         if conn in self.connections:
             self.connections.discard(conn)
-            self._per_uid[conn.peer.uid] -= 1
-            if self._per_uid[conn.peer.uid] <= 0:
-                del self._per_uid[conn.peer.uid]
+            uid = conn.peer.uid
+            self._per_uid[uid] -= 1
+            if self._per_uid[uid] <= 0:
+                del self._per_uid[uid]
+                self._fd_budgets.pop(uid, None)
         if self.on_disconnect is not None:
             self.on_disconnect(conn, exc)
 

@@ -134,3 +134,100 @@ def wait_until(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+def send_with_fds(s: socket.socket, data: bytes, fds: list[int]) -> None:
+    """One sendmsg: ``data`` with ``fds`` attached (SCM_RIGHTS) to its first byte."""
+    import array
+
+    n = s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    if n < len(data):
+        s.sendall(data[n:])
+
+
+def pipes_closed_by_peer(reads: list[int], timeout: float) -> bool:
+    """True once every pipe in ``reads`` reports EOF: the only other holders of their write
+    ends (which we sent, then closed here) have closed them."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    left = set(reads)
+    while left:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return False
+        ready, _, _ = select.select(list(left), [], [], wait)
+        for fd in ready:
+            if os.read(fd, 1) == b"":
+                left.discard(fd)
+    return True
+
+
+def driver_pid(runtime_dir: str | Path, name: str = "reference") -> int:
+    """The pid of the driver host serving ``runtime_dir`` (found in /proc: test is root)."""
+    want = f"npumanager driver {name} --runtime-dir {runtime_dir}"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if want in cmd:
+            return int(entry)
+    raise LookupError(f"no driver host for {runtime_dir}")
+
+
+def device_served(runtime_dir: str | Path, request_id: int = 1) -> list[float]:
+    """A real model on the driver: granted by npud, prepared, executed (y = x + 1),
+    released. Returns the output row."""
+    import numpy as np
+
+    from npumanager import nn
+    from npumanager.testing.onnx_models import add_model
+
+    with NpuManager(runtime_dir, client_name="bystander") as mgr:
+        req = ModelLoadRequest(id=request_id)
+        cb = Lifecycle()
+        mgr.request_can_load_model(req, cb)
+        cb.wait_for("CAN_LOAD_NOW")
+        dev = nn.device("reference", runtime_dir)
+        try:
+            model = dev.prepare_model(add_model(), grant=cb.listener)
+            y = model.execute({"x": np.arange(4, dtype=np.float32).reshape(1, 4)})["y"]
+            model.release()
+        finally:
+            dev.close()
+        cb.listener.notify_model_unloaded(req)
+        cb.wait_for("COMPLETE")
+        return [float(v) for v in y.ravel()]
+
+
+def assert_device_served(runtime_dir: str | Path, uid: int = BYSTANDER) -> None:
+    out = procs.run_as(uid, None, device_served, str(runtime_dir), timeout=60)
+    assert out == [1.0, 2.0, 3.0, 4.0], out
+
+
+def read_frame(s: socket.socket, timeout: float = 10.0) -> tuple[int, int, str, bytes, int]:
+    """The next frame from a raw socket (kind, call_id, name, payload, n_fds)."""
+    from npumanager.wire.framing import FrameDecoder
+
+    dec = FrameDecoder(1 << 20)
+    s.settimeout(timeout)
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a whole frame arrived")
+        frames = dec.frames(chunk)
+        if frames:
+            return frames[0]
+
+
+def said_hello(path: str | Path, service: str = "manager") -> socket.socket:
+    """A raw connection past the handshake."""
+    s = raw_connect(path)
+    s.sendall(hello_frame(service))
+    kind, _cid, name, payload, _n = read_frame(s)
+    assert kind == 2, (name, payload)  # REPLY
+    return s
