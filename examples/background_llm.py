@@ -42,4 +42,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from npumanager.errors import NpuError
+
+    try:
+        main()
+    except NpuError as exc:  # npud absent or refusing: a sentence, not a traceback
+        raise SystemExit(f"{__file__.rsplit('/', 1)[-1]}: {type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

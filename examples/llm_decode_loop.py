@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import queue
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -110,8 +111,18 @@ def main() -> None:
 
     onnx = decoder_step()
     token = hashlib.sha256(onnx).digest()
-    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="npu-llm-cache-")
     device = nn.device(args.device, args.runtime_dir)
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="npu-llm-cache-")
+    try:
+        decode(args, device, onnx, token, cache_dir)
+    finally:
+        device.close()
+        if not args.cache_dir:  # our own temporary cache: leave nothing behind
+            shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def decode(args: argparse.Namespace, device: nn.Device, onnx: bytes, token: bytes,
+           cache_dir: str) -> None:
     state = {"h": np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32),
              "pos": np.zeros((1, 1), np.float32)}
     done = 0
@@ -159,8 +170,14 @@ def main() -> None:
                 listener.notify_model_unloaded(request)
     rate = done / (time.perf_counter() - t_start)
     print(f"decoded {done} tokens ({rate:.0f} tokens/s overall)")
-    device.close()
 
 
 if __name__ == "__main__":
-    main()
+    from npumanager.errors import NpuError
+
+    try:
+        main()
+    except NpuError as exc:  # npud absent or refusing: a sentence, not a traceback
+        raise SystemExit(f"{__file__.rsplit('/', 1)[-1]}: {type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

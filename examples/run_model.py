@@ -85,14 +85,14 @@ def main() -> None:
     onnx = Path(args.model).read_bytes() if args.model else small_model()
     # A 32-byte token that identifies this model (NNAPI: the app's cache token).
     token = hashlib.sha256(onnx).digest()
-    cache_dir = Path(args.cache_dir)
-    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-    devices = nn.devices(args.runtime_dir)
+    devices = nn.devices(args.runtime_dir)  # first: without npud, create nothing
     device = next((d for d in devices if d.name == args.device), None) if args.device \
         else (devices[0] if devices else None)
     if device is None:
         raise SystemExit("no such device; is npud running with its drivers?")
+    # Kept on purpose (not a temp dir): the second run prepares from this cache.
+    cache_dir = Path(args.cache_dir)
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     print(f"device {device.name} {device.version}")
 
     request = ModelLoadRequest(1)  # size LESS_THAN_1GB, priority NORMAL
@@ -127,4 +127,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from npumanager.errors import NpuError
+
+    try:
+        main()
+    except NpuError as exc:  # npud absent or refusing: a sentence, not a traceback
+        raise SystemExit(f"{__file__.rsplit('/', 1)[-1]}: {type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

@@ -100,6 +100,10 @@ NPU_MODEL_POLICY_BUDGET = Policy.BUDGET
 NPU_MODEL_POLICY_MEMORY = Policy.MEMORY
 
 
+#: `npu importance set` accepts 0 .. GONE (1000), ActivityManager's range.
+MAX_IMPORTANCE = 1000
+
+
 def parse_importance(text: str) -> int:
     """An importance given as a name (``foreground``, any case) or a number."""
     try:

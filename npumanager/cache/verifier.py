@@ -336,6 +336,26 @@ class CacheVerifier:
             ).fetchall()
         return [_entry(r) for r in rows]
 
+    def check(self) -> list[str]:
+        """Problems with the map itself (empty = sound): SQLite's integrity check, then
+        every entry's shape. Does not read any cache file."""
+        with self._lock:
+            try:
+                rows = self._db.execute("PRAGMA integrity_check").fetchall()
+                problems = [str(r[0]) for r in rows if r[0] != "ok"]
+                if problems:
+                    return problems
+                bad = self._db.execute(
+                    "SELECT hex(token) FROM entries WHERE length(token) != 32 OR n_model < 0"
+                    " OR n_data < 0 OR model_bytes < 0 OR data_bytes < 0").fetchall()
+            except sqlite3.Error as exc:
+                return [f"cannot read the map: {exc}"]
+        key = self._meta("key")
+        out = [f"entry {r[0][:16].lower()}: malformed" for r in bad]
+        if not isinstance(key, bytes) or len(key) != KEY_SIZE:
+            out.append("the hashing key is missing or malformed")
+        return out
+
     def remove(self, token: bytes) -> bool:
         with self._lock, self._write() as db:
             cur = db.execute("DELETE FROM entries WHERE token = ?", (bytes(token),))

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from npumanager.cli.main import UsageError, add_runtime_dir
+
 
 def bench_dir() -> Path | None:
     here = Path(__file__).resolve().parents[2] / "bench"
@@ -29,13 +31,17 @@ def _run(args: argparse.Namespace) -> int:
     if d is None:
         print("npu bench: the bench/ directory ships with the source tree; run from a checkout",
               file=sys.stderr)
-        return 2
+        return 1
     names = args.names or available()
     unknown = [n for n in names if n not in available()]
     if unknown:
-        print(f"npu bench: unknown benchmark(s) {unknown}; available: {available()}",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; "
+                         f"available: {', '.join(available())}")
+    if args.runtime_dir is not None:
+        # Each benchmark measures against an npud of its own, started in a fresh temp dir
+        # with a known config: a shared, busy npud would measure the other workloads.
+        print(f"npu bench: the benchmarks start their own npud; {args.runtime_dir} is not "
+              f"used", file=sys.stderr)
     rc = 0
     for name in names:
         print(f"== bench/{name}.py ==", flush=True)
@@ -45,5 +51,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="run the benchmarks (each prints a table with its baseline)")
-    p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): {available()}")
+    p.add_argument("names", nargs="*",
+                   help=f"benchmarks to run (default: all): {', '.join(available())}")
+    add_runtime_dir(p)
     p.set_defaults(func=_run)

@@ -2,7 +2,8 @@
 
 The map (token -> keyed hash, sizes, times, hits) lives in the driver's private
 state dir (``STATE/cache/DRIVER``); the cache files live in apps' directories.
-``verify --dir`` re-reads the files of every mapped entry found in DIR and
+``verify`` checks the map itself (SQLite integrity, well-formed entries); with
+``--dir`` it also re-reads the files of every mapped entry found in DIR and
 re-hashes them with the map's key; ``gc`` applies the entry bound (and with
 ``--dir`` removes files there that no entry vouches for any more); ``clear``
 empties the map (and with ``--dir`` removes that directory's cache files).
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     csub = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     specs = {
         "ls": "list the map's entries (token, sizes, age, hits)",
-        "verify": "re-hash the cache files found in --dir; report damaged entries",
+        "verify": "check the map; with --dir also re-hash the cache files found there",
         "gc": "evict least recently used entries past the bound",
         "clear": "empty the map (and with --dir delete that dir's cache files)",
     }
@@ -179,11 +180,19 @@ def cmd_verify(args: argparse.Namespace, v: Any) -> int:
     from npumanager.nn.cache_files import cache_file_names
 
     if not args.dir:
-        print(
-            "npu cache verify: --dir DIR is required (the files live in apps' dirs)",
-            file=sys.stderr,
-        )
-        return 2
+        problems = v.check()
+        n = len(v.entries()) if not problems else 0
+        if args.json:
+            print(json.dumps({"map": str(v.path), "ok": not problems, "entries": n,
+                              "problems": problems}))
+        elif problems:
+            print(f"{args.driver}: the map {v.path} is damaged:")
+            for p in problems:
+                print(f"  {p}")
+        else:
+            print(f"{args.driver}: the map {v.path} is sound ({n} entries). The cache files "
+                  f"live in apps' directories: add --dir DIR to re-hash those in DIR.")
+        return 1 if problems else 0
     results: list[tuple[str, str, str]] = []
     damaged = 0
     for e in v.entries():

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npumanager.cli.main import add_runtime_dir
+from npumanager.errors import UnsafePath
 
 if TYPE_CHECKING:
     from npumanager.drivers.host import DriverHost
@@ -61,7 +62,17 @@ async def serve(args: argparse.Namespace) -> int:
         hc.enforce_admission = False
     rt = runtime_dir(args.runtime_dir)
     state_root = Path(args.state_dir) if args.state_dir else default_state_dir()
-    ensure_private_dir(state_root / "drivers" / hc.name)
+    state = state_root / "drivers" / hc.name
+    try:
+        ensure_private_dir(state)
+    except (OSError, UnsafePath) as exc:
+        # A configuration problem, not a bug: one line that says what to change (npud's
+        # supervisor reads it as the first line of our stdout and shows it in `npu status`).
+        how = "--state-dir" if args.state_dir else "NPU_STATE_DIR (or --state-dir)"
+        raise DriverConfigError(
+            f"cannot create its state dir {state}: {getattr(exc, 'strerror', None) or exc}; "
+            f"set {how} to a "
+            f"directory this user ({_user()}) may write") from None
     driver, counts = instantiate(hc.plugin, hc.options)
     host = DriverHost(hc, driver, rt, state_root, cache_counts=counts)
     await host.start()
@@ -97,9 +108,25 @@ async def _exit_when_orphaned(host: DriverHost, stop: asyncio.Event) -> None:
     stop.set()
 
 
+class DriverConfigError(Exception):
+    """The host cannot start as configured (exit 1 with one line, no traceback)."""
+
+
+def _user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s driver[{args.name}] %(levelname)s %(message)s")
+    from npumanager.service.logs import setup_logging
+
+    # The same format as npud's (and journald-aware under systemd): one log stream.
+    setup_logging(os.environ.get("NPU_LOG_FORMAT", "text"),
+                  os.environ.get("NPU_LOG_LEVEL", "info"), tag=f"driver[{args.name}]")
     profile_to = os.environ.get("NPU_DRIVER_PROFILE")  # a cProfile dump, for tuning
     if profile_to:
         import cProfile
@@ -116,7 +143,16 @@ def main(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(serve(args))
-    return int(uvloop.run(serve(args)))
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(serve(args))
+        return int(uvloop.run(serve(args)))
+    except DriverConfigError as exc:
+        # One line on stderr, as every command; and on stdout when that is a pipe: npud's
+        # supervisor waits there for "ready", logs the line and shows it in `npu status`.
+        line = f"driver {args.name}: {exc}"
+        print(line, file=sys.stderr, flush=True)
+        if not sys.stdout.isatty():
+            print(line, flush=True)
+        return 1

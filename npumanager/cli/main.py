@@ -2,31 +2,54 @@
 
 Subcommand modules import heavy dependencies (onnxruntime, rich) inside their
 functions so `npu status` starts fast.
+
+Exit codes, the same for every command: 0 success, 1 a runtime failure (npud
+refused or is absent, a file could not be read), 2 a usage error (a bad flag,
+value or name: argparse's own errors and :class:`UsageError`), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from npumanager.errors import NpuError
 from npumanager.version import __version__
 
 # Module names under npumanager.cli, in the order `npu --help` lists them.
 COMMANDS = [
-    "serve", "status", "policy", "importance", "thermal", "cache",
+    "serve", "status", "top", "trace", "policy", "importance", "thermal", "cache",
     "driver", "run", "demo", "bench",
 ]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """The command was called wrongly (a bad value, a missing argument): exit 2."""
+
+
+RUNTIME_DIR_HELP = ("directory of npu.sock and drivers/ (default: $NPU_RUNTIME_DIR, /run/npu "
+                    "as root, else $XDG_RUNTIME_DIR/npu)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="npu",
         description="npumanager: arbitrate an NPU between the ML workloads of a machine.",
+        epilog="Every command takes --runtime-dir before or after its name. Exit status: "
+        "0 ok, 1 failure, 2 usage error.",
     )
     parser.add_argument("--version", action="version", version=f"npumanager {__version__}")
+    # The top level owns the default; every subcommand repeats the flag with SUPPRESS so
+    # `npu --runtime-dir X status` and `npu status --runtime-dir X` both work (a subparser
+    # default would otherwise overwrite the value given before the command name).
+    parser.add_argument("--runtime-dir", default=None, help=RUNTIME_DIR_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -41,25 +64,74 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_runtime_dir(p: argparse.ArgumentParser) -> None:
     """Every command takes --runtime-dir (default: $NPU_RUNTIME_DIR, then the platform's)."""
-    p.add_argument(
-        "--runtime-dir",
-        default=None,
-        help="directory of npu.sock and drivers/ (default: $NPU_RUNTIME_DIR, /run/npu as root, "
-        "else $XDG_RUNTIME_DIR/npu)",
-    )
+    p.add_argument("--runtime-dir", default=argparse.SUPPRESS, help=RUNTIME_DIR_HELP)
+
+
+def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer in ``lo..hi`` (a usage error otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < lo or (hi is not None and n > hi):
+            want = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{n} is out of range ({want})")
+        return n
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+def positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return x
+
+
+positive_float.__name__ = "number"
+
+
+def _quiet_broken_pipe() -> None:
+    """`npu status | head`: the reader left. Point stdout at /dev/null so the interpreter's
+    final flush does not raise again (Python's documented recipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    func: Callable[[argparse.Namespace], Any] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    cmd = args.command
     try:
-        rc = args.func(args)
+        rc = func(args)
+        sys.stdout.flush()
+    except UsageError as exc:
+        print(f"npu {cmd}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except NpuError as exc:
-        print(f"npu {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        print(f"npu {cmd}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return EXIT_FAILURE
+    except OSError as exc:  # a file the user named: missing, a directory, not readable
+        what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        print(f"npu {cmd}: {what}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
     return int(rc or 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from npumanager.cli.main import add_runtime_dir
+from npumanager.cli.main import UsageError, add_runtime_dir, int_range
 
 
 def register(sub: Any) -> None:
@@ -15,10 +15,10 @@ def register(sub: Any) -> None:
     s = verbs.add_parser("set", help="set the policy (admin only)")
     add_runtime_dir(s)
     s.add_argument("name", help="status_quo, turn_taking, budget or memory (or 0-3)")
-    s.add_argument("--max-budget", type=int, default=None, help="BUDGET: the budget (> 0)")
+    s.add_argument("--max-budget", type=int_range(1), default=None, help="BUDGET: the budget (> 0)")
     s.add_argument("--weight", action="append", default=[], metavar="SIZE=W",
                    help="BUDGET: weight of a size class (0 <1GB, 1 1-2GB, 2 >2GB); repeatable")
-    s.add_argument("--memory-budget-bytes", type=int, default=None,
+    s.add_argument("--memory-budget-bytes", type=int_range(0), default=None,
                    help="MEMORY: the budget in bytes (default: the drivers' memory)")
     s.set_defaults(func=main)
 
@@ -34,7 +34,7 @@ def parse_policy(text: str) -> int:
         return int(Policy[text.strip().upper().replace("-", "_")])
     except KeyError:
         names = ", ".join(m.name.lower() for m in Policy)
-        raise SystemExit(f"npu policy: unknown policy {text!r}; use one of {names}") from None
+        raise UsageError(f"unknown policy {text!r}; use one of {names}") from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,10 +54,12 @@ def main(args: argparse.Namespace) -> int:
             try:
                 if not sep:
                     raise ValueError
-                weights[str(int(size))] = int(value)
+                size = str(int(size))
+                weights[size] = int(value)
             except ValueError:
-                raise SystemExit(f"npu policy: --weight wants SIZE=W (e.g. 2=4), not {w!r}") \
-                    from None
+                raise UsageError(f"--weight wants SIZE=W (e.g. 2=4), not {w!r}") from None
+            if size not in ("0", "1", "2") or int(value) < 0:
+                raise UsageError(f"--weight {w!r}: SIZE is 0, 1 or 2 and W is >= 0")
         bundle[KEY_MODEL_SIZE_WEIGHTS] = weights
     with NpuManager(args.runtime_dir) as mgr:
         mgr.set_policy(policy, bundle or None)

@@ -12,25 +12,65 @@ import argparse
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-from npumanager.cli.main import add_runtime_dir
+from npumanager.cli.main import UsageError, add_runtime_dir, int_range, positive_float
+from npumanager.hal import MAX_PRIORITY, MIN_PRIORITY
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="ask npud, prepare a model, execute it, print timing")
-    p.add_argument("model", help="an ONNX file")
+    from npumanager.cli.models import BUILTINS
+
+    p = sub.add_parser(
+        "run", help="ask npud, prepare a model, execute it, print timing",
+        description="Ask npud for a grant, prepare MODEL (an .onnx file) or a built-in model on "
+        "a device, execute it with random inputs, print the outputs and the latency, and report "
+        "the model unloaded. Built-in models: " + ", ".join(BUILTINS) + " (--builtin list).")
+    p.add_argument("model", nargs="?", default=None, help="an ONNX file")
+    p.add_argument("--builtin", metavar="NAME", default=None,
+                   help="run a small model built in memory instead of a file; "
+                   "'list' shows them")
+    p.add_argument("--save", metavar="FILE", default=None,
+                   help="with --builtin: write the model to FILE (.onnx) and exit")
     add_runtime_dir(p)
     p.add_argument("--device", default=None, help="device name (default: npud's first)")
-    p.add_argument("--job-priority", type=int, default=0, help="job priority 0..1000")
-    p.add_argument("--repeat", type=int, default=10, help="executions to time")
-    p.add_argument("--steps", type=int, default=1, help="steps per execution")
-    p.add_argument("--size", type=int, default=0, choices=(0, 1, 2),
+    p.add_argument("--job-priority", type=int_range(MIN_PRIORITY, MAX_PRIORITY), default=0,
+                   help=f"job priority {MIN_PRIORITY}..{MAX_PRIORITY} (lower runs first)")
+    p.add_argument("--repeat", type=int_range(1), default=10, help="executions to time (>= 1)")
+    p.add_argument("--steps", type=int_range(1), default=1, help="steps per execution (>= 1)")
+    p.add_argument("--size", default="0", choices=("0", "1", "2"),
                    help="ModelSize class to declare (0 <1GB, 1 1-2GB, 2 >2GB)")
-    p.add_argument("--wait", type=float, default=60.0,
+    p.add_argument("--wait", type=positive_float, default=60.0,
                    help="seconds to wait for npud's CAN_LOAD_NOW")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=main)
+
+
+def load_model(args: argparse.Namespace) -> tuple[bytes, dict[str, str]]:
+    """The model's bytes and its step feedback, from --builtin or the MODEL file."""
+    from npumanager.cli.models import BUILTINS
+
+    if args.builtin is not None:
+        if args.model is not None:
+            raise UsageError("give either MODEL or --builtin NAME, not both")
+        b = BUILTINS.get(args.builtin)
+        if b is None:
+            raise UsageError(f"no built-in model {args.builtin!r}; "
+                             f"use one of: {', '.join(BUILTINS)}")
+        return b.build(), dict(b.feedback)
+    if args.save is not None:
+        raise UsageError("--save goes with --builtin NAME")
+    if args.model is None:
+        raise UsageError("name an ONNX file, or run a built-in model: --builtin NAME "
+                         f"({', '.join(BUILTINS)})")
+    path = Path(args.model)
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; name an .onnx file")
+    try:
+        return path.read_bytes(), {}
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
 
 
 def _fmt(values: Any) -> str:
@@ -45,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
 
     from npumanager import nn
     from npumanager.client import ModelLoadRequest, ModelLoadRequestCallback, NpuManager
-    from npumanager.constants import LoadStatus, ModelSize
+    from npumanager.constants import LoadStatus, ModelSize, RequestStatus
     from npumanager.errors import GrantRequired
     from npumanager.testing.onnx_models import random_inputs
 
@@ -63,23 +103,36 @@ def main(args: argparse.Namespace) -> int:
                 print(f"npud: {LoadStatus(status).name}; waiting")
 
         def on_request_unload_model(self, request: Any, reason: Any = None) -> None:
-            print(f"npud asks to unload ({reason}); stopping")
+            name = getattr(reason, "name", reason)
+            print(f"npud asks to unload ({name}); stopping")
             unload_asked.set()
 
         def on_model_load_request_complete(self, request: Any, status: Any) -> None:
             box["complete"] = status
             granted.set()
 
-    onnx = open(args.model, "rb").read()  # noqa: SIM115 - read once, closed by GC at once
+    if args.builtin == "list":
+        from npumanager.cli.models import listing
+
+        print("built-in models (npu run --builtin NAME):\n" + listing())
+        return 0
+    onnx, feedback = load_model(args)
+    if args.save is not None:
+        Path(args.save).write_bytes(onnx)
+        print(f"wrote {args.builtin} to {args.save} ({len(onnx)} bytes)")
+        return 0
     request = ModelLoadRequest(id=(os.getpid() << 8) | int(time.time()) & 0xFF,
-                               size=ModelSize(args.size))
+                               size=ModelSize(int(args.size)))
     with NpuManager.connect(args.runtime_dir) as mgr:
         t0 = time.perf_counter()
         mgr.request_can_load_model(request, Callback())
         if not granted.wait(args.wait) or "listener" not in box:
+            last = box.get("status")
+            why = (f"the request ended {RequestStatus(box['complete']).name}"
+                   if "complete" in box else
+                   f"last answer {last.name}" if last is not None else "no answer")
             mgr.cancel_model_load(request)
-            raise GrantRequired(f"npud did not grant the load within {args.wait} s "
-                                f"(last status: {box.get('status')})")
+            raise GrantRequired(f"npud did not grant the load within {args.wait:g} s ({why})")
         listener = box["listener"]
         grant_ms = (time.perf_counter() - t0) * 1e3
         name = args.device or next((d.name for d in nn.devices(args.runtime_dir)), "reference")
@@ -100,7 +153,8 @@ def main(args: argparse.Namespace) -> int:
                         break
                     t0 = time.perf_counter()
                     outputs = model.execute(inputs, job_priority=args.job_priority,
-                                            steps=args.steps)
+                                            steps=args.steps,
+                                            feedback=feedback if args.steps > 1 else None)
                     times.append(time.perf_counter() - t0)
             finally:
                 model.release()

@@ -15,13 +15,18 @@ def register(sub: Any) -> None:
         "serve", help="run npud (the manager daemon) in the foreground",
         description="Run npud in the foreground: serve DIR/npu.sock, start the configured "
         "drivers, print a line containing 'ready' once clients can connect, and exit cleanly "
-        "on SIGTERM/SIGINT.",
+        "on SIGTERM/SIGINT. Under systemd (Type=notify) it reports READY=1, STATUS= and "
+        "STOPPING=1 and logs with journald priorities.",
     )
     add_runtime_dir(p)
-    p.add_argument("--config", default=None, help="TOML file overlaid on the embedded defaults")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="TOML file overlaid on the embedded defaults")
     p.add_argument("--no-drivers", action="store_true",
                    help="serve as a pure manager without starting any driver "
                    "(same as [manager] drivers = false)")
+    p.add_argument("--metrics", metavar="HOST:PORT", default=None,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (same as "
+                   "[metrics] listen; port 0 picks a free one)")
     p.set_defaults(func=main)
 
 
@@ -30,18 +35,48 @@ def main(args: argparse.Namespace) -> int:
     from npumanager.paths import ensure_runtime_dir, manager_socket, runtime_dir
     from npumanager.service.daemon import Daemon, drivers_enabled, run
     from npumanager.service.logs import setup_logging
+    from npumanager.service.notify import Notifier, SystemdObserver
 
     cfg = Config.load(args.config)
     mcfg = cfg.section("manager")
-    setup_logging(str(mcfg.get("log_format", "text")), str(mcfg.get("log_level", "info")))
-    rt = ensure_runtime_dir(runtime_dir(args.runtime_dir))
+    fmt, level = str(mcfg.get("log_format", "text")), str(mcfg.get("log_level", "info"))
+    setup_logging(fmt, level)
+    # Driver hosts inherit the environment: they log in npud's format at npud's level.
+    os.environ["NPU_LOG_FORMAT"], os.environ["NPU_LOG_LEVEL"] = fmt, level
+    rt = ensure_runtime_dir(runtime_dir(args.runtime_dir))  # UnsafePath: exit 1, named
     use_drivers = not args.no_drivers and drivers_enabled(cfg)
+    observers: list[Any] = []
+    listen = args.metrics if args.metrics is not None else \
+        str(cfg.section("metrics").get("listen", "") or "")
+    metrics_at = ""
+    from npumanager.service.metrics import MetricsServer, metrics_observers
+
+    if listen:
+        names = [str(d["name"]) for d in cfg.drivers()] if use_drivers else []
+        observers += metrics_observers(listen, names[0] if names else "none")
+
+    def describe(d: Daemon) -> str:
+        return f"serving {manager_socket(rt)}; drivers: {_drivers_text(d)}{metrics_at}"
 
     def ready(d: Daemon) -> None:
-        devices = ", ".join(x.name for x in d.drivers.devices()) or "none"
+        nonlocal metrics_at
+        for o in observers:
+            if isinstance(o, MetricsServer):
+                metrics_at = f", metrics on http://{o.host}:{o.port}/metrics"
         print(f"npud ready on {manager_socket(rt)} (pid {os.getpid()}, "
-              f"drivers: {devices})", flush=True)
+              f"drivers: {_drivers_text(d)}{metrics_at})", flush=True)
 
-    rc = run(cfg, rt, use_drivers=use_drivers, ready=ready)
+    # Last, so READY=1 goes out after everything else is up.
+    observers.append(SystemdObserver(Notifier(), describe))
+    rc = run(cfg, rt, use_drivers=use_drivers, ready=ready, observers=observers)
     sys.stdout.flush()
     return rc
+
+
+def _drivers_text(d: Any) -> str:
+    """"reference" when up, "reference (DOWN: why)" when not."""
+    down = getattr(d.drivers, "down_reasons", None)
+    reasons = down() if callable(down) else {}
+    parts = [x.name if x.available else f"{x.name} (DOWN: {reasons.get(x.name, 'not up')})"
+             for x in d.drivers.devices()]
+    return ", ".join(parts) or "none"

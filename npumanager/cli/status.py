@@ -1,13 +1,21 @@
-"""`npu status`: the dumpsys of npud (policy, budget, thermal, uids, requests, devices)."""
+"""`npu status`: the dumpsys of npud (policy, budget, thermal, uids, requests, devices).
+
+The human view shows what a person needs: sizes by name, ages and "in 3.2 s"
+instead of monotonic deadlines, each request's place in the queue, devices as
+a table with the reason a driver is down. ``--json`` prints the raw dump.
+"""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
 from typing import Any
 
-from npumanager.cli.main import add_runtime_dir
+from npumanager.cli import fmt
+from npumanager.cli.main import UsageError, add_runtime_dir
 
 
 def register(sub: Any) -> None:
@@ -18,25 +26,33 @@ def register(sub: Any) -> None:
     )
     add_runtime_dir(p)
     p.add_argument("--json", action="store_true", help="print the raw dump as JSON")
-    p.add_argument("--story", metavar="UID:ID", default=None,
-                   help="replay every decision npud took about one request")
+    p.add_argument("--story", metavar="[UID:]ID", default=None,
+                   help="replay every decision npud took about one request (UID defaults "
+                   "to yours)")
     p.set_defaults(func=main)
 
 
-def parse_story_key(text: str) -> tuple[int, int]:
+def parse_story_key(text: str, default_uid: int | None = None) -> tuple[int, int]:
+    """``ID`` (the caller's uid) or ``UID:ID``."""
+    uid_text, sep, rid_text = text.rpartition(":")
     try:
-        uid, rid = text.split(":", 1)
-        return int(uid), int(rid)
+        uid = int(uid_text) if sep else (os.getuid() if default_uid is None else default_uid)
+        rid = int(rid_text)
     except ValueError:
-        raise SystemExit(f"npu status: --story wants UID:ID (e.g. 1000:7), not {text!r}") from None
+        raise UsageError(f"--story wants ID or UID:ID (e.g. 7 or 1000:7), not {text!r}") \
+            from None
+    if uid < 0 or rid < 0:
+        raise UsageError(f"--story wants non-negative numbers, not {text!r}")
+    return uid, rid
 
 
 def main(args: argparse.Namespace) -> int:
     from npumanager.client import NpuManager
 
+    story_key = parse_story_key(args.story) if args.story else None
     with NpuManager(args.runtime_dir) as mgr:
-        if args.story:
-            uid, rid = parse_story_key(args.story)
+        if story_key is not None:
+            uid, rid = story_key
             story = mgr.story(uid, rid)
             if args.json:
                 print(json.dumps(story, indent=2))
@@ -47,134 +63,185 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dump, indent=2, sort_keys=False))
     else:
-        render(dump)
+        sys.stdout.write(render(dump, color=sys.stdout.isatty()))
     return 0
 
 
 def render_story(uid: int, rid: int, story: list[dict[str, Any]]) -> str:
     if not story:
-        return f"no decisions about request {rid} of uid {uid} (unknown, or aged out of the log)"
+        return (f"no decisions about request {rid} of uid {uid} (unknown, or aged out of the "
+                f"log; `npu status` lists live requests as UID:ID)")
     t0 = float(story[0].get("at", 0.0))
     lines = [f"request {rid} of uid {uid}:"]
     for d in story:
-        details = " ".join(f"{k}={v}" for k, v in (d.get("details") or {}).items())
-        lines.append(f"  +{float(d.get('at', 0.0)) - t0:8.3f}s  {d.get('what')}"
-                     f"  ({d.get('stimulus_id')}){'  ' + details if details else ''}")
+        details = "  ".join(f"{k} {fmt.cell(v)}" for k, v in (d.get("details") or {}).items())
+        lines.append(f"  +{float(d.get('at', 0.0)) - t0:8.3f} s  {d.get('what')}"
+                     f"{'  (' + details + ')' if details else ''}")
     return "\n".join(lines)
 
 
-def _cell(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v)
-    return "-" if v is None else str(v)
+def _policy_line(policy: dict[str, Any]) -> str:
+    name = str(policy.get("name", "?")).upper()
+    parts = [name]
+    if name == "BUDGET":
+        parts.append(f"budget {policy.get('max_budget')}")
+        parts.append(f"weights {fmt.per_size(policy.get('weights'))}")
+    elif name == "MEMORY":
+        mb = policy.get("memory_budget_bytes")
+        parts.append(f"budget {fmt.nbytes(mb) if mb else 'the drivers memory'}")
+    return "  ".join(parts)
 
 
-def _ago(v: Any) -> str:
-    """Seconds since something happened, as a person reads it ("never" if it did not)."""
-    return "never" if v is None else f"{float(v):.1f} s ago"
+def _budget_line(budget: dict[str, Any], policy: dict[str, Any]) -> str:
+    memory = str(policy.get("name", "")).upper() == "MEMORY"
+    show = fmt.nbytes if memory else fmt.cell
+    used, total, cap = budget.get("used"), budget.get("total"), budget.get("thermal_scaled")
+    line = f"{show(used)} of {show(total)} used"
+    if budget.get("unloading"):
+        line += f" ({show(budget['unloading'])} being unloaded)"
+    if cap is not None and cap != total:
+        line += f"; thermal limit {show(cap)}"
+    elif cap is None:
+        line += "; no limit"
+    return line
 
 
-def _bytes(v: Any) -> str:
-    if not isinstance(v, int):
-        return _cell(v)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if v >= size:
-            return f"{v / size:.1f} {unit}"
-    return f"{v} B"
+def _thermal_line(thermal: dict[str, Any]) -> str:
+    line = str(thermal.get("status", "?"))
+    if thermal.get("override") or thermal.get("overridden"):
+        line += f" (admin override; sensors say {thermal.get('computed_status', '?')})"
+    t = thermal.get("temperature_c")
+    if isinstance(t, (int, float)):
+        line += f"  {t:.1f} C"
+    h = thermal.get("headroom")
+    if isinstance(h, (int, float)) and h == h:
+        line += f"  headroom {h:.2f}"
+    scale = thermal.get("budget_scale")
+    if isinstance(scale, (int, float)) and scale != 1:
+        line += f"  budget x{scale:g}"
+    return line
 
 
-def _importance_name(v: Any) -> str:
-    from npumanager.constants import Importance
-
-    try:
-        return f"{Importance(int(v)).name.lower()} ({int(v)})"
-    except (TypeError, ValueError):
-        return _cell(v)
+def _counts_line(counts: dict[str, Any]) -> str:
+    order = ("loaded", "granted", "unload_requested", "waiting", "queued", "pending")
+    parts = [f"{counts[k]} {k.replace('_', ' ')}" for k in order if counts.get(k)]
+    return ", ".join(parts) or "none"
 
 
-def _kv(d: Any) -> str:
-    if not isinstance(d, dict):
-        return _cell(d)
-    return "  ".join(f"{k}={_cell(v)}" for k, v in d.items())
+def _others_line(others: Any) -> str:
+    """Other uids' requests as a non-admin sees them: counts per state."""
+    if not others:
+        return "none"
+    if isinstance(others, dict):
+        return ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in others.items() if v) or "none"
+    return fmt.cell(others)
 
 
-REQUEST_COLUMNS = [
-    ("uid", "uid"), ("request_id", "id"), ("state", "state"), ("size", "size"),
-    ("priority", "priority"), ("rank", "rank"), ("charge", "charge"), ("grant", "grant"),
-    ("age_s", "age s"), ("unload_reason", "unload reason"),
-    ("unload_deadline_in_s", "revoke in s"),
-]
+REQUEST_COLUMNS = ("uid", "id", "state", "size", "priority", "rank", "holds", "grant", "age",
+                   "queue", "unload")
 
 
-def render(dump: dict[str, Any]) -> None:
-    """Rich tables on a terminal, the same tables as plain text otherwise."""
+def _request_row(r: dict[str, Any], queue_pos: dict[tuple[int, int], int]) -> list[str]:
+    key = (r.get("uid"), r.get("request_id"))
+    pos = queue_pos.get(key)  # type: ignore[arg-type]
+    unload = "-"
+    if r.get("unload_reason"):
+        unload = str(r["unload_reason"])
+        if r.get("unload_deadline_in_s") is not None:
+            unload += f", revoke {fmt.due_in(r['unload_deadline_in_s'])}"
+    state = str(r.get("state", "?"))
+    if r.get("parked"):
+        state += " (parked)"
+    holds = fmt.cell(r.get("charge"))
+    if r.get("real_bytes"):
+        holds += f" ({fmt.nbytes(r['real_bytes'])})"
+    return [str(r.get("uid_name") or r.get("uid")), fmt.cell(r.get("request_id")), state,
+            fmt.size_name(r.get("size")), str(r.get("priority", "-")).lower(),
+            fmt.cell(r.get("rank")), holds, fmt.cell(r.get("grant")),
+            fmt.duration(r["age_s"]) if r.get("age_s") is not None else "-",
+            f"#{pos}" if pos else "-", unload]
+
+
+def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> str:
+    """The human view of a dump, as text (rich tables; colours only for a terminal)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    tty = sys.stdout.isatty()
-    console = Console(no_color=not tty, width=None if tty else 140, soft_wrap=False)
-    rest = dict(dump)
-    daemon = rest.pop("daemon", {})
-    thermal = rest.pop("thermal", {})
-    devices = rest.pop("devices", [])
-    policy = rest.pop("policy", {})
-    budget = rest.pop("budget", {})
-    uids = rest.pop("uids", {})
-    requests = rest.pop("requests", [])
-    summary = rest.pop("summary", None)
-    # A non-admin's dump holds only its own requests, the others as counts per state.
-    own_only = rest.pop("visibility", "all") == "own"
-    other_requests = rest.pop("other_requests", {})
+    out = io.StringIO()
+    console = Console(file=out, no_color=not color, color_system="auto" if color else None,
+                      width=width, soft_wrap=False, force_terminal=color,
+                      highlight=False)
+    daemon = dump.get("daemon") or {}
+    thermal = dump.get("thermal") or {}
+    policy = dump.get("policy") or {}
+    budget = dump.get("budget") or {}
+    params = dump.get("params") or {}
 
     console.print(
-        f"npud {daemon.get('version', '?')}  pid {daemon.get('pid')}  uid {daemon.get('uid')}  "
-        f"up {float(daemon.get('uptime_s', 0)):.0f} s  clients {daemon.get('clients')}  "
-        f"internal errors {daemon.get('internal_errors')}"
-    )
-    if summary:
-        console.print(f"state:   {summary}")
-    console.print(f"policy:  {_kv(policy)}")
-    console.print(f"budget:  {_kv(budget)}")
-    headroom = thermal.get("headroom")
-    hr = (f"  headroom {headroom:.2f}" if isinstance(headroom, (int, float))
-          and headroom == headroom else "")
-    over = " (admin override)" if thermal.get("overridden") or thermal.get("override") else ""
-    console.print(f"thermal: {thermal.get('status', '?')}{over}{hr}"
-                  + (f"  budget x{thermal['budget_scale']}" if "budget_scale" in thermal
-                     else ""))
-    for k, v in rest.items():
-        console.print(f"{k + ':':8s} {_kv(v)}")
+        f"npud {daemon.get('version', '?')}  pid {daemon.get('pid')} (uid {daemon.get('uid')})  "
+        f"up {fmt.duration(float(daemon.get('uptime_s', 0)))}  "
+        f"{daemon.get('clients', 0)} client(s)"
+        + (f"  {daemon['internal_errors']} internal error(s)"
+           if daemon.get("internal_errors") else ""))
+    rows = [("policy", _policy_line(policy)), ("budget", _budget_line(budget, policy)),
+            ("thermal", _thermal_line(thermal)),
+            ("requests", _counts_line(dump.get("counts") or {}))]
+    if params:
+        wait = params.get("max_queue_wait_s")
+        rows.append(("limits",
+                     f"unload deadline {fmt.duration(params.get('unload_deadline_s', 0))}, "
+                     f"queue wait {fmt.duration(wait) if wait else 'unlimited'}, "
+                     f"{params.get('max_requests_per_uid')} live requests per uid"))
+    for label, text in rows:
+        console.print(f"{label + ':':9s} {text}")
 
-    t = Table(title="uids", box=box.SIMPLE)
-    for col in ("uid", "importance", "app priority", "live requests", "last completed"):
-        t.add_column(col)
-    for uid, u in uids.items():
-        t.add_row(str(uid), _importance_name(u.get("importance")), _cell(u.get("app_priority")),
-                  _cell(u.get("requests")), _ago(u.get("last_completed_ago_s")))
-    console.print(t)
-
-    title = "your requests (not an admin: other uids' are counted below)" if own_only \
-        else "requests"
-    t = Table(title=title, box=box.SIMPLE)
-    for _key, title in REQUEST_COLUMNS:
-        t.add_column(title, no_wrap=True)
-    for r in requests:
-        t.add_row(*(_cell(r.get(key)) for key, _title in REQUEST_COLUMNS))
-    console.print(t)
+    queue_pos = {(k[0], k[1]): i + 1 for i, k in enumerate(dump.get("queue") or [])
+                 if isinstance(k, (list, tuple)) and len(k) == 2}
+    requests = [r for r in dump.get("requests") or [] if isinstance(r, dict)]
+    # A non-admin's dump holds only its own requests, the others as counts per state.
+    own_only = dump.get("visibility", "all") == "own"
+    if requests:
+        title = ("your requests (not an admin: other uids' are counted below)" if own_only
+                 else "requests")
+        t = Table(title=title, title_justify="left", box=box.SIMPLE)
+        for col in REQUEST_COLUMNS:
+            t.add_column(col, no_wrap=True)
+        for r in requests:
+            t.add_row(*_request_row(r, queue_pos))
+        console.print(t)
     if own_only:
-        counts = ", ".join(f"{n} {state}" for state, n in other_requests.items()) or "none"
-        console.print(f"other uids' requests: {counts}")
+        console.print(f"other uids' requests: {_others_line(dump.get('other_requests'))}")
 
+    uids = dump.get("uids") or {}
+    if uids:
+        t = Table(title="uids", title_justify="left", box=box.SIMPLE)
+        for col in ("uid", "importance", "app priority", "live requests", "last completed"):
+            t.add_column(col)
+        for uid, u in uids.items():
+            t.add_row(str(u.get("name") or uid), fmt.importance_name(u.get("importance")),
+                      fmt.cell(u.get("app_priority")), fmt.cell(u.get("requests")),
+                      fmt.ago(u.get("last_completed_ago_s")))
+        console.print(t)
+
+    devices = dump.get("devices") or []
+    drivers = dump.get("drivers") or {}
     if devices:
-        t = Table(title="devices", box=box.SIMPLE)
-        for col in ("name", "available", "backend", "version", "channels", "memory"):
+        t = Table(title="devices", title_justify="left", box=box.SIMPLE)
+        for col in ("name", "state", "backend", "version", "channels", "memory"):
             t.add_column(col)
         for d in devices:
-            t.add_row(*(_cell(d.get(c)) for c in ("name", "available", "backend", "version",
-                                                  "channels")), _bytes(d.get("memory_bytes")))
+            if d.get("available"):
+                state = "up"
+            else:
+                state = "DOWN" + (f": {d['down_reason']}" if d.get("down_reason") else "")
+            t.add_row(str(d.get("name")), state, fmt.cell(d.get("backend") or None),
+                      fmt.cell(d.get("version") or None), fmt.cell(d.get("channels") or None),
+                      fmt.nbytes(d.get("memory_bytes") or None))
         console.print(t)
+    elif drivers:
+        console.print("drivers: " + ", ".join(
+            f"{n} {'up' if v.get('up') else 'DOWN'}" for n, v in drivers.items()))
     else:
-        console.print("devices: none")
+        console.print("devices: none (npud runs without drivers)")
+    return out.getvalue()

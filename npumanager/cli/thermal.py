@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from npumanager.cli.main import add_runtime_dir
+from npumanager.cli.main import UsageError, add_runtime_dir
 
 
 def register(sub: Any) -> None:
@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             level = parse_thermal_status(args.level)
         except ValueError as exc:
-            raise SystemExit(f"npu thermal: {exc}") from None
+            raise UsageError(str(exc)) from None
     with NpuManager(args.runtime_dir) as mgr:
         info: ThermalInfo
         if level is not None:

@@ -144,6 +144,8 @@ class Scenario:
         self.admin: Any = None
         self.apps: dict[str, AppProcess] = {}
         self.tmp: list[str] = []
+        #: On someone else's npud (--runtime-dir): importances as they were before the demo.
+        self.saved_importance: dict[int, int] = {}
         self.models: dict[str, DemoModel] = {}
         self.specs = app_specs(self.root, self.pace)
         self.rt = ""
@@ -240,15 +242,33 @@ class Scenario:
         spec = self.specs[name]
         if spec.uid is None:
             return
+        self.remember_importance(spec.uid)
         self.admin.set_uid_importance(spec.uid, spec.importance)
         self.out.event("admin", f"set_uid_importance({spec.uid}, {spec.importance.name}) "
                        f"for {name}: app priority {int(spec.importance)}")
+
+    def remember_importance(self, uid: int) -> None:
+        """Before changing a uid's importance on a running npud, note what it was."""
+        if self.own_npud or uid in self.saved_importance:
+            return
+        before = (self.admin.dump().get("uids") or {}).get(str(uid), {}).get("importance")
+        if isinstance(before, int):
+            self.saved_importance[uid] = before
+
+    def restore_importance(self) -> None:
+        for uid, level in self.saved_importance.items():
+            try:
+                self.admin.set_uid_importance(uid, level)
+            except Exception as exc:  # a note, not a trace: the demo is over
+                self.out.warn(f"could not restore uid {uid}'s importance {level}: {exc}")
+        self.saved_importance.clear()
 
     def set_own_importance(self) -> None:
         """Not root: every app is this uid; make it FOREGROUND (allowed as npud's own uid)."""
         from npumanager.errors import NpuError
 
         try:
+            self.remember_importance(os.getuid())
             self.admin.set_uid_importance(os.getuid(), Importance.FOREGROUND)
         except NpuError as exc:
             self.out.warn(f"cannot set this uid's importance: {type(exc).__name__}: {exc}")
@@ -545,6 +565,8 @@ class Scenario:
                 if not self.own_npud:
                     self.admin.reset_thermal_status()
             with contextlib.suppress(Exception):
+                self.restore_importance()
+            with contextlib.suppress(Exception):
                 self.admin.close()
         if self.npud is not None:
             with contextlib.suppress(Exception):
@@ -586,6 +608,6 @@ def run_demo(opts: DemoOptions) -> int:
         return 130
     except NotAdmin as exc:
         out.warn(str(exc))
-        return 2
+        return 1  # refused by npud: a failure, not a usage error
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -164,6 +164,8 @@ class Preparer:
     def _reply(self, ctx: CallContext, prepared: PreparedModel, grant: Grant | None,
                *, from_cache: bool, written: bool) -> pb.PreparedModelMsg:
         entry = self.host.add_model(ctx.conn, prepared, grant)
+        if from_cache or written:  # a compile that filled the cache was a miss
+            self._cache_result(b"hit" if from_cache else b"miss")
         return pb.PreparedModelMsg(
             model_id=entry.model_id, memory_bytes=prepared.memory_bytes,
             inputs=_specs(prepared.inputs), outputs=_specs(prepared.outputs),
@@ -233,8 +235,17 @@ class Preparer:
         fds, ctx.fds = ctx.fds, []
         try:
             return await self._prepare_from_cache(ctx, payload, fds)
+        except (GeneralFailure, InvalidArgument):
+            self._cache_result(b"rejected")  # the client falls back to a full compile
+            raise
         finally:
             close_fds(fds)
+
+    def _cache_result(self, result: bytes) -> None:
+        """Tell npud how a cache load went (its npu_cache_loads_total metric)."""
+        conn = self.host.manager_conn
+        if conn is not None:
+            conn.push("hal.cache_result", result)
 
     async def _prepare_from_cache(self, ctx: CallContext, payload: bytes, fds: list[int]
                                   ) -> pb.PreparedModelMsg:

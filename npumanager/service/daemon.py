@@ -44,6 +44,7 @@ from npumanager.service import events as ev
 from npumanager.service.driver_link import DriverControl, DriverEvents, NoDrivers
 from npumanager.service.integrations import Integrations
 from npumanager.service.logs import DECISIONS, decision
+from npumanager.service.observe import call as observe
 from npumanager.service.policy import ManagerParams
 from npumanager.service.state import ManagerState
 from npumanager.service.supervisor import DriverSupervisor
@@ -121,6 +122,8 @@ class Daemon:
         self.internal_errors = 0
         #: Thermal monitor, process importance, [[app]] table (when installed).
         self.extras = Integrations(self)
+        #: Metrics, systemd notify, traces (service/observe.py); empty = no cost.
+        self.observers: list[Any] = []
         self._runners = self._make_runners()
 
     def __repr__(self) -> str:
@@ -149,6 +152,8 @@ class Daemon:
                 f"the error is logged and npud keeps serving"
             ) from exc
         self.execute(instructions)
+        if self.observers:
+            observe(self.observers, "on_event", event, instructions)
         return instructions
 
     def _check_state(self) -> None:
@@ -316,16 +321,30 @@ class Daemon:
 
     def driver_up(self, info: DeviceInfo) -> None:
         log.info("driver %s up", info.name, extra={"driver": info.name})
+        if self.observers:
+            observe(self.observers, "on_driver", info.name, True, "")
         self.submit_quietly(ev.DriverUp(stimulus_id=self.stimulus("driver-up"),
                                         now=self.clock.now(), name=info.name,
                                         memory_bytes=int(info.memory_bytes)))
 
     def driver_down(self, name: str, reason: str) -> None:
         log.warning("driver %s down: %s", name, reason, extra={"driver": name})
+        if self.observers:
+            observe(self.observers, "on_driver", name, False, reason)
         self.submit_quietly(ev.DriverDown(stimulus_id=self.stimulus("driver-down"),
                                           now=self.clock.now(), name=name))
 
+    def work_started(self, driver: str, info: WorkInfo) -> None:
+        if self.observers:
+            observe(self.observers, "on_work_started", driver, info)
+
+    def cache_result(self, driver: str, result: str) -> None:
+        if self.observers:
+            observe(self.observers, "on_cache_result", driver, result)
+
     def work_ended(self, driver: str, info: WorkInfo, reason: EndReason) -> None:
+        if self.observers:
+            observe(self.observers, "on_work_ended", driver, info, reason)
         self.submit_quietly(ev.WorkEnded(stimulus_id=self.stimulus("work-ended"),
                                          now=self.clock.now(), uid=info.original_uid,
                                          reason=reason))
@@ -365,7 +384,9 @@ class Daemon:
             "components": self.extras.wired(),
         }
         out["thermal"] = {**out.get("thermal", {}), **self.thermal_info()}
-        out["devices"] = [device_dict(d) for d in self.drivers.devices()]
+        down = getattr(self.drivers, "down_reasons", None)
+        reasons: dict[str, str] = down() if callable(down) else {}
+        out["devices"] = [device_dict(d, reasons.get(d.name)) for d in self.drivers.devices()]
         return out
 
     # --- lifecycle ----------------------------------------------------------
@@ -426,13 +447,16 @@ def _refuse_if_serving(path: Path) -> None:
     raise ServiceError(f"another npud is already serving {path}; stop it first")
 
 
-def device_dict(d: DeviceInfo) -> dict[str, Any]:
-    return {
+def device_dict(d: DeviceInfo, down_reason: str | None = None) -> dict[str, Any]:
+    out = {
         "name": d.name, "version": d.version, "backend": d.backend,
         "socket_path": d.socket_path, "channels": d.channels, "memory_bytes": d.memory_bytes,
         "available": d.available, "model_cache_files": d.model_cache_files,
         "data_cache_files": d.data_cache_files, "device_number": d.device_number,
     }
+    if down_reason and not d.available:
+        out["down_reason"] = down_reason
+    return out
 
 
 def to_json(obj: Any) -> str:
@@ -453,8 +477,10 @@ def _json_default(o: Any) -> Any:
 
 
 async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
-                ready: Callable[[Daemon], None] | None = None) -> int:
-    """Run npud until SIGTERM/SIGINT; ``ready`` is called once clients can connect."""
+                ready: Callable[[Daemon], None] | None = None,
+                observers: list[Any] | None = None) -> int:
+    """Run npud until SIGTERM/SIGINT; ``ready`` is called once clients can connect.
+    ``observers`` (service/observe.py) are attached before npud starts."""
     import signal
 
     loop = asyncio.get_running_loop()
@@ -464,6 +490,8 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         # start on one another user could write rather than have each driver fail.
         ensure_state_dir(default_state_dir())
     daemon = Daemon(cfg, runtime_dir, use_drivers=use_drivers)
+    daemon.observers.extend(observers or [])
+    observe(daemon.observers, "attach", daemon)
     stop = asyncio.Event()
     why: list[str] = []
 
@@ -483,17 +511,22 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         gc.set_threshold(20_000, 20, 100)
         if ready is not None:
             ready(daemon)
+        observe(daemon.observers, "on_ready", daemon)
         await stop.wait()
         log.info("npud stopping (%s)", why[0] if why else "asked")
     finally:
-        await daemon.stop(f"npud is shutting down ({why[0] if why else 'stopped'})")
+        reason = f"npud is shutting down ({why[0] if why else 'stopped'})"
+        observe(daemon.observers, "on_stopping", reason)
+        await daemon.stop(reason)
+        observe(daemon.observers, "close")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return 0
 
 
 def run(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
-        ready: Callable[[Daemon], None] | None = None) -> int:
+        ready: Callable[[Daemon], None] | None = None,
+        observers: list[Any] | None = None) -> int:
     """The blocking entry of `npu serve`: uvloop when installed, else asyncio."""
     try:
         import uvloop
@@ -502,4 +535,5 @@ def run(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(serve(cfg, runtime_dir, use_drivers=use_drivers, ready=ready))
+        return runner.run(serve(cfg, runtime_dir, use_drivers=use_drivers, ready=ready,
+                                observers=observers))

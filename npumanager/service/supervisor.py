@@ -160,6 +160,10 @@ class DriverSupervisor:
         return {s.name: s.temperature for s in self.slots
                 if s.up and s.temperature is not None}
 
+    def down_reasons(self) -> dict[str, str]:
+        """Why each driver that is not up is down (for `npu status`)."""
+        return {s.name: s.last_exit or "starting" for s in self.slots if not s.up}
+
     # --- internals -------------------------------------------------------------------
 
     def _push_all(self, method: str, msg: Any) -> None:
@@ -191,8 +195,7 @@ class DriverSupervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                slot.last_exit = str(exc)
-                log.warning("driver %s: %s", slot.name, exc)
+                slot.last_exit = str(exc)  # logged once below, with the restart delay
             finally:
                 was_up = slot.up
                 self._mark_down(slot)
@@ -209,7 +212,6 @@ class DriverSupervisor:
 
     async def _run_once(self, slot: DriverSlot) -> None:
         slot.starts += 1
-        slot.last_exit = ""
         proc = await asyncio.create_subprocess_exec(
             *self._command(slot), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
         )
@@ -228,6 +230,7 @@ class DriverSupervisor:
             slot.conn = conn
             await self._handshake(slot, conn)
             slot.up = True
+            slot.last_exit = ""  # kept until now: `npu status` shows why it was down
             slot.up_since = self.clock.now()
             slot.info.available = True
             log.info("driver %s is up (pid %d, %s)", slot.name, proc.pid, slot.info.version)
@@ -247,12 +250,17 @@ class DriverSupervisor:
         both: set[asyncio.Future[Any]] = {line_task, exited}
         done, _ = await asyncio.wait(both, timeout=60.0,
                                      return_when=asyncio.FIRST_COMPLETED)
-        if line_task in done and b"ready" in line_task.result():
+        first = line_task.result() if line_task in done else b""
+        if b"ready" in first:
             return
         line_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await line_task
-        if exited.done():
+        if first.strip():
+            # The host's one-line reason (e.g. "driver X failed: cannot create its state dir").
+            slot.last_exit = first.decode(errors="replace").strip().removeprefix(
+                f"driver {slot.name}: ")
+        elif exited.done():
             slot.last_exit = f"exited with code {exited.result()} before it was ready"
         else:
             slot.last_exit = "did not become ready"
@@ -317,13 +325,30 @@ class DriverSupervisor:
         def ignore(ctx: CallContext, payload: bytes) -> None:
             close_fds(ctx.fds)
 
+        # Optional DriverEvents hooks (npud's observers: metrics, traces).
+        started_hook = getattr(self.events, "work_started", None)
+        cache_hook = getattr(self.events, "cache_result", None)
+
+        def on_started(ctx: CallContext, payload: bytes) -> None:
+            close_fds(ctx.fds)
+            if started_hook is not None:
+                info, _reason = work_event_from_payload(payload)
+                started_hook(slot.name, info)
+
+        def on_cache(ctx: CallContext, payload: bytes) -> None:
+            close_fds(ctx.fds)
+            result = bytes(payload[:16]).decode("ascii", "replace")
+            if cache_hook is not None and result in ("hit", "miss", "rejected"):
+                cache_hook(slot.name, result)
+
         def on_memory(ctx: CallContext, payload: bytes) -> None:
             close_fds(ctx.fds)
             msg = pb.ModelMemory.FromString(payload)
             self.events.model_memory(slot.name, msg.grant_id, msg.nbytes)
 
-        return {"hal.on_work_requested": ignore, "hal.on_work_started": ignore,
-                "hal.on_work_ended": on_ended, "hal.model_memory": on_memory, "goodbye": ignore}
+        return {"hal.on_work_requested": ignore, "hal.on_work_started": on_started,
+                "hal.on_work_ended": on_ended, "hal.model_memory": on_memory,
+                "hal.cache_result": on_cache, "goodbye": ignore}
 
     def _mark_down(self, slot: DriverSlot) -> None:
         slot.up = False

@@ -104,3 +104,27 @@ def test_cli_never_resets_the_map(
         assert len(cache.verifier.entries()) == 3
     finally:
         cache.close()
+
+
+def test_verify_without_dir_checks_the_map(
+    populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out = run(capsys, "verify", "--state-dir", str(state_dir))
+    assert rc == 0 and "is sound (3 entries)" in out and "--dir DIR" in out
+    rc, out = run(capsys, "verify", "--state-dir", str(state_dir), "--json")
+    assert rc == 0 and json.loads(out)["ok"] is True
+    # A map whose file is not a database any more is reported, exit 1, no traceback.
+    from npumanager.cache.verifier import DB_NAME, verifier_dir
+
+    db = verifier_dir("reference", state_dir) / DB_NAME
+    data = bytearray(db.read_bytes())
+    data[:16] = b"not a database!!"
+    db.write_bytes(bytes(data))
+    for name in (DB_NAME + "-wal", DB_NAME + "-shm"):
+        (db.parent / name).unlink(missing_ok=True)
+    try:
+        rc = main(["cache", "verify", "--state-dir", str(state_dir)])
+    except SystemExit as exc:  # pragma: no cover - would be a bug
+        raise AssertionError(exc) from None
+    out, err = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in err, (out, err)

@@ -1,0 +1,126 @@
+"""Usage errors exit 2 with one line naming the problem; runtime failures exit 1; never a
+traceback. Most need no npud: the mistake is found before anything is asked of it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import npu, npu_process
+
+USAGE = [
+    ["nosuch"],
+    [],
+    ["run"],
+    ["run", "/nonexistent/model.onnx"],
+    ["run", "/tmp"],
+    ["run", "--builtin", "add", "--repeat", "0"],
+    ["run", "--builtin", "add", "--job-priority", "5000"],
+    ["run", "--builtin", "add", "--steps", "0"],
+    ["run", "--builtin", "add", "--wait", "-1"],
+    ["run", "--builtin", "nosuch"],
+    ["run", "x.onnx", "--builtin", "add"],
+    ["run", "x.onnx", "--save", "y.onnx"],
+    ["importance", "set", "1000", "99999"],
+    ["importance", "set", "1000", "bogus"],
+    ["importance", "set", "-5", "cached"],
+    ["thermal", "override", "hot"],
+    ["thermal", "override", "7"],
+    ["policy", "set", "nosuch"],
+    ["policy", "set", "budget", "--max-budget", "0"],
+    ["policy", "set", "budget", "--weight", "5=2"],
+    ["policy", "set", "budget", "--weight", "x"],
+    ["status", "--story", "a:b"],
+    ["bench", "nosuch"],
+]
+
+
+@pytest.mark.parametrize("argv", USAGE, ids=lambda a: " ".join(a) or "(none)")
+def test_usage_errors_exit_2(argv: list[str], runtime_dir: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = npu(capsys, "--runtime-dir", str(runtime_dir), *argv)
+    assert rc == 2, (out, err)
+    assert "Traceback" not in err and err.strip(), err
+
+
+def test_messages_name_the_problem(runtime_dir: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    rt = ["--runtime-dir", str(runtime_dir)]
+    _, _, err = npu(capsys, *rt, "run", "/nonexistent/model.onnx")
+    assert "no such file: /nonexistent/model.onnx" in err
+    _, _, err = npu(capsys, *rt, "run", "/tmp")
+    assert "/tmp is a directory" in err
+    _, _, err = npu(capsys, *rt, "run", "--builtin", "add", "--repeat", "0")
+    assert "--repeat: 0 is out of range (>= 1)" in err
+    _, _, err = npu(capsys, *rt, "run", "--builtin", "add", "--job-priority", "5000")
+    assert "out of range (0..1000)" in err
+    _, _, err = npu(capsys, *rt, "importance", "set", "1000", "99999")
+    assert "importance 99999 is out of range 0..1000" in err
+
+
+@pytest.mark.parametrize("argv", [["status"], ["thermal", "status"], ["policy", "set", "budget"],
+                                  ["importance", "set", "1000", "cached"],
+                                  ["run", "--builtin", "add"]])
+def test_without_npud_exit_1_with_a_hint(argv: list[str], runtime_dir: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = npu(capsys, *argv, "--runtime-dir", str(runtime_dir))
+    assert rc == 1
+    assert "is `npu serve` running?" in err and "Traceback" not in err
+
+
+def test_serve_on_a_file_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """API.md: exit 1 and a message naming the path (no FileExistsError traceback)."""
+    f = tmp_path / "afile"
+    f.write_text("")
+    for rt in (f, f / "sub"):
+        rc, _, err = npu(capsys, "serve", "--runtime-dir", str(rt), "--no-drivers")
+        assert rc == 1 and str(f) in err and "not a directory" in err.lower(), err
+        assert "Traceback" not in err
+
+
+def test_builtin_models_listed_and_saved(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = npu(capsys, "run", "--builtin", "list")
+    assert rc == 0
+    for name in ("add", "mlp", "conv", "decode"):
+        assert f"  {name}" in out
+    dest = tmp_path / "m.onnx"
+    rc, out, _ = npu(capsys, "run", "--builtin", "mlp", "--save", str(dest))
+    assert rc == 0 and dest.stat().st_size > 100_000
+
+    import onnx
+
+    onnx.checker.check_model(onnx.load(str(dest)))
+
+
+def test_broken_pipe_is_quiet() -> None:
+    """`npu ... | head`: the reader is gone before we write; no BrokenPipeError trace."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = npu_process("run", "--builtin", "list", stdout=w)
+    finally:
+        os.close(w)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1
+
+
+def test_examples_without_npud(runtime_dir: Path, tmp_path: Path) -> None:
+    """A clear sentence when npud is absent, exit 1, and nothing left behind."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    cache = tmp_path / "cache"
+    for script, extra in (("run_model.py", ["--cache-dir", str(cache)]),
+                          ("llm_decode_loop.py", []), ("foreground_app.py", []),
+                          ("background_llm.py", [])):
+        proc = subprocess.run([sys.executable, str(root / script), "--runtime-dir",
+                               str(runtime_dir), *extra], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 1, (script, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr, (script, proc.stderr)
+        assert f"{runtime_dir}/" in proc.stderr and "Unavailable" in proc.stderr, proc.stderr
+    assert not cache.exists()

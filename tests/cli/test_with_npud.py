@@ -1,0 +1,181 @@
+"""The `npu` commands against a real npud in a temp runtime dir, as a newcomer runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from npumanager import (
+    LoadStatus,
+    ModelLoadRequest,
+    ModelLoadRequestCallback,
+    ModelPriority,
+    ModelSize,
+    NpuManager,
+    ThermalStatus,
+)
+from npumanager.config import Config
+from npumanager.errors import InvalidArgument
+from npumanager.testing.daemon import DaemonProcess
+from tests.cli.conftest import npu, npu_process
+
+pytestmark = pytest.mark.slow
+
+
+class Hold(ModelLoadRequestCallback):
+    """Reports loaded at once and ignores unload requests (so deadlines show)."""
+
+    def __init__(self) -> None:
+        self.granted = threading.Event()
+
+    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+        if status == LoadStatus.CAN_LOAD_NOW:
+            listener.notify_model_loaded(request)
+            self.granted.set()
+
+
+def test_runtime_dir_before_or_after_the_command(npud: DaemonProcess,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    rt = str(npud.runtime_dir)
+    for argv in (["--runtime-dir", rt, "status", "--json"], ["status", "--runtime-dir", rt,
+                                                              "--json"]):
+        rc, out, err = npu(capsys, *argv)
+        assert rc == 0, err
+        assert json.loads(out)["daemon"]["runtime_dir"] == rt
+    for argv in (["--runtime-dir", rt, "policy", "set", "budget"],
+                 ["policy", "--runtime-dir", rt, "set", "budget"],
+                 ["policy", "set", "--runtime-dir", rt, "budget", "--max-budget", "4"],
+                 ["thermal", "--runtime-dir", rt, "status"],
+                 ["--runtime-dir", rt, "importance", "set", "50001", "cached"]):
+        rc, _, err = npu(capsys, *argv)
+        assert rc == 0, (argv, err)
+    proc = npu_process("status", env={"NPU_RUNTIME_DIR": rt})
+    assert proc.returncode == 0 and "npud" in proc.stdout
+
+
+def test_status_reads_as_a_person_expects(npud: DaemonProcess,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rt = str(npud.runtime_dir)
+    with NpuManager(npud.runtime_dir) as mgr:
+        held = Hold()
+        mgr.request_can_load_model(
+            ModelLoadRequest(1, ModelSize.GREATER_THAN_2G, ModelPriority.BACKGROUND), held)
+        assert held.granted.wait(10)
+        mgr.request_can_load_model(ModelLoadRequest(2, ModelSize.LESS_THAN_1GB), Hold())
+        mgr.override_thermal_status(ThermalStatus.SEVERE)
+        rc, out, err = npu(capsys, "status", "--runtime-dir", rt)
+        mgr.reset_thermal_status()
+    assert rc == 0, err
+    assert "weights <1GB 1, 1-2GB 2, >2GB 4" in out
+    assert "SEVERE (admin override" in out
+    # Sizes by name, the unload reason with a countdown, the queue position.
+    assert re.search(r"\b1\s+unload_requested\s+>2GB\s+background\b", out), out
+    assert re.search(r"THERMAL, revoke in \d+(\.\d)? s", out), out
+    assert re.search(r"\b2\s+waiting\s+<1GB\s+normal\b.*#1", out), out
+    # No raw internals.
+    for raw in ('{"0"', "[[", "queue:", "parked:", "deadline=", "memory_bytes"):
+        assert raw not in out, (raw, out)
+    assert re.search(r"reference|devices: none", out)
+
+
+def test_story_defaults_to_the_callers_uid(npud: DaemonProcess,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    rt = str(npud.runtime_dir)
+    with NpuManager(npud.runtime_dir) as mgr:
+        held = Hold()
+        mgr.request_can_load_model(ModelLoadRequest(7), held)
+        assert held.granted.wait(10)
+        rc, out, _ = npu(capsys, "status", "--runtime-dir", rt, "--story", "7")
+        rc2, out2, _ = npu(capsys, "status", "--runtime-dir", rt, "--story", f"{os.getuid()}:7")
+    assert rc == rc2 == 0
+    assert out.startswith(f"request 7 of uid {os.getuid()}:") and "granted" in out
+    assert out == out2
+
+
+def test_grant_timeout_names_the_status(npud: DaemonProcess,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    rt = str(npud.runtime_dir)
+    with NpuManager(npud.runtime_dir) as mgr:
+        held = Hold()
+        mgr.request_can_load_model(ModelLoadRequest(1, ModelSize.GREATER_THAN_2G), held)
+        assert held.granted.wait(10)
+        rc, _out, err = npu(capsys, "run", "--builtin", "add", "--size", "2", "--wait", "0.3",
+                           "--runtime-dir", rt)
+    assert rc == 1
+    assert "npud did not grant the load within 0.3 s" in err
+    assert re.search(r"last answer (NOT_PRIORITIZED|WAIT_FOR_UNLOAD)\)", err), err
+
+
+def test_status_through_a_closed_pipe(npud: DaemonProcess) -> None:
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = npu_process("status", "--runtime-dir", str(npud.runtime_dir), stdout=w)
+    finally:
+        os.close(w)
+    assert "Traceback" not in proc.stderr and proc.returncode == 1, proc.stderr
+
+
+def test_unknown_config_key_suggests_the_right_one(tmp_path: Path, runtime_dir: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "npud.toml"
+    cfg.write_text("[manager]\nunload_deadine_s = 2.0\n")
+    with pytest.raises(InvalidArgument, match="did you mean 'unload_deadline_s'"):
+        Config.load(cfg)
+    rc, _, err = npu(capsys, "serve", "--runtime-dir", str(runtime_dir), "--config", str(cfg))
+    assert rc == 1 and "unknown key 'unload_deadine_s' in [manager]" in err
+    cfg.write_text('[[driver]]\nname = "x"\nchanels = 2\n')
+    with pytest.raises(InvalidArgument, match="did you mean 'channels'"):
+        Config.load(cfg)
+    cfg.write_text("[metrix]\nlisten = ':0'\n")
+    with pytest.raises(InvalidArgument, match="did you mean 'metrics'"):
+        Config.load(cfg)
+    cfg.write_text('[driver.options]\nanything = 1\n[[app]]\nuid = 5\nimportance = "cached"\n')
+    cfg.write_text('[metrics]\nlisten = "127.0.0.1:0"\n[thermal]\nsources = []\n')
+    assert Config.load(cfg).section("metrics")["listen"] == "127.0.0.1:0"
+
+
+def test_run_builtin_models(npud_drivers: DaemonProcess,
+                            capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rt = str(npud_drivers.runtime_dir)
+    rc, out, err = npu(capsys, "run", "--builtin", "add", "--repeat", "3", "--runtime-dir", rt)
+    assert rc == 0, err
+    assert "y: shape (1, 4) float32" in out and "3 executions" in out
+    rc, out, err = npu(capsys, "--runtime-dir", rt, "run", "--builtin", "decode", "--steps",
+                       "4", "--repeat", "1")
+    assert rc == 0, err
+    assert re.search(r"state_out: shape \(1, 64\) float32 \[[0-9.]+", out)
+    model = tmp_path / "conv.onnx"
+    assert npu(capsys, "run", "--builtin", "conv", "--save", str(model))[0] == 0
+    rc, out, err = npu(capsys, "run", str(model), "--repeat", "1", "--runtime-dir", rt)
+    assert rc == 0 and "scores: shape (1, 10)" in out, err
+
+
+def test_driver_without_a_state_dir_is_reported_down(runtime_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    """The state dir is fine for npud but the host cannot create its own dir under it
+    (here STATE/drivers is a file; in production: a driver user without write access).
+    The host says so in one line naming NPU_STATE_DIR, npud's ready line and `npu status`
+    show it DOWN with that reason, and nobody prints a traceback."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "drivers").write_text("")
+    env = dict(os.environ, NPU_STATE_DIR=str(state))
+    with DaemonProcess(runtime_dir, drivers=True, env=env, ready_timeout=60) as d:
+        assert d.ready_line is not None
+        assert "reference (DOWN: cannot create its state dir" \
+            in d.ready_line
+        assert "NPU_STATE_DIR" in d.ready_line
+        rc, out, _ = npu(capsys, "status", "--runtime-dir", str(runtime_dir), "--json")
+        dev = json.loads(out)["devices"][0]
+        assert dev["available"] is False and "NPU_STATE_DIR" in dev["down_reason"]
+        rc, out, _ = npu(capsys, "status", "--runtime-dir", str(runtime_dir))
+        assert rc == 0 and "DOWN: cannot create its state dir" in out
+    assert "Traceback" not in d.output, d.output

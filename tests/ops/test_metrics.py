@@ -1,0 +1,179 @@
+"""Prometheus metrics scraped from a real npud with the reference driver while client apps
+run, parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from npumanager import (
+    LoadStatus,
+    ModelLoadRequest,
+    ModelLoadRequestCallback,
+    ModelSize,
+    NpuManager,
+    nn,
+)
+from npumanager.errors import InvalidArgument
+from npumanager.service.metrics import parse_listen
+from npumanager.testing.daemon import DaemonProcess
+from npumanager.testing.onnx_models import matmul_model
+
+pytestmark = pytest.mark.slow
+
+#: API.md "Operations": every sample name npud exports.
+API_NAMES = {
+    "npu_requests", "npu_budget_used", "npu_budget_max", "npu_grants_total",
+    "npu_unload_requests_total", "npu_requests_completed_total",
+    "npu_grant_latency_seconds_bucket", "npu_grant_latency_seconds_count",
+    "npu_grant_latency_seconds_sum", "npu_thermal_status", "npu_thermal_headroom",
+    "npu_driver_up", "npu_work_total", "npu_work_seconds_bucket", "npu_work_seconds_count",
+    "npu_work_seconds_sum", "npu_cache_loads_total",
+}
+
+
+@pytest.fixture
+def npud(runtime_dir: Path, state_dir: Path) -> Iterator[DaemonProcess]:
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    with DaemonProcess(runtime_dir, {"manager": {"unload_deadline_s": 30.0}}, drivers=True,
+                       env=env, ready_timeout=60,
+                       extra_args=["--metrics", "127.0.0.1:0"]) as d:
+        yield d
+
+
+def scrape(npud: DaemonProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    assert npud.ready_line is not None
+    m = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", npud.ready_line)
+    assert m, npud.ready_line
+    with urllib.request.urlopen(m.group(1), timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+class Granted(ModelLoadRequestCallback):
+    def __init__(self) -> None:
+        self.listener: Any = None
+        self.event = threading.Event()
+
+    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+        if status == LoadStatus.CAN_LOAD_NOW:
+            self.listener = listener
+            self.event.set()
+
+
+def test_listen_address() -> None:
+    assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    assert parse_listen(":9464") == ("0.0.0.0", 9464)
+    for bad in ("9464", "host:", "h:99999", "h:x"):
+        with pytest.raises(InvalidArgument):
+            parse_listen(bad)
+
+
+def test_scrape_during_a_real_workload(npud: DaemonProcess, tmp_path: Path) -> None:
+    rt = npud.runtime_dir
+    before = scrape(npud)
+    assert {name for name, _ in before} >= API_NAMES - {
+        "npu_unload_requests_total", "npu_work_total", "npu_work_seconds_bucket",
+        "npu_work_seconds_count", "npu_work_seconds_sum", "npu_cache_loads_total"}
+    assert value(before, "npu_driver_up", driver="reference") == 1.0
+    assert value(before, "npu_budget_max", device="reference") == 4.0
+
+    onnx = matmul_model(dim=64, depth=2, batch=4)
+    token = bytes(range(32))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    x = {"x": np.ones((4, 64), np.float32)}
+    with NpuManager(rt) as mgr, nn.device("reference", rt) as dev:
+        for rid, size in ((1, ModelSize.GREATER_THAN_2G), (2, ModelSize.LESS_THAN_1GB)):
+            cb = Granted()
+            req = ModelLoadRequest(rid, size)
+            mgr.request_can_load_model(req, cb)
+            if rid == 1:
+                assert cb.event.wait(10)
+                # miss (compiled, cache written), then hit from the same files
+                for expect_cached in (False, True):
+                    model = dev.prepare_model(onnx, grant=cb.listener, cache_dir=cache,
+                                              token=token)
+                    assert model.loaded_from_cache is expect_cached
+                    model.execute(x)
+                    if not expect_cached:
+                        model.release()
+                cb.listener.notify_model_loaded(req)
+                held = (req, cb, model)
+        # Request 2 waits behind the >2GB holder; another app runs meanwhile.
+        app = subprocess.run([str(Path(sys.executable).with_name("npu")), "run", "--builtin",
+                              "add", "--repeat", "3", "--wait", "0.5", "--runtime-dir",
+                              str(rt)], capture_output=True, text=True, timeout=60)
+        assert app.returncode == 1 and "within 0.5 s" in app.stderr  # it had to wait
+        during = scrape(npud)
+        assert value(during, "npu_requests", device="reference", state="loaded") == 1.0
+        assert value(during, "npu_requests", device="reference", state="waiting") == 1.0
+        assert value(during, "npu_budget_used", device="reference") == 4.0
+        assert value(during, "npu_cache_loads_total", driver="reference", result="miss") == 1
+        assert value(during, "npu_cache_loads_total", driver="reference", result="hit") == 1
+        # A tampered cache file is rejected (then compiled again: a miss).
+        req, cb, model = held
+        model.release()
+        files = sorted(p for p in cache.iterdir() if p.is_file())
+        data = bytearray(files[0].read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        files[0].write_bytes(bytes(data))
+        again = dev.prepare_model(onnx, grant=cb.listener, cache_dir=cache, token=token)
+        assert not again.loaded_from_cache
+        again.release()
+        cb.listener.notify_model_unloaded(req)
+        mgr.cancel_model_load(ModelLoadRequest(2))
+    # The workload is over: what happened is in the counters.
+    after = scrape(npud)
+    assert {name for name, _ in after} >= API_NAMES
+    assert value(after, "npu_cache_loads_total", driver="reference", result="rejected") == 1
+    assert value(after, "npu_cache_loads_total", driver="reference", result="miss") == 2
+    assert value(after, "npu_grants_total", device="reference") >= 2
+    assert value(after, "npu_requests_completed_total", device="reference",
+                 status="complete") >= 1
+    assert value(after, "npu_requests_completed_total", device="reference",
+                 status="cancelled") >= 2
+    assert value(after, "npu_grant_latency_seconds_count") >= 2
+    assert value(after, "npu_work_total", device="reference", end_reason="completed") >= 1
+    assert value(after, "npu_work_seconds_count", device="reference") >= 1
+    assert value(after, "npu_requests", device="reference", state="loaded") == 0.0
+    assert value(after, "npu_thermal_status") == 0.0
+
+
+def test_grafana_dashboard_uses_exported_names() -> None:
+    import json
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "packaging/grafana/npu.json")
+                     .read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    used = set(re.findall(r"\bnpu_[a-z_]+", " ".join(exprs)))
+    assert used <= API_NAMES | {"npu_grant_latency_seconds_bucket"}, used - API_NAMES
+    bases = {n.removesuffix("_bucket") for n in used}
+    for family in ("npu_requests", "npu_budget_used", "npu_budget_max", "npu_grants_total",
+                   "npu_unload_requests_total", "npu_requests_completed_total",
+                   "npu_grant_latency_seconds", "npu_thermal_status", "npu_thermal_headroom",
+                   "npu_driver_up", "npu_work_total", "npu_work_seconds",
+                   "npu_cache_loads_total"):
+        assert family in bases, family
