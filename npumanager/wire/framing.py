@@ -236,4 +236,6 @@ class FrameDecoder:
             return 0
         if len(buf) < FRAME_HEADER.size:
             return MAX_FDS
-        return int(buf[5])
+        # A header claiming more is refused once its frame is complete; until then it
+        # must not widen the bound (found by fuzzing).
+        return min(int(buf[5]), MAX_FDS)

@@ -115,7 +115,9 @@ def test_no_daemon_is_service_unavailable(runtime_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_cli_status_policy_importance_thermal(admin: NpuManager, runtime_dir: Path) -> None:
-    with spawn_as(BG, None, scripted_app, runtime_dir, [(3, 2, 0)], until="exit") as app:
+    # Eight `npu` processes take ~10 s on a loaded 2-core machine: the app waits for "exit".
+    with spawn_as(BG, None, scripted_app, runtime_dir, [(3, 2, 0)], until="exit",
+                  run_for=60, timeout=90) as app:
         wait_state(admin, BG, 3, "loaded")
         r = _npu(runtime_dir, "policy", "set", "budget", "--max-budget", "6", "--weight", "2=3")
         assert r.returncode == 0, r.stderr

@@ -1,6 +1,7 @@
 """Fixtures for the adversarial tests: a real npud (and driver host) as root, apps under
 real uids. Every test here plays a hostile local user against root's npud and checks two
-things: the attack fails, and another user's app is still served."""
+things: the attack fails, and another user's app is still served. Those modules skip
+without root (``harness.needs_root``); the frame-decoder fuzzing needs no root."""
 
 from __future__ import annotations
 
@@ -12,10 +13,6 @@ from typing import Any
 import pytest
 
 from npumanager.testing.daemon import DaemonProcess
-
-if os.getuid() != 0:
-    pytest.skip("the security tests run apps under other uids (setuid in forked children): "
-                "run them as root", allow_module_level=True)
 
 StartDaemon = Callable[..., DaemonProcess]
 

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from npumanager import (
     LoadStatus,
     ModelLoadRequest,
@@ -24,6 +26,11 @@ from npumanager.wire.framing import PROTOCOL_VERSION, REQUEST, pack
 
 #: The attacker and the bystander (no such users need to exist).
 ATTACKER, BYSTANDER = 50001, 50002
+
+#: Apps run under other uids (setuid in forked children): root only.
+needs_root = pytest.mark.skipif(
+    os.getuid() != 0, reason="runs apps under other uids (setuid in forked children): run "
+    "the security tests as root")
 
 
 class Lifecycle(ModelLoadRequestCallback):

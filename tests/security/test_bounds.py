@@ -18,9 +18,13 @@ from tests.security.harness import (
     BYSTANDER,
     Lifecycle,
     assert_served,
+    needs_root,
     served,
     wait_until,
 )
+
+pytestmark = needs_root
+
 
 
 def hog_connections(runtime_dir: str, n: int) -> dict[str, Any]:

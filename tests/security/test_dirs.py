@@ -21,7 +21,13 @@ import pytest
 from npumanager.errors import UnsafePath
 from npumanager.paths import ensure_private_dir, ensure_runtime_dir, secure_dir
 from tests.security.conftest import StartDaemon
-from tests.security.harness import ATTACKER, assert_served
+from tests.security.harness import (
+    ATTACKER,
+    assert_served,
+    needs_root,
+)
+
+pytestmark = needs_root
 
 
 @pytest.fixture

@@ -24,11 +24,15 @@ from tests.security.harness import (
     assert_served,
     driver_pid,
     fd_count,
+    needs_root,
     pipes_closed_by_peer,
     read_until_closed,
     said_hello,
     send_with_fds,
 )
+
+pytestmark = needs_root
+
 
 
 def _pipes(n: int) -> tuple[list[int], list[int]]:

@@ -26,10 +26,14 @@ from tests.security.harness import (
     assert_served,
     fd_count,
     hello_frame,
+    needs_root,
     raw_connect,
     read_until_closed,
     wait_until,
 )
+
+pytestmark = needs_root
+
 
 
 def silent_connections(path: str, n: int) -> dict[str, Any]:

@@ -19,7 +19,16 @@ from npumanager.cli.main import main as npu
 from npumanager.errors import PermissionDenied
 from npumanager.testing import procs
 from tests.security.conftest import StartDaemon
-from tests.security.harness import ATTACKER, BYSTANDER, assert_served, holding_app, wait_until
+from tests.security.harness import (
+    ATTACKER,
+    BYSTANDER,
+    assert_served,
+    holding_app,
+    needs_root,
+    wait_until,
+)
+
+pytestmark = needs_root
 
 
 def snoop(runtime_dir: str) -> dict[str, Any]:

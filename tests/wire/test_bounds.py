@@ -115,6 +115,9 @@ def test_pending_fds_of_the_buffered_frame() -> None:
     assert dec.frames(frame[:5]) == [] and dec.pending_fds() == MAX_FDS  # header incomplete
     assert dec.frames(frame[5:18]) == [] and dec.pending_fds() == 3
     assert dec.frames(frame[18:])[0][4] == 3 and dec.pending_fds() == 0
+    # A header announcing more than a frame can carry does not widen the bound (fuzzing).
+    assert dec.frames(pack(REQUEST, 7, b"m", b"payload", 255)[:20]) == []
+    assert dec.pending_fds() == MAX_FDS
 
 
 @pytest.mark.parametrize("n", [1, 40])
