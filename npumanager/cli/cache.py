@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from npumanager.cli.main import add_runtime_dir
+from npumanager.cli.main import add_runtime_dir, int_range
 
 #: An NNAPI cache file name: 64 letters A..P spelling the token, 1|2, an index.
 _CACHE_FILE = re.compile(r"^([A-P]{64})([12])(\d{1,2})$")
@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         c.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "gc":
             c.add_argument(
-                "--max-entries", type=int, default=None, help="bound (default: [cache] config)"
+                "--max-entries", type=int_range(0), default=None,
+                help="bound (default: [cache] config)"
             )
         c.set_defaults(func=main)
 

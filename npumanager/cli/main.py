@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The top level owns the default; every subcommand repeats the flag with SUPPRESS so
     # `npu --runtime-dir X status` and `npu status --runtime-dir X` both work (a subparser
     # default would otherwise overwrite the value given before the command name).
-    parser.add_argument("--runtime-dir", default=None, help=RUNTIME_DIR_HELP)
+    parser.add_argument("--runtime-dir", metavar="DIR", default=None, help=RUNTIME_DIR_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_runtime_dir(p: argparse.ArgumentParser) -> None:
     """Every command takes --runtime-dir (default: $NPU_RUNTIME_DIR, then the platform's)."""
-    p.add_argument("--runtime-dir", default=argparse.SUPPRESS, help=RUNTIME_DIR_HELP)
+    p.add_argument("--runtime-dir", metavar="DIR", default=argparse.SUPPRESS,
+                   help=RUNTIME_DIR_HELP)
 
 
 def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:

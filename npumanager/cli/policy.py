@@ -58,8 +58,8 @@ def main(args: argparse.Namespace) -> int:
                 weights[size] = int(value)
             except ValueError:
                 raise UsageError(f"--weight wants SIZE=W (e.g. 2=4), not {w!r}") from None
-            if size not in ("0", "1", "2") or int(value) < 0:
-                raise UsageError(f"--weight {w!r}: SIZE is 0, 1 or 2 and W is >= 0")
+            if size not in ("0", "1", "2") or int(value) < 1:
+                raise UsageError(f"--weight {w!r}: SIZE is 0, 1 or 2 and W is >= 1")
         bundle[KEY_MODEL_SIZE_WEIGHTS] = weights
     with NpuManager(args.runtime_dir) as mgr:
         mgr.set_policy(policy, bundle or None)

@@ -34,16 +34,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--save", metavar="FILE", default=None,
                    help="with --builtin: write the model to FILE (.onnx) and exit")
     add_runtime_dir(p)
-    p.add_argument("--device", default=None, help="device name (default: npud's first)")
-    p.add_argument("--job-priority", type=int_range(MIN_PRIORITY, MAX_PRIORITY), default=0,
+    p.add_argument("--device", metavar="NAME", default=None,
+                   help="device name (default: npud's first)")
+    p.add_argument("--job-priority", metavar="P", default=0,
+                   type=int_range(MIN_PRIORITY, MAX_PRIORITY),
                    help=f"job priority {MIN_PRIORITY}..{MAX_PRIORITY} (lower runs first)")
-    p.add_argument("--repeat", type=int_range(1), default=10, help="executions to time (>= 1)")
-    p.add_argument("--steps", type=int_range(1), default=1, help="steps per execution (>= 1)")
+    p.add_argument("--repeat", metavar="N", type=int_range(1), default=10,
+                   help="executions to time (>= 1)")
+    p.add_argument("--steps", metavar="N", type=int_range(1), default=1,
+                   help="steps per execution (>= 1)")
     p.add_argument("--size", default="0", choices=("0", "1", "2"),
                    help="ModelSize class to declare (0 <1GB, 1 1-2GB, 2 >2GB)")
-    p.add_argument("--wait", type=positive_float, default=60.0,
+    p.add_argument("--wait", metavar="S", type=positive_float, default=60.0,
                    help="seconds to wait for npud's CAN_LOAD_NOW")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", metavar="N", type=int, default=0)
     p.set_defaults(func=main)
 
 

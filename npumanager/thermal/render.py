@@ -11,7 +11,7 @@ from typing import Any
 
 
 def _num(v: Any, fmt: str = "{:.1f}") -> str:
-    return "-" if v is None else fmt.format(v)
+    return "-" if v is None or v != v else fmt.format(v)  # None or NaN: no reading
 
 
 def render_thermal(d: Mapping[str, Any]) -> str:

@@ -32,8 +32,11 @@ USAGE = [
     ["policy", "set", "budget", "--max-budget", "0"],
     ["policy", "set", "budget", "--weight", "5=2"],
     ["policy", "set", "budget", "--weight", "x"],
+    ["policy", "set", "budget", "--weight", "2=0"],
     ["status", "--story", "a:b"],
     ["bench", "nosuch"],
+    ["cache", "gc", "--max-entries", "-1"],
+    ["run", "--builtin", "add", "--size", "3"],
 ]
 
 

@@ -136,7 +136,7 @@ def test_cli_status_policy_importance_thermal(admin: NpuManager, runtime_dir: Pa
         assert r.returncode == 0, r.stderr
         story = r.stdout
         assert _npu(runtime_dir, "thermal", "reset").returncode == 0
-        assert _npu(runtime_dir, "policy", "set", "budget", "--weight", "2=0").returncode == 1
+        assert _npu(runtime_dir, "policy", "set", "budget", "--weight", "2=0").returncode == 2
         app.send(("exit",))
         app.wait()
     assert dump["policy"]["max_budget"] == 6
