@@ -143,6 +143,10 @@ class DriverHost(ExecutionMixin):
             str(self.socket_path), SERVICE, self.handlers(), mode=self.hc.socket_mode,
             max_frame=self.hc.max_frame, admin_gid=resolve_group(self.hc.admin_group),
             on_disconnect=self._disconnected,
+            # Only these take fds: fds sent with any other call close the connection
+            # (a handler that ignores them would pin them for good).
+            fd_methods=frozenset({"device.prepare_model", "device.prepare_model_from_cache",
+                                  "device.register_pool"}),
         )
         await self.server.start()
 

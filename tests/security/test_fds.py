@@ -139,3 +139,32 @@ def test_fd_flood_to_a_driver_stops_at_the_per_connection_and_per_uid_bounds(
     assert many["all_closed"]
     assert fd_count(driver) == before
     assert_device_served(runtime_dir)
+
+
+def announced_to_a_call_that_takes_none(path: str, methods: list[str]) -> dict[str, Any]:
+    out = {}
+    for method in methods:
+        s = said_hello(path, "driver")
+        reads, writes = _pipes(5)
+        send_with_fds(s, pack(REQUEST, 2, method.encode(), b"", 5), writes)
+        for w in writes:
+            os.close(w)
+        got, _ = read_until_closed(s, 10)
+        out[method] = (b"takes no fds" in got, pipes_closed_by_peer(reads, 10))
+    return out
+
+
+def test_fds_announced_with_a_driver_call_that_takes_none_close_the_connection(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    # They used to reach handlers that never close them: pinned until the driver exits.
+    start_npud(drivers=True)
+    driver = driver_pid(runtime_dir)
+    before = fd_count(driver)
+    methods = ["device.capabilities", "device.release", "device.cancel",
+               "device.unregister_pool", "device.get_number_of_cache_files_needed",
+               "device.execute"]
+    out = procs.run_as(ATTACKER, None, announced_to_a_call_that_takes_none,
+                       str(driver_socket("reference", runtime_dir)), methods)
+    assert out == {m: (True, True) for m in methods}, out
+    assert fd_count(driver) == before
+    assert_device_served(runtime_dir)
