@@ -21,6 +21,7 @@ import numpy as np
 
 from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.scheduler import Job, Scheduler
 from npumanager.errors import ExecutionFailed, GrantRevoked, InvalidArgument, WorkCancelled
 from npumanager.fds import close_fds
@@ -73,6 +74,7 @@ class Execution:
     out_pool_id: int = 0
     result: tuple[pb.ExecuteResult, list[int]] | None = None
     revoked: str | None = None
+    t0: float = 0.0  # when the request arrived (perf_counter), for ExecStats
 
 
 @dataclass(eq=False)
@@ -94,6 +96,7 @@ class ExecutionMixin:
     _submitting: Any
     _inline_now: Job | None
     clients: dict[RpcConnection, ClientConn]
+    exec_stats: ExecStats
 
     def _client(self, conn: RpcConnection) -> ClientConn:
         client = self.clients.get(conn)
@@ -194,6 +197,7 @@ class ExecutionMixin:
             return
         reason = job.end_reason
         if reason == EndReason.COMPLETED and ex.result is not None:
+            self.exec_stats.record(job.info.original_uid, time.perf_counter() - ex.t0)
             fut.set_result(ex.result)
             return
         if ex.result is not None:
@@ -324,7 +328,7 @@ class ExecutionMixin:
             model=entry, conn=ctx.conn, exec_id=msg.exec_id, inputs=inputs, feedback=feedback,
             future=self.loop.create_future(), out_pool=out_pool,
             out_offset=msg.out_offset, out_capacity=msg.out_capacity if out_pool else 0,
-            out_pool_id=msg.out_pool_id if out_pool else 0,
+            out_pool_id=msg.out_pool_id if out_pool else 0, t0=time.perf_counter(),
         )
         self._submitting = ex
         try:

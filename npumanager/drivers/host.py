@@ -23,6 +23,7 @@ from npumanager import tensorio
 from npumanager.clock import Clock, MonotonicClock
 from npumanager.constants import ThermalStatus
 from npumanager.drivers.base import Driver, PreparedModel
+from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.execution import (
     ClientConn,
     Execution,
@@ -86,6 +87,7 @@ class DriverHost(ExecutionMixin):
         self.tombstones: OrderedDict[int, str] = OrderedDict()
         self.callback_conn: RpcConnection | None = None
         self.clients: dict[RpcConnection, ClientConn] = {}
+        self.exec_stats = ExecStats()
         self.manager_conn: RpcConnection | None = None
         self._next_model = 1
         self._next_pool = 1
@@ -131,6 +133,8 @@ class DriverHost(ExecutionMixin):
             "device.execute": self._execute,
             "device.cancel": self._cancel,
             "device.release": self._release,
+            # Other uids' execution rates: for npud and admins (`npu top`).
+            "device.stats": self._admin(self._stats),
         }
 
     async def start(self) -> None:
@@ -326,6 +330,16 @@ class DriverHost(ExecutionMixin):
 
     def _capabilities(self, ctx: CallContext, payload: bytes) -> pb.Capabilities:
         return self.capabilities_msg()
+
+    def _stats(self, ctx: CallContext, payload: bytes) -> bytes:
+        """JSON: channels busy and per-uid executions/s and p50/p99 latency (`npu top`)."""
+        import json
+
+        sched = self.scheduler
+        return json.dumps({"channels": sched.channels,
+                           "busy": sched.channels - len(sched._free),
+                           "queued": len(sched._queue),
+                           **self.exec_stats.snapshot()}).encode()
 
     def _cache_files_needed(self, ctx: CallContext, payload: bytes) -> pb.CacheFilesNeeded:
         return pb.CacheFilesNeeded(n_model=self.cache_counts[0], n_data=self.cache_counts[1])

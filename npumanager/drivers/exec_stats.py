@@ -1,0 +1,46 @@
+"""Per-uid execution rate and latency of one driver host, for `npu top` (``device.stats``).
+
+Each finished execution adds (end time, latency) to its uid's bounded window;
+a snapshot gives executions per second over the last ``window_s`` and the
+p50/p99 latency of those executions. Recording is an append to a deque: cheap
+enough for the execute path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+WINDOW_S = 10.0
+MAX_SAMPLES = 4096  # per uid; beyond it the window is the most recent samples
+
+
+class ExecStats:
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._by_uid: dict[int, deque[tuple[float, float]]] = {}
+        self._totals: dict[int, int] = {}
+
+    def record(self, uid: int, latency_s: float, now: float | None = None) -> None:
+        q = self._by_uid.get(uid)
+        if q is None:
+            q = self._by_uid[uid] = deque(maxlen=MAX_SAMPLES)
+        q.append((time.monotonic() if now is None else now, latency_s))
+        self._totals[uid] = self._totals.get(uid, 0) + 1
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        now = time.monotonic() if now is None else now
+        cutoff = now - self.window_s
+        out: dict[str, Any] = {}
+        for uid, q in list(self._by_uid.items()):
+            while q and q[0][0] < cutoff:
+                q.popleft()
+            lat = sorted(x[1] for x in q)
+            entry: dict[str, Any] = {"executions": self._totals.get(uid, 0),
+                                     "per_s": round(len(lat) / self.window_s, 3)}
+            if lat:
+                entry["p50_ms"] = round(lat[len(lat) // 2] * 1e3, 3)
+                entry["p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3, 3)
+            out[str(uid)] = entry
+        return {"window_s": self.window_s, "uids": out}

@@ -1,0 +1,123 @@
+"""`npu top`: one frame with --once, and the live view in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from npumanager import LoadStatus, ModelLoadRequest, ModelLoadRequestCallback, NpuManager, nn
+from npumanager.cli.top import bar, sparkline
+from npumanager.testing.daemon import DaemonProcess
+from npumanager.testing.onnx_models import add_model
+from tests.cli.conftest import npu
+
+
+def test_sparkline_and_bar() -> None:
+    assert sparkline([]) == ""
+    assert sparkline([1.0, 1.0]) == "▁▁"
+    assert sparkline([30.0, 65.0, 100.0], 30.0, 100.0) == "▁▅█"
+    assert bar(1, 4, 8) == "██······" and bar(0, 0, 3) == "···"
+
+
+class Granted(ModelLoadRequestCallback):
+    def __init__(self) -> None:
+        self.listener: Any = None
+        self.event = threading.Event()
+
+    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+        if status == LoadStatus.CAN_LOAD_NOW:
+            self.listener = listener
+            self.event.set()
+
+
+@pytest.fixture
+def busy_npud(npud_drivers: DaemonProcess) -> Iterator[DaemonProcess]:
+    """npud + the reference driver with one loaded model that has run 50 times."""
+    rt = npud_drivers.runtime_dir
+    with NpuManager(rt) as mgr, nn.device("reference", rt) as dev:
+        cb = Granted()
+        req = ModelLoadRequest(42)
+        mgr.request_can_load_model(req, cb)
+        assert cb.event.wait(10)
+        model = dev.prepare_model(add_model(), grant=cb.listener)
+        cb.listener.notify_model_loaded(req)
+        for _ in range(50):
+            model.execute({"x": np.ones((1, 4), np.float32)})
+        try:
+            yield npud_drivers
+        finally:
+            model.release()
+            cb.listener.notify_model_unloaded(req)
+
+
+@pytest.mark.slow
+def test_once_prints_one_frame(busy_npud: DaemonProcess,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = npu(capsys, "top", "--once", "--runtime-dir", str(busy_npud.runtime_dir))
+    assert rc == 0, err
+    assert re.search(r"reference\s+█*·* ?1/4\s+\S* ?\d/2 busy\s+NONE", out), out
+    assert re.search(rf"\b{os.getuid()}\s+42\s+<1GB\s+normal\s+loaded\b", out), out
+    m = re.search(rf"\b{os.getuid()}\s+foreground \(100\)\s+reference\s+([\d.]+)\s+"
+                  rf"([\d.]+) ms\s+([\d.]+) ms\s+(\d+)", out)
+    assert m, out
+    assert float(m.group(1)) > 0 and int(m.group(4)) == 50
+    assert float(m.group(2)) <= float(m.group(3))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_live_view_in_a_terminal(busy_npud: DaemonProcess, tmp_path: Path) -> None:
+    """Start `npu top` in a real terminal, read the screen as a person sees it, quit with
+    Ctrl-C."""
+    session = f"npu-top-{uuid.uuid4().hex[:8]}"
+    npu_bin = Path(sys.executable).with_name("npu")
+    sock = ["-S", str(tmp_path / "tmux.sock")]  # our own tmux server, nobody else's
+    cmd = f"{npu_bin} top --runtime-dir {busy_npud.runtime_dir} --interval 0.3"
+    subprocess.run(["tmux", *sock, "new-session", "-d", "-s", session, "-x", "120", "-y",
+                    "40", cmd], check=True, env=dict(os.environ, TERM="xterm-256color"))
+    try:
+        screen = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            screen = subprocess.run(["tmux", *sock, "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True).stdout
+            if "per uid" in screen and re.search(r"\b42\s+<1GB", screen):
+                break
+            time.sleep(0.1)
+        assert "npu top" in screen and "devices" in screen, screen
+        assert re.search(r"reference\s+█*·* ?1/4", screen), screen
+        assert re.search(r"\b42\s+<1GB\s+normal\s+loaded", screen), screen
+        assert re.search(r"foreground \(100\)\s+reference\s+[\d.]+\s+[\d.]+ ms", screen), screen
+        # The clock in the header moves: the view is live.
+        first = re.search(r"\d\d:\d\d:\d\d", screen)
+        assert first
+        moved = False
+        while time.monotonic() < deadline and not moved:
+            time.sleep(0.2)
+            again = subprocess.run(["tmux", *sock, "capture-pane", "-p", "-t", session],
+                                   capture_output=True, text=True).stdout
+            m = re.search(r"\d\d:\d\d:\d\d", again)
+            moved = bool(m and m.group(0) != first.group(0))
+        assert moved, "the frame did not refresh"
+        subprocess.run(["tmux", *sock, "send-keys", "-t", session, "C-c"], check=True)
+        while time.monotonic() < deadline:
+            alive = subprocess.run(["tmux", *sock, "has-session", "-t", session],
+                                   capture_output=True).returncode == 0
+            if not alive:
+                break
+            time.sleep(0.1)
+        assert not alive, "npu top did not quit on Ctrl-C"
+    finally:
+        subprocess.run(["tmux", *sock, "kill-server"], capture_output=True)
