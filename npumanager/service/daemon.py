@@ -521,6 +521,9 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         observe(daemon.observers, "close")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+            # npud is exiting cleanly: a second SIGTERM/SIGINT (a supervisor repeating
+            # itself) must not kill it with the default action in its last moments.
+            signal.signal(sig, signal.SIG_IGN)
     return 0
 
 
