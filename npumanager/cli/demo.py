@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from npumanager.cli.main import add_runtime_dir
+from npumanager.cli.main import UsageError, add_runtime_dir
 
 T0 = time.monotonic()
 
@@ -40,6 +40,9 @@ def register(sub: Any) -> None:
     add_runtime_dir(p)
     p.add_argument("--fast", action="store_true", help="shorter scenes (about 15 s)")
     p.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="write trace.json (Perfetto), timeline.png and summary.json here "
+                   "(default: a new directory under /tmp, named at the end)")
     p.add_argument("--manager-only", action="store_true",
                    help="a short scripted tour of the manager alone (npud without drivers): "
                    "preemption, queueing, thermal, revocation")
@@ -51,8 +54,10 @@ def dispatch(args: argparse.Namespace) -> int:
         return main(args)
     from npumanager.demo import DemoOptions, run_demo
 
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} exists and is not a directory")
     return run_demo(DemoOptions(runtime_dir=args.runtime_dir, fast=args.fast,
-                                color=False if args.no_color else None))
+                                color=False if args.no_color else None, out=args.out))
 
 
 def say(who: str, text: str) -> None:

@@ -21,6 +21,7 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -66,6 +67,8 @@ class DemoOptions:
     runtime_dir: str | None = None
     fast: bool = False
     color: bool | None = None
+    #: where trace.json, timeline.png and summary.json go ("" = none; None = a new dir)
+    out: str | None = None
 
 
 @dataclass
@@ -146,6 +149,7 @@ class Scenario:
         self.tmp: list[str] = []
         #: On someone else's npud (--runtime-dir): importances as they were before the demo.
         self.saved_importance: dict[int, int] = {}
+        self.tracer: Any = None
         self.models: dict[str, DemoModel] = {}
         self.specs = app_specs(self.root, self.pace)
         self.rt = ""
@@ -343,6 +347,7 @@ class Scenario:
                           "of OTHER uids, so the preemption scenes will not happen; run as "
                           "root (sudo) for the full demo.")
         self.attach_hal()
+        self.start_trace()
 
     def start_npud(self) -> None:
         from npumanager.testing.daemon import DaemonProcess
@@ -379,6 +384,58 @@ class Scenario:
                            f"{c.model_cache_files}+{c.data_cache_files}, admission "
                            f"{'enforced' if c.enforce_admission else 'open'}")
             dev.close()
+
+    def start_trace(self) -> None:
+        """Record the run (npud's decisions, budget, thermal, every execution step) for
+        trace.json, timeline.png and summary.json."""
+        if self.opts.out == "":
+            return
+        from npumanager.errors import NpuError
+        from npumanager.trace.recorder import TraceRecorder
+
+        try:
+            self.tracer = TraceRecorder(self.rt)
+        except NpuError as exc:
+            self.out.warn(f"no trace: {exc}")
+            return
+        for name, spec in self.specs.items():
+            if spec.uid is not None:
+                self.tracer.rec.uid_names[str(spec.uid)] = f"{name} (uid {spec.uid})"
+        if not self.root:
+            self.tracer.rec.uid_names[str(os.getuid())] = f"every app (uid {os.getuid()})"
+        self.tracer.start()
+
+    def write_outputs(self) -> None:
+        """trace.json (Perfetto), timeline.png and summary.json into --out DIR."""
+        import json
+
+        from npumanager.trace.chrome import summarize, to_chrome
+
+        tracer, self.tracer = self.tracer, None
+        if tracer is None:
+            return
+        rec = tracer.stop()
+        out = Path(self.opts.out) if self.opts.out else Path(
+            tempfile.mkdtemp(prefix="npu-demo-out-", dir="/tmp"))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "trace.json").write_text(json.dumps(to_chrome(rec)))
+        summary = summarize(rec)
+        summary["demo"] = {
+            "fast": self.opts.fast, "root": self.root, "failures": self.run_rec.failures,
+            "skipped": self.run_rec.skipped,
+            "scenes": [{"name": ph.name, "start_s": round(ph.t0 - rec.t0, 3),
+                        "end_s": None if ph.t1 is None else round(ph.t1 - rec.t0, 3)}
+                       for ph in self.run_rec.phases]}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        written = ["trace.json (open it in https://ui.perfetto.dev)", "summary.json"]
+        try:
+            from npumanager.trace.timeline import draw
+
+            draw(rec, out / "timeline.png", "npu demo: four apps sharing one accelerator")
+            written.insert(1, "timeline.png")
+        except ImportError:
+            self.out.note("timeline.png needs matplotlib: pip install 'npumanager[plots]'", "")
+        self.out.note(f"wrote {', '.join(written)} to {out}/", "")
 
     def attach_hal(self) -> None:
         from npumanager.hal import connect_scheduling
@@ -552,6 +609,10 @@ class Scenario:
         self.apps.clear()
 
     def cleanup(self) -> None:
+        if self.tracer is not None:  # interrupted: stop recording, write nothing
+            with contextlib.suppress(Exception):
+                self.tracer.stop()
+            self.tracer = None
         with contextlib.suppress(Exception):
             self.stop_apps()
         for proc in list(self.apps.values()):
@@ -586,6 +647,7 @@ class Scenario:
             self.stop_apps()
             print_summary(self.out, self.log, self.run_rec, self.hal, self.specs,
                           time.monotonic() - t0)
+            self.write_outputs()
         finally:
             self.cleanup()
         if self.run_rec.failures and self.root:

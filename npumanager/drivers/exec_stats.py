@@ -1,4 +1,5 @@
-"""Per-uid execution rate and latency of one driver host, for `npu top` (``device.stats``).
+"""Per-uid execution rate and latency of one driver host, for `npu top` (``device.stats``),
+and, while someone records a trace (``device.trace``), every execution step.
 
 Each finished execution adds (end time, latency) to its uid's bounded window;
 a snapshot gives executions per second over the last ``window_s`` and the
@@ -8,12 +9,15 @@ enough for the execute path.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from typing import Any
 
 WINDOW_S = 10.0
 MAX_SAMPLES = 4096  # per uid; beyond it the window is the most recent samples
+MAX_STEPS = 50_000  # trace ring: a reader that polls once a second keeps up easily
+TRACE_LEASE_S = 10.0  # steps are kept this long after the last device.trace poll
 
 
 class ExecStats:
@@ -21,6 +25,25 @@ class ExecStats:
         self.window_s = window_s
         self._by_uid: dict[int, deque[tuple[float, float]]] = {}
         self._totals: dict[int, int] = {}
+        #: monotonic time until which steps are recorded (0: nobody is tracing).
+        self.trace_until = 0.0
+        self._steps: deque[tuple[int, int, float, float, int, int | None, int, int]] = \
+            deque(maxlen=MAX_STEPS)
+        self._seq = itertools.count(1)
+
+    def step(self, channel: int, start: float, dur: float, uid: int, feature: int | None,
+             job: int, index: int) -> None:
+        """One execution step (called from worker threads: deque appends are atomic)."""
+        self._steps.append((next(self._seq), channel, start, dur, uid, feature, job, index))
+
+    def steps_since(self, cursor: int, now: float | None = None) -> dict[str, Any]:
+        """Steps after ``cursor`` (and keep recording for TRACE_LEASE_S more seconds)."""
+        now = time.monotonic() if now is None else now
+        self.trace_until = now + TRACE_LEASE_S
+        steps = [s for s in list(self._steps) if s[0] > cursor]
+        return {"cursor": steps[-1][0] if steps else cursor, "clock": "monotonic",
+                "steps": [{"channel": c, "start": st, "dur": d, "uid": u, "feature": f,
+                           "job": j, "step": i} for _n, c, st, d, u, f, j, i in steps]}
 
     def record(self, uid: int, latency_s: float, now: float | None = None) -> None:
         q = self._by_uid.get(uid)

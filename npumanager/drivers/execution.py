@@ -166,6 +166,15 @@ class ExecutionMixin:
             dt = time.perf_counter() - t0
             self._busy_s += dt
             ex.model.note_run(dt * 1e6)
+            stats = self.exec_stats
+            if stats.trace_until:  # someone records a trace (`npu trace record`)
+                end = time.monotonic()
+                if end < stats.trace_until:
+                    info = job.info
+                    stats.step(job.channel or 0, end - dt, dt, info.original_uid,
+                               info.debug_feature_id, info.id, job.step)
+                else:
+                    stats.trace_until = 0.0
         try:
             if not last:
                 fed = dict(ex.inputs)

@@ -135,6 +135,7 @@ class DriverHost(ExecutionMixin):
             "device.release": self._release,
             # Other uids' execution rates: for npud and admins (`npu top`).
             "device.stats": self._admin(self._stats),
+            "device.trace": self._admin(self._trace),
         }
 
     async def start(self) -> None:
@@ -340,6 +341,17 @@ class DriverHost(ExecutionMixin):
                            "busy": sched.channels - len(sched._free),
                            "queued": len(sched._queue),
                            **self.exec_stats.snapshot()}).encode()
+
+    def _trace(self, ctx: CallContext, payload: bytes) -> bytes:
+        """JSON: execution steps after the cursor in the payload (`npu trace record`); each
+        poll keeps step recording on for a few more seconds."""
+        import json
+
+        try:
+            cursor = int(bytes(payload[:20]).decode() or 0)
+        except ValueError:
+            raise InvalidArgument("device.trace takes a cursor (a decimal number)") from None
+        return json.dumps(self.exec_stats.steps_since(cursor)).encode()
 
     def _cache_files_needed(self, ctx: CallContext, payload: bytes) -> pb.CacheFilesNeeded:
         return pb.CacheFilesNeeded(n_model=self.cache_counts[0], n_data=self.cache_counts[1])

@@ -6,6 +6,7 @@ the demo claims to show must really have happened in the run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -52,9 +53,10 @@ def _gone(pid: int) -> bool:
 
 
 @NEEDS_ROOT
-def test_fast_demo_shows_every_behaviour_and_cleans_up() -> None:
+def test_fast_demo_shows_every_behaviour_and_cleans_up(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    res = subprocess.run(_npu("demo", "--fast"), capture_output=True, text=True, timeout=90,
+    res = subprocess.run(_npu("demo", "--fast", "--out", str(tmp_path / "out")),
+                         capture_output=True, text=True, timeout=90,
                          env={**os.environ, "COLUMNS": "100"}, stdin=subprocess.DEVNULL)
     took = time.monotonic() - t0
     out = res.stdout
@@ -97,6 +99,19 @@ def test_fast_demo_shows_every_behaviour_and_cleans_up() -> None:
     assert not _runtime_dir(out).exists()
     assert _gone(_npud_pid(out))
     assert took < 60, f"npu demo --fast took {took:.1f} s"  # ~12 s alone; slack for -n auto
+    # --out: the trace (Perfetto), the picture and the numbers, and where they are.
+    out_dir = tmp_path / "out"
+    assert re.search(rf"wrote trace\.json .*timeline\.png, summary\.json to {out_dir}/", out)
+    trace = json.loads((out_dir / "trace.json").read_text())["traceEvents"]
+    lanes = {e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    assert {"camera (uid 61001)", "llm (uid 61004)", "channel 0"} <= lanes, lanes
+    marks = {e["name"] for e in trace if e["ph"] == "i"}
+    assert {"unload asked (PREEMPTED)", "unload asked (THERMAL)", "revoked"} <= marks, marks
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["apps"]["llm (uid 61004)"]["unload_asks"]["PREEMPTED"] == 1
+    assert summary["apps"]["embedder (uid 61003)"]["revoked"] == 1
+    assert summary["thermal_peak"] == "SEVERE"
+    assert (out_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @NEEDS_ROOT

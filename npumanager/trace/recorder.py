@@ -1,0 +1,170 @@
+"""Record what npud and its drivers do, from outside, as an admin client.
+
+While recording, the recorder polls npud's dump (every ``interval`` s: budget,
+thermal status, the live requests) and each driver's ``device.trace`` (every
+execution step with its channel, uid, feature and times, which the driver keeps
+while someone polls). When it stops it asks npud for the story of every request
+it saw: the exact times of each decision (requested, granted, loaded, asked to
+unload and why, revoked, ended). All times are CLOCK_MONOTONIC, the clock npud
+and the drivers stamp with, so the three sources line up.
+
+A request that lives less than ``interval`` is not seen and not in the trace.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager.client import NpuManager
+from npumanager.errors import NpuError
+from npumanager.fds import close_fds
+
+
+@dataclass
+class Recording:
+    """What one recording saw (plain data: JSON-able)."""
+
+    t0: float
+    t1: float = 0.0
+    #: (t, budget used, budget max, thermal status 0-6)
+    samples: list[tuple[float, float, float, int]] = field(default_factory=list)
+    #: device name -> its steps (dicts from device.trace)
+    steps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: device name -> channels
+    channels: dict[str, int] = field(default_factory=dict)
+    #: "uid:id" -> decisions (dicts from npud's story)
+    stories: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: uid -> display name (a systemd unit when npud keys apps by unit)
+    uid_names: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class TraceRecorder:
+    def __init__(self, runtime_dir: Any = None, *, interval: float = 0.05,
+                 steps_interval: float = 0.5) -> None:
+        self.runtime_dir = runtime_dir
+        self.interval = interval
+        self.steps_interval = steps_interval
+        self.rec = Recording(t0=time.monotonic())
+        self._mgr = NpuManager(runtime_dir, client_name="npu trace")
+        if not self._mgr.admin:
+            self._mgr.close()
+            raise NpuError("npu trace needs admin rights on npud (root, npud's uid or its "
+                           "admin group): it reads every request's story and the drivers' "
+                           "execution steps")
+        self._keys: set[tuple[int, int]] = set()
+        self._drivers: dict[str, Any] = {}
+        self._cursors: dict[str, int] = {}
+        self._devices: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_steps = 0.0
+
+    # --- polling ---------------------------------------------------------------------
+
+    def poll(self) -> None:
+        dump = self._mgr.dump()
+        now = time.monotonic()
+        budget = dump.get("budget") or {}
+        cap = budget.get("thermal_scaled")
+        total = budget.get("total") if cap is None else cap
+        thermal = dump.get("thermal") or {}
+        status = thermal.get("status_value")
+        if not isinstance(status, int):
+            from npumanager.constants import ThermalStatus
+
+            status = int(ThermalStatus[str(thermal.get("status", "NONE"))])
+        self.rec.samples.append((now, float(budget.get("used") or 0), float(total or 0),
+                                 status))
+        for r in dump.get("requests") or []:
+            self._keys.add((int(r["uid"]), int(r["request_id"])))
+            if r.get("uid_name"):
+                self.rec.uid_names[str(r["uid"])] = str(r["uid_name"])
+        self._devices = list(dump.get("devices") or [])
+        if now - self._last_steps >= self.steps_interval:
+            self._last_steps = now
+            self.poll_steps()
+
+    def poll_steps(self) -> None:
+        from npumanager.hal.wire import SERVICE
+        from npumanager.wire.client import SyncRpcClient
+
+        for d in self._devices:
+            name, path = str(d.get("name")), str(d.get("socket_path") or "")
+            if not d.get("available") or not path:
+                continue
+            self.rec.channels[name] = int(d.get("channels") or 1)
+            try:
+                client = self._drivers.get(name)
+                if client is None:
+                    client = self._drivers[name] = SyncRpcClient(path, SERVICE,
+                                                                 client_name="npu trace")
+                payload, fds = client.call("device.trace",
+                                           str(self._cursors.get(name, 0)).encode())
+                close_fds(fds)
+            except NpuError as exc:
+                old = self._drivers.pop(name, None)
+                if old is not None:
+                    old.close()
+                note = f"driver {name}: {type(exc).__name__}: {exc}"
+                if note not in self.rec.notes:
+                    self.rec.notes.append(note)
+                continue
+            got = json.loads(payload)
+            self._cursors[name] = int(got["cursor"])
+            self.rec.steps.setdefault(name, []).extend(got["steps"])
+
+    # --- running ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except NpuError as exc:
+                self.rec.notes.append(f"npud: {type(exc).__name__}: {exc}")
+                return
+            self._stop.wait(self.interval)
+
+    def start(self) -> TraceRecorder:
+        self.poll_steps_now()
+        self._thread = threading.Thread(target=self._run, name="npu-trace", daemon=True)
+        self._thread.start()
+        return self
+
+    def poll_steps_now(self) -> None:
+        """Turn the drivers' step recording on at once (before the first work arrives)."""
+        self.poll()
+        self._last_steps = time.monotonic()
+        self.poll_steps()
+
+    def record(self, duration: float) -> Recording:
+        self.start()
+        try:
+            self._stop.wait(duration)
+        finally:
+            self.stop()
+        return self.rec
+
+    def stop(self) -> Recording:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        try:
+            self.poll()
+            self.poll_steps()
+            for uid, rid in sorted(self._keys):
+                story = self._mgr.story(uid, rid)
+                if story:
+                    self.rec.stories[f"{uid}:{rid}"] = story
+        except NpuError as exc:
+            self.rec.notes.append(f"npud: {type(exc).__name__}: {exc}")
+        self.rec.t1 = time.monotonic()
+        for c in self._drivers.values():
+            c.close()
+        self._drivers.clear()
+        self._mgr.close()
+        return self.rec
