@@ -1,0 +1,310 @@
+"""The OpenVINO driver (plugin ``openvino``, extra ``npumanager[openvino]``).
+
+One driver host serves one OpenVINO device: the first of the ``devices``
+option (default: every entry of ``ov.Core().available_devices``, so CPU here
+and GPU or NPU on Intel machines). GPU and NPU take exactly this code with
+another device string.
+
+- Input: ONNX bytes, or an IR bundle (xml + bin, :mod:`.openvino_ir`); both
+  are read from memory, never from a path.
+- Compile: ``core.compile_model``. The cache artifact is
+  ``CompiledModel.export_model()`` (one blob: graph, kernels and weights, cut
+  into ``model_cache_files`` pieces; no data cache files). The host verifies
+  the blob with its keyed hash and map before :meth:`load_artifacts` hands it
+  to ``core.import_model``. OpenVINO's own ``CACHE_DIR`` is kept off: it
+  would trust whatever lies in that directory (no integrity check at import;
+  a flipped byte in an exported blob still imports here).
+- Priority: the NNAPI priority a model is prepared with is mapped onto the
+  device's own knobs where the device lists them in ``SUPPORTED_PROPERTIES``
+  (:func:`priority_config`): ``MODEL_PRIORITY`` LOW/MEDIUM/HIGH and
+  ``WORKLOAD_TYPE`` EFFICIENT for background (GPU/NPU); on the CPU, which has
+  neither, background models get ``SCHEDULING_CORE_TYPE=ECORE_ONLY`` (E-cores
+  of a hybrid CPU) and no thread pinning.
+- Memory: the device's total memory property where it has one (GPU, NPU);
+  the CPU has none, so it reports physical RAM (``capabilities().extra``
+  says which).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from npumanager.drivers.base import (
+    CompileOptions,
+    Driver,
+    DriverCapabilities,
+    PreparedModel,
+    TensorInfo,
+)
+from npumanager.drivers.openvino_ir import check_onnx_self_contained, is_ir_bundle, unpack_ir
+from npumanager.errors import GeneralFailure, InvalidArgument
+
+log = logging.getLogger("npumanager.drivers.openvino")
+
+#: NNAPI priority (nn.Priority) -> ov::hint::model_priority.
+MODEL_PRIORITY = {90: "LOW", 100: "MEDIUM", 110: "HIGH"}
+#: Device properties that give the device's memory, in order of preference.
+MEMORY_PROPERTIES = ("GPU_DEVICE_TOTAL_MEM_SIZE", "NPU_DEVICE_TOTAL_MEM_SIZE")
+
+
+def priority_config(supported: set[str], priority: int) -> dict[str, Any]:
+    """The OpenVINO properties that carry ``priority`` (90/100/110) to this device.
+
+    Only properties the device lists are set: a plugin refuses the others.
+    """
+    background = priority < 100
+    cfg: dict[str, Any] = {}
+    if "MODEL_PRIORITY" in supported:
+        cfg["MODEL_PRIORITY"] = MODEL_PRIORITY.get(priority, "MEDIUM")
+    if "WORKLOAD_TYPE" in supported:
+        cfg["WORKLOAD_TYPE"] = "EFFICIENT" if background else "DEFAULT"
+    if background and "SCHEDULING_CORE_TYPE" in supported:
+        cfg["SCHEDULING_CORE_TYPE"] = "ECORE_ONLY"  # falls back to all cores if not hybrid
+    if background and "ENABLE_CPU_PINNING" in supported:
+        cfg["ENABLE_CPU_PINNING"] = False  # let the kernel place background threads
+    return cfg
+
+
+def device_memory(core: Any, device: str, supported: set[str]) -> tuple[int, str]:
+    """(bytes, where the number came from) for the MEMORY policy."""
+    for prop in MEMORY_PROPERTIES:
+        if prop in supported:
+            try:
+                return int(core.get_property(device, prop)), f"OpenVINO {prop}"
+            except Exception as exc:  # a property listed but failing: fall through
+                log.warning("%s: %s unreadable: %s", device, prop, exc)
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        phys = 8 << 30
+    return int(phys), f"physical RAM ({device} reports no device memory property)"
+
+
+def _dtype(port: Any) -> str:
+    try:
+        return str(np.dtype(port.get_element_type().to_dtype()))
+    except Exception:
+        return "float32"
+
+
+def _shape(port: Any) -> tuple[int, ...]:
+    return tuple(
+        d.get_length() if d.is_static else -1 for d in port.get_partial_shape()
+    )
+
+
+def _name(port: Any, i: int, kind: str) -> str:
+    names = sorted(port.get_names())
+    return names[0] if names else f"{kind}{i}"
+
+
+def _split(blob: bytes, n: int) -> list[bytes]:
+    if n == 1:
+        return [blob]
+    step = -(-len(blob) // n) if blob else 0
+    return [blob[i * step : (i + 1) * step] for i in range(n)]
+
+
+class OvModel(PreparedModel):
+    """A compiled (or imported) OpenVINO model; one infer request per worker thread."""
+
+    def __init__(self, compiled: Any, memory_bytes: int, n_model_cache: int,
+                 config: dict[str, Any]) -> None:
+        self.compiled = compiled
+        self.inputs = [
+            TensorInfo(_name(p, i, "input"), _dtype(p), _shape(p))
+            for i, p in enumerate(compiled.inputs)
+        ]
+        self.outputs = [
+            TensorInfo(_name(p, i, "output"), _dtype(p), _shape(p))
+            for i, p in enumerate(compiled.outputs)
+        ]
+        self.memory_bytes = memory_bytes
+        self.config = dict(config)  # what compile/import was given (tests read it)
+        self._n_model_cache = n_model_cache
+        self._local = threading.local()
+        self._running: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def _request(self) -> Any:
+        req = getattr(self._local, "request", None)
+        if req is None:
+            if self.compiled is None:
+                raise GeneralFailure("the model was released")
+            req = self._local.request = self.compiled.create_infer_request()
+        return req
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        req = self._request()
+        feed = {name: np.ascontiguousarray(arr) for name, arr in inputs.items()}
+        with self._lock:
+            self._running.add(req)
+        try:
+            # Asynchronous start + wait, so abort() can cancel a run in progress.
+            req.start_async(feed, share_inputs=True)
+            req.wait()
+        finally:
+            with self._lock:
+                self._running.discard(req)
+        return {
+            info.name: np.array(req.get_output_tensor(i).data, copy=True)
+            for i, info in enumerate(self.outputs)
+        }
+
+    def abort(self) -> None:
+        with self._lock:
+            running = list(self._running)
+        for req in running:
+            try:
+                req.cancel()
+            except Exception:  # finished meanwhile
+                pass
+
+    def release(self) -> None:
+        self.compiled = None
+        self._local = threading.local()
+
+    def artifacts(self) -> tuple[list[bytes], list[bytes]]:
+        if self.compiled is None:
+            raise GeneralFailure("the model was released")
+        blob = self.compiled.export_model()
+        data = blob.getvalue() if hasattr(blob, "getvalue") else bytes(blob)
+        return _split(data, self._n_model_cache), []
+
+
+class OpenVinoDriver(Driver):
+    name = "openvino"
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        import openvino as ov
+
+        self.core = ov.Core()
+        # Our verified cache is the cache: OpenVINO's own would load unverified blobs.
+        self.core.set_property({"CACHE_DIR": ""})
+        available = [str(d) for d in self.core.available_devices]
+        wanted = self.options.get("devices") or available
+        if isinstance(wanted, str):
+            wanted = [wanted]
+        self.devices = [str(d) for d in wanted]
+        missing = [d for d in self.devices if d not in available]
+        if not self.devices or missing:
+            raise InvalidArgument(
+                f"OpenVINO reports devices {available}; asked for {self.devices}"
+            )
+        if len(self.devices) > 1:
+            # A driver host serves one device (the HAL has one budget per host for now).
+            log.warning("openvino: serving %s; %s need their own [[driver]] entries",
+                        self.devices[0], ", ".join(self.devices[1:]))
+        self.device = self.devices[0]
+        self.supported = {str(p) for p in self.core.get_property(self.device,
+                                                                 "SUPPORTED_PROPERTIES")}
+        arch = self._prop("DEVICE_ARCHITECTURE") or self.device
+        # The blob is specific to the OpenVINO build and the device: both key the cache.
+        self.version = f"1.0+ov{ov.__version__}+{self.device}:{arch}"
+        self.full_name = self._prop("FULL_DEVICE_NAME") or self.device
+        self.memory_bytes, self.memory_source = device_memory(self.core, self.device,
+                                                              self.supported)
+        if "memory_bytes" in self.options:
+            self.memory_bytes = int(self.options["memory_bytes"])
+            self.memory_source = "driver option memory_bytes"
+        self.n_model_cache = int(self.options.get("model_cache_files", 1))
+
+    def _prop(self, key: str) -> str | None:
+        if key not in getattr(self, "supported", set()):
+            return None
+        try:
+            return str(self.core.get_property(self.device, key))
+        except Exception:
+            return None
+
+    def capabilities(self) -> DriverCapabilities:
+        import openvino as ov
+
+        knobs = sorted(priority_config(self.supported, 90)) or ["none"]
+        return DriverCapabilities(
+            backend=f"openvino {ov.__version__} {self.device} ({self.full_name})",
+            memory_bytes=self.memory_bytes,
+            extra={"device": self.device, "devices": list(self.devices),
+                   "memory_source": self.memory_source, "priority_knobs": knobs},
+        )
+
+    def get_number_of_cache_files_needed(self) -> tuple[int, int]:
+        return self.n_model_cache, 0
+
+    def compile_config(self, options: CompileOptions) -> dict[str, Any]:
+        """Properties for compile_model/import_model: hint, streams, threads, priority."""
+        cfg: dict[str, Any] = {}
+        if "PERFORMANCE_HINT" in self.supported:
+            cfg["PERFORMANCE_HINT"] = "THROUGHPUT" if options.preference == 2 else "LATENCY"
+        # Two streams by default so the host's channels run at once (CPU).
+        streams = self.options.get("num_streams", 2 if self.device == "CPU" else None)
+        if streams is not None and "NUM_STREAMS" in self.supported:
+            cfg["NUM_STREAMS"] = int(streams)
+        threads = self.options.get("inference_num_threads")
+        if threads is not None and "INFERENCE_NUM_THREADS" in self.supported:
+            cfg["INFERENCE_NUM_THREADS"] = int(threads)
+        cfg.update(priority_config(self.supported, options.priority))
+        return cfg
+
+    def read_model(self, model_bytes: bytes) -> Any:
+        """An ov.Model from ONNX bytes or an IR bundle (InvalidArgument otherwise)."""
+        import openvino as ov
+
+        try:
+            if is_ir_bundle(model_bytes):
+                xml, weights = unpack_ir(model_bytes)
+                tensor = ov.Tensor(np.frombuffer(weights, np.uint8).copy())
+                return self.core.read_model(bytes(xml).decode("utf-8"), tensor)
+            check_onnx_self_contained(model_bytes)
+            return self.core.read_model(model_bytes)
+        except InvalidArgument:
+            raise
+        except Exception as exc:
+            raise InvalidArgument(f"OpenVINO cannot read this model: {exc}") from None
+
+    def compile(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
+        model = self.read_model(onnx_bytes)
+        cfg = self.compile_config(options)
+        try:
+            compiled = self.core.compile_model(model, self.device, cfg)
+        except Exception as exc:
+            raise InvalidArgument(f"OpenVINO cannot compile this model for {self.device}: "
+                                  f"{exc}") from None
+        weights = sum(int(op.get_byte_size()) for op in model.get_ops()
+                      if op.get_type_name() == "Constant")
+        prepared = OvModel(compiled, 0, self.n_model_cache, cfg)
+        prepared.memory_bytes = weights + self._io_bytes(prepared) + (1 << 20)
+        return prepared
+
+    def load_artifacts(self, model_blobs: list[bytes], data_blobs: list[bytes],
+                       options: CompileOptions) -> PreparedModel:
+        """Import a verified ``export_model`` blob (only called after verification)."""
+        if data_blobs:
+            raise GeneralFailure("the OpenVINO driver keeps no data cache files")
+        blob = model_blobs[0] if len(model_blobs) == 1 else b"".join(model_blobs)
+        if not blob:
+            raise GeneralFailure("empty model cache")
+        cfg = self.compile_config(options)
+        try:
+            compiled = self.core.import_model(blob, self.device, cfg)
+        except Exception as exc:
+            raise GeneralFailure(f"OpenVINO cannot import the cached model: {exc}") from None
+        prepared = OvModel(compiled, 0, self.n_model_cache, cfg)
+        prepared.memory_bytes = len(blob) + self._io_bytes(prepared) + (1 << 20)
+        return prepared
+
+    @staticmethod
+    def _io_bytes(model: OvModel) -> int:
+        return 2 * sum(t.static_nbytes() or 0 for t in [*model.inputs, *model.outputs])
+
+    def close(self) -> None:
+        self.core = None
+
+
+__all__ = ["MODEL_PRIORITY", "OpenVinoDriver", "OvModel", "device_memory", "priority_config"]
