@@ -14,7 +14,15 @@ reference backend (ONNX Runtime CPU):
   single-threaded): verification throughput vs raw read throughput;
 - verify share: verification time / total cache-load time.
 
-Usage: python bench/cache.py [--sizes small,medium,large,graph] [--repeat N]
+A second table has a row per backend and device (the drivers themselves, through
+DriverCache): the reference driver and OpenVINO on a small conv net, torch
+AOTInductor on a small transformer block, each built here: compile s, verified
+load s (read + keyed verify + the backend's load), compile/load, and the
+verification's share of the load. AOTInductor's precompiled headers are built
+by a warm-up compile first (a driver host keeps them in its state dir).
+
+Usage: python bench/cache.py [--sizes small,medium,large,graph] [--backends
+reference,openvino,torch] [--repeat N]
 Not run in CI (the large model needs ~2 GB of RAM and some seconds).
 """
 
@@ -227,12 +235,83 @@ def bench_model(name: str, repeat: int, work: Path, state: Path) -> dict[str, fl
     }
 
 
+def backend_row(kind: str, repeat: int, work: Path) -> dict[str, Any]:
+    """Compile vs verified load through one driver, on the model that suits its backend."""
+    from npumanager.drivers.base import CompileOptions
+    from npumanager.testing import backend_models as bm
+
+    opts = CompileOptions()
+    if kind == "torch":
+        from npumanager.drivers.torch_aot import TorchAotDriver
+
+        driver: Any = TorchAotDriver({"state_dir": str(work / "torch-state"),
+                                      "compile_memo_entries": 0})
+        driver.compile(bm.torch_add_program(4), opts)  # warm-up: precompiled headers
+        model = bm.transformer_block(d=256, heads=8, seq=64)
+        label = "transformer block d=256 h=8 seq=64"
+    else:
+        if kind == "openvino":
+            from npumanager.drivers.openvino import OpenVinoDriver
+
+            driver = OpenVinoDriver({})
+        else:
+            from npumanager.drivers.reference import ReferenceDriver
+
+            driver = ReferenceDriver({})
+        model = bm.conv_net_onnx(channels=32, size=96)
+        label = "conv net 3x conv c=32/64, 96x96"
+    device = str(driver.capabilities().extra.get("device", "CPU"))
+    n_model, n_data = driver.get_number_of_cache_files_needed()
+    token = bytes([len(kind)]) * 32
+    app = work / f"app-{kind}"
+    app.mkdir()
+    cache = DriverCache(f"bench-{kind}", driver.version, n_model, n_data,
+                        state_root=work / "state")
+    try:
+        compile_fn = getattr(driver, "compile_with_artifacts", None) or driver.compile
+        t_compile, prepared = timed(lambda: compile_fn(model.data, opts), repeat)
+        assert model.matches(prepared.run(model.inputs)), f"{kind}: wrong outputs"
+        m_blobs, d_blobs = prepared.artifacts()
+        m_paths, d_paths = cache_file_names(app, token, n_model, n_data)
+        fds = open_cache_files(m_paths + d_paths, create=True)
+        assert fds is not None
+        try:
+            assert cache.save(token, fds[:n_model], fds[n_model:], m_blobs, d_blobs)
+        finally:
+            close_fds(fds)
+
+        def load() -> Any:
+            fds = open_cache_files(m_paths + d_paths, create=False)
+            assert fds is not None
+            try:
+                m, d = cache.load(token, fds[:n_model], fds[n_model:])
+            finally:
+                close_fds(fds)
+            return driver.load_artifacts(m, d, opts)
+
+        t_load, loaded = timed(load, repeat)
+        assert model.matches(loaded.run(model.inputs)), f"{kind}: cached model is wrong"
+        key = os.urandom(32)
+        t_hash, _ = timed(lambda: compute_tag(key, token, m_blobs, d_blobs), repeat)
+        nbytes = sum(len(b) for b in [*m_blobs, *d_blobs])
+    finally:
+        cache.close()
+        driver.close()
+    return {"backend": kind, "device": device, "model": label, "mib": nbytes / MIB,
+            "compile_s": t_compile, "load_s": t_load, "hash_s": t_hash}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="small,medium,large,graph")
+    ap.add_argument("--backends", default="reference,openvino,torch")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     sizes = [s for s in args.sizes.split(",") if s]
+    import importlib.util
+
+    backends = [b for b in args.backends.split(",") if b and (
+        b == "reference" or importlib.util.find_spec(b) is not None)]
     work = Path(tempfile.mkdtemp(prefix="npu-bench-cache-"))
     rows = []
     try:
@@ -240,6 +319,10 @@ def main() -> int:
             r = bench_model(name, args.repeat, work, work / "state")
             rows.append((name, r))
             print(f"  {name}: done", file=sys.stderr, flush=True)
+        backend_rows = []
+        for kind in backends:
+            backend_rows.append(backend_row(kind, args.repeat, work))
+            print(f"  backend {kind}: done", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(
@@ -267,6 +350,18 @@ def main() -> int:
         "of reading the same files (target >= 70%).\nverify/load: hashing time as a share of a "
         "whole cache load (target <= 10%). compile/load > 1 means the cache saves time."
     )
+    if backend_rows:
+        print("\nPer backend and device (the drivers through DriverCache), "
+              f"best of {args.repeat}\n")
+        hdr = ("| backend | device | model | cache MiB | compile s | verified load s | "
+               "compile/load | verify share of load |")
+        print(hdr)
+        print("|" + "---|" * (hdr.count("|") - 1))
+        for r in backend_rows:
+            print(f"| {r['backend']} | {r['device']} | {r['model']} | {r['mib']:.1f} | "
+                  f"{r['compile_s']:.3f} | {r['load_s']:.4f} | "
+                  f"{r['compile_s'] / r['load_s']:.1f}x | "
+                  f"{100 * r['hash_s'] / r['load_s']:.1f}% |")
     return 0
 
 
