@@ -153,7 +153,9 @@ def _proc_rounds(make_driver: DriverFactory, options: dict[str, Any], name: str,
     """One process: alternately rewrite the entry with its genuine blobs and prepare."""
     driver = make_driver(options)
     n_model, n_data = driver.get_number_of_cache_files_needed()
-    cache = DriverCache(name, driver.version, n_model, n_data, state_root=Path(state))
+    # Lock waits are bounded generously: this checks correctness under contention, not speed.
+    cache = DriverCache(name, driver.version, n_model, n_data, state_root=Path(state),
+                        lock_timeout_s=60.0)
     results = []
     try:
         for i in range(rounds):
@@ -392,7 +394,7 @@ class CacheSecuritySuite:
         ]
         for p in procs:
             p.start()
-        results = [q.get(timeout=120) for _ in procs]
+        results = [q.get(timeout=600) for _ in procs]
         for p in procs:
             p.join(30)
             assert p.exitcode == 0
