@@ -255,7 +255,10 @@ class Scenario:
         """Before changing a uid's importance on a running npud, note what it was."""
         if self.own_npud or uid in self.saved_importance:
             return
-        before = (self.admin.dump().get("uids") or {}).get(str(uid), {}).get("importance")
+        dump = self.admin.dump()
+        before = (dump.get("uids") or {}).get(str(uid), {}).get("importance")
+        if not isinstance(before, int):  # nobody set it: npud's default applies
+            before = (dump.get("params") or {}).get("default_importance")
         if isinstance(before, int):
             self.saved_importance[uid] = before
 

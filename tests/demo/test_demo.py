@@ -152,3 +152,32 @@ def test_ctrl_c_stops_everything_and_removes_the_temp_dirs() -> None:
             if any(str(u) in uid_line.split() for u in range(61001, 61005)):
                 left.append(d.name)
     assert not left, f"demo apps still running: {left}"
+
+
+@NEEDS_ROOT
+def test_demo_on_a_running_npud_restores_importances(tmp_path: Path, runtime_dir: Path,
+                                                     state_dir: Path) -> None:
+    """`npu demo --runtime-dir` changes importances on the user's npud for its scenes; when
+    it ends they are what they were before."""
+    from npumanager import Importance, NpuManager
+    from npumanager.testing.daemon import DaemonProcess
+
+    rt = runtime_dir  # traversable: the demo's apps run under other uids
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    with DaemonProcess(rt, drivers=True, env=env, ready_timeout=60) as npud:
+        with NpuManager(npud.runtime_dir) as admin:
+            admin.set_uid_importance(61001, Importance.CACHED)
+            before = {u: v["importance"] for u, v in admin.dump()["uids"].items()}
+        res = subprocess.run(_npu("demo", "--fast", "--runtime-dir", str(rt), "--out",
+                                  str(tmp_path / "out")), capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "set_uid_importance(61001, FOREGROUND)" in res.stdout
+        with NpuManager(npud.runtime_dir) as admin:
+            dump = admin.dump()
+            after = {u: v["importance"] for u, v in dump["uids"].items()}
+            default = dump["params"]["default_importance"]
+            assert admin.thermal_status().status.name == "NONE"
+    assert after["61001"] == int(Importance.CACHED) == before["61001"]
+    for uid in ("61002", "61003", "61004"):
+        assert after[uid] == before.get(uid, default), (uid, after)
