@@ -21,7 +21,7 @@ from typing import Any
 from npumanager.errors import InvalidArgument
 
 KNOWN_SECTIONS = {"manager", "policy", "driver", "thermal", "importance", "cache", "app",
-                  "metrics"}
+                  "metrics", "fleet"}
 
 
 def _defaults() -> dict[str, Any]:

@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 help="bound (default: [cache] config)"
             )
         c.set_defaults(func=main)
+    from npumanager.cli.cache_publish import register_publish
+
+    register_publish(csub)
 
 
 def _open(args: argparse.Namespace) -> Any:
