@@ -33,7 +33,7 @@ from npumanager.cache.fleet import (
     open_entry,
     seal_entry,
 )
-from npumanager.drivers.base import CompileOptions, Driver
+from npumanager.drivers.base import CompileOptions, Driver, PreparedModel
 from npumanager.errors import InvalidArgument
 
 log = logging.getLogger("npumanager.drivers.fleet")
@@ -137,6 +137,7 @@ class FleetTier:
     def __init__(self, cfg: FleetConfig, driver: Driver, counts: tuple[int, int],
                  *, store: Any = None, trusted: TrustedKeys | None = None) -> None:
         self.cfg = cfg
+        self.driver = driver
         self.counts = counts
         self.identity = driver_identity(driver)
         self.trusted = trusted if trusted is not None else TrustedKeys.load(cfg.trusted_keys)
@@ -202,6 +203,20 @@ class FleetTier:
         log.info("fleet cache hit for %s (%d bytes, signed by %s on %s)", key.describe(),
                  art.nbytes, art.key_id, art.builder or "?")
         return art
+
+    def prepare(self, model: bytes, options: CompileOptions
+                ) -> tuple[PreparedModel, Artifact] | None:
+        """A model loaded from the fleet's verified artifact (and the artifact, for the
+        local save), or None: compile as usual. Blocks; never raises."""
+        art = self.lookup(model, options)
+        if art is None:
+            return None
+        try:
+            prepared = self.driver.load_artifacts(art.model_blobs, art.data_blobs, options)
+        except Exception as exc:  # signed, yet this backend cannot load it: a miss
+            self._refused(art.key, f"the backend cannot load it: {exc}")
+            return None
+        return prepared, art
 
     def _refused(self, key: FleetKey, reason: str) -> None:
         self._count("refused")
