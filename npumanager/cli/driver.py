@@ -102,8 +102,7 @@ async def _exit_when_orphaned(host: DriverHost, stop: asyncio.Event) -> None:
     n = len(server.connections) if server is not None else 0
     log.warning("npud went away; serving the %d connected client(s) until they leave, "
                 "then exiting", n)
-    while server is not None and server.connections:
-        await asyncio.sleep(0.2)
+    await host.no_clients.wait()
     log.warning("no clients left and no npud: exiting")
     stop.set()
 

@@ -1,39 +1,52 @@
-"""The driver host process: one driver plugin behind DIR/drivers/NAME.sock.
+"""The driver host process: the async shell around :class:`DriverState`.
 
-It owns the per-connection state (prepared models, shared-memory pools,
-running work), the grants npud issued (enforced admission), the scheduler and
-the worker threads that run the backend. ``hal.*`` methods are for npud and
-admins only; ``device.*`` methods serve any uid, decided per call from its
-kernel-verified uid. Preparing (grants, compile, cache) lives in
-:mod:`npumanager.drivers.prepare`.
+The state decides; this module acts. It serves DIR/drivers/NAME.sock: every
+call (``hal.*`` for npud and admins, ``device.*`` for any uid, decided per
+call from its kernel-verified uid), every closed connection, finished step and
+timer becomes an event with ``now`` from the host's clock; the state returns
+instructions and :meth:`DriverHost._carry_out` does them in order: start a
+step on a worker thread or inline, answer an execute, push a lifecycle report
+to the HAL callback, release a model, close a pool, arm the timer.
+
+What lives here and not in the state: the things with I/O or memory behind
+them, keyed by the ids the state hands out — prepared models
+(:mod:`.prepare`), executions and their tensors (:mod:`.steps`), mapped pools,
+the connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import time
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from npumanager import tensorio
-from npumanager.clock import Clock, MonotonicClock
+from npumanager.clock import LoopClock, MonotonicClock, Timer, wake_at
 from npumanager.constants import ThermalStatus
-from npumanager.drivers.base import Driver, PreparedModel
+from npumanager.drivers import events as ev
+from npumanager.drivers.base import Driver
 from npumanager.drivers.exec_stats import ExecStats
-from npumanager.drivers.execution import (
+from npumanager.drivers.messages import (
     ClientConn,
-    Execution,
-    ExecutionMixin,
-    ModelEntry,
+    decode_inputs,
+    job_error,
+    params_from,
+    prepared_reply,
+    set_output_area,
 )
-from npumanager.drivers.scheduler import Job, Scheduler
+from npumanager.drivers.prepare import Prepared, Preparer
+from npumanager.drivers.state import DriverState, GrantCheck
+from npumanager.drivers.steps import Execution, Reply, StepRunner
 from npumanager.errors import (
-    GrantRevoked,
+    GeneralFailure,
+    GrantRequired,
     InvalidArgument,
+    NpuError,
     PermissionDenied,
 )
 from npumanager.fds import close_fds
@@ -48,20 +61,11 @@ from npumanager.wire.server import RpcServer, resolve_group
 
 log = logging.getLogger("npumanager.drivers.host")
 
-_TOMBSTONES = 4096
+_COMPLETED = EndReason.COMPLETED
+_WORK_METHODS = {k: f"hal.on_work_{k.value}" for k in ev.WorkKind}
 
 
-@dataclass(eq=False)
-class Grant:
-    grant_id: str
-    uid: int
-    request_id: int
-    models: set[int] = field(default_factory=set)
-
-
-
-
-class DriverHost(ExecutionMixin):
+class DriverHost:
     def __init__(
         self,
         hc: HostConfig,
@@ -70,51 +74,60 @@ class DriverHost(ExecutionMixin):
         state_dir: Path,
         *,
         cache_counts: tuple[int, int] = (0, 0),
-        clock: Clock | None = None,
+        clock: LoopClock | None = None,
     ) -> None:
         self.hc = hc
         self.driver = driver
         self.runtime_dir = runtime_dir
-        self.state_dir = state_dir
         self.cache_counts = cache_counts
-        self.clock: Clock = clock or MonotonicClock()
-        self.scheduler = Scheduler(hc.channels, self.clock, self, thermal_cutoff=hc.thermal_cutoff)
-        self.scheduler.events_enabled = False  # until npud (or an admin) sets the callback
+        self.clock: LoopClock = clock or MonotonicClock()
+        self.state = DriverState(params_from(hc))
         self.socket_path = runtime_dir / "drivers" / f"{hc.name}.sock"
-        self.models: dict[int, ModelEntry] = {}
-        self.grants: dict[str, Grant] = {}
-        self.ended_grants: OrderedDict[str, bool] = OrderedDict()
-        self.tombstones: OrderedDict[int, str] = OrderedDict()
-        self.callback_conn: RpcConnection | None = None
-        self.clients: dict[RpcConnection, ClientConn] = {}
+        self.preparer = Preparer(hc, driver, cache_counts, state_dir)
         self.exec_stats = ExecStats()
-        self.manager_conn: RpcConnection | None = None
-        self._next_model = 1
-        self._next_pool = 1
-        self._busy_s = 0.0
-        self._util_last: tuple[float, float] | None = None  # (monotonic now, busy_s)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._submitting: Any = None  # the Execution being submitted (inline fast path)
-        self._inline_now: Job | None = None
-        self._grant_event: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._workers = ThreadPoolExecutor(hc.channels, thread_name_prefix=f"npu-{hc.name}-ch")
-        self.compile_pool = ThreadPoolExecutor(2, thread_name_prefix=f"npu-{hc.name}-compile")
-        self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
+        self.runner = StepRunner(hc.name, hc.channels, inline_limit=hc.inline_limit,
+                                 max_frame=hc.max_frame, stats=self.exec_stats)
         self.server: RpcServer | None = None
-        from npumanager.drivers.prepare import Preparer
-
-        self.preparer = Preparer(self)
+        self.callback_conn: RpcConnection | None = None
+        self.manager_conn: RpcConnection | None = None
+        self._clients: dict[RpcConnection, ClientConn] = {}
+        self._prepared: dict[int, Any] = {}  # model id -> PreparedModel
+        self._pools: dict[int, tuple[ClientConn, tensorio.MappedPool]] = {}  # by pool id
+        self._executions: dict[int, Execution] = {}  # ticket -> execution
+        self._timers: dict[str, Timer] = {}
+        self._grant_waiters: list[asyncio.Future[None]] = []
+        self._cids = itertools.count(1)
+        self._tickets = itertools.count(1)
+        self._stimuli = itertools.count(1)
+        self._current = 0  # the ticket whose execute call is being handled
+        self._inline_now: ev.RunStep | None = None
+        self._util_last: tuple[float, float] | None = None  # (now, busy_s)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runners: dict[type, Callable[[Any], None]] = {
+            ev.RunStep: self._run_step,
+            ev.AbortStep: self._abort_step,
+            ev.FinishJob: self._finish_job,
+            ev.ReportWork: self._report_work,
+            ev.ReleaseModel: self._release_model,
+            ev.ReportModelMemory: self._report_memory,
+            ev.ModelReady: lambda ins: None,  # read by the prepare call that caused it
+            ev.PoolReady: lambda ins: None,  # read by the register call that caused it
+            ev.ClosePool: self._close_pool,
+            ev.ArmTimer: self._arm_timer,
+            ev.CancelTimer: self._cancel_timer,
+        }
+        #: Set when the npud that attached goes away (``npu driver --exit-with-manager``).
+        self.manager_lost = asyncio.Event()
+        #: Set while no connection is open.
+        self.no_clients = asyncio.Event()
+        self.no_clients.set()
 
     def __repr__(self) -> str:
-        return (f"<DriverHost {self.hc.name}: {len(self.models)} models, {len(self.grants)} "
-                f"grants | {self.scheduler!r}>")
+        return f"<DriverHost {self.hc.name}: {len(self._clients)} connections | {self.state!r}>"
 
     # --- lifecycle -----------------------------------------------------------------
 
     def handlers(self) -> dict[str, Handler]:
-        p = self.preparer
         return {
             "hal.set_scheduling_configs": self._admin(self._set_configs),
             "hal.update_scheduling_configs": self._admin(self._update_configs),
@@ -126,8 +139,8 @@ class DriverHost(ExecutionMixin):
             "hal.get_temperature": self._admin(self._get_temperature),
             "device.capabilities": self._capabilities,
             "device.get_number_of_cache_files_needed": self._cache_files_needed,
-            "device.prepare_model": p.prepare_model,
-            "device.prepare_model_from_cache": p.prepare_model_from_cache,
+            "device.prepare_model": self._prepare_model,
+            "device.prepare_model_from_cache": self._prepare_from_cache,
             "device.register_pool": self._register_pool,
             "device.unregister_pool": self._unregister_pool,
             "device.execute": self._execute,
@@ -140,14 +153,11 @@ class DriverHost(ExecutionMixin):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._grant_event = asyncio.Event()
-        #: Set when the npud that attached goes away (see ``npu driver --exit-with-manager``).
-        self.manager_lost = asyncio.Event()
         ensure_drivers_dir(self.runtime_dir)
         self.server = RpcServer(
             str(self.socket_path), SERVICE, self.handlers(), mode=self.hc.socket_mode,
             max_frame=self.hc.max_frame, admin_gid=resolve_group(self.hc.admin_group),
-            on_disconnect=self._disconnected,
+            on_connect=self._connected, on_disconnect=self._disconnected,
             # Only these take fds: fds sent with any other call close the connection
             # (a handler that ignores them would pin them for good).
             fd_methods=frozenset({"device.prepare_model", "device.prepare_model_from_cache",
@@ -156,19 +166,17 @@ class DriverHost(ExecutionMixin):
         await self.server.start()
 
     async def close(self) -> None:
-        for job in self.scheduler.jobs():
-            self.scheduler.cancel(job, EndReason.CANCELLED_SYSTEM)
         if self.server is not None:
+            # Every connection closes: its work is cancelled, its models released.
             await self.server.close(goodbye=f"driver {self.hc.name} is shutting down")
-        if self._timer is not None:
-            self._timer.cancel()
-        self._workers.shutdown(wait=True, cancel_futures=True)
-        self.compile_pool.shutdown(wait=True, cancel_futures=True)
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self.runner.close()
         self.preparer.close()
-        self.cache_pool.shutdown(wait=True, cancel_futures=True)
-        for entry in list(self.models.values()):
-            entry.prepared.release()
-        self.models.clear()
+        for prepared in self._prepared.values():
+            prepared.release()
+        self._prepared.clear()
         self.driver.close()
 
     @property
@@ -176,122 +184,219 @@ class DriverHost(ExecutionMixin):
         assert self._loop is not None, "host not started"
         return self._loop
 
+    # --- events in -------------------------------------------------------------------
+
+    def _stimulus(self, kind: str) -> str:
+        return f"{kind}-{next(self._stimuli)}"
+
+    def _submit(self, event: ev.Event) -> list[ev.Instruction]:
+        """Feed the state; carry out what it decides. A refused event raises (the caller
+        gets the error); nothing changed."""
+        out = self.state.handle(event)
+        self._carry_out(out)
+        return out
+
+    def _submit_quietly(self, event: ev.Event) -> None:
+        """For stimuli nobody answers (steps, timers, disconnects): a failure is logged."""
+        try:
+            self._submit(event)
+        except NpuError as exc:
+            log.warning("%s (%s) refused: %s", type(event).__name__, event.stimulus_id, exc)
+        except Exception:
+            log.exception("the driver state failed on %s", event)
+
+    def _connected(self, conn: RpcConnection) -> None:
+        client = ClientConn(next(self._cids), conn)
+        self._clients[conn] = client
+        self.no_clients.clear()
+        self._submit_quietly(ev.ClientConnected(
+            stimulus_id=self._stimulus("connect"), now=self.clock.now(), conn=client.cid,
+            uid=conn.peer.uid, pid=max(conn.peer.pid, 0)))
+
+    def _disconnected(self, conn: RpcConnection, exc: BaseException | None) -> None:
+        now = self.clock.now()
+        if conn is self.callback_conn:
+            self.callback_conn = None
+            self._submit_quietly(ev.CallbackSet(stimulus_id=self._stimulus("callback-gone"),
+                                                now=now, listening=False))
+        if conn is self.manager_conn:
+            self.manager_conn = None
+            self._submit_quietly(ev.ManagerGone(stimulus_id=self._stimulus("manager-gone"),
+                                                now=now))
+            self.manager_lost.set()
+        client = self._clients.pop(conn, None)
+        if client is not None:
+            self._submit_quietly(ev.ClientGone(stimulus_id=self._stimulus("gone"), now=now,
+                                               conn=client.cid))
+        if not self._clients:
+            self.no_clients.set()
+
+    def _on_timer(self, key: str) -> None:
+        self._timers.pop(key, None)
+        self._submit_quietly(ev.TimerFired(stimulus_id=self._stimulus("timer"),
+                                           now=self.clock.now(), key=key))
+
+    def _step_finished(self, ticket: int, error: str | None, run_us: float) -> None:
+        self._submit_quietly(ev.StepFinished(stimulus_id=self._stimulus("step"),
+                                             now=self.clock.now(), ticket=ticket,
+                                             run_us=run_us, error=error))
+
+    def _from_worker(self, ticket: int) -> Callable[[str | None, float], None]:
+        def done(error: str | None, run_us: float) -> None:
+            try:
+                self.loop.call_soon_threadsafe(self._step_finished, ticket, error, run_us)
+            except RuntimeError:
+                pass  # the loop is gone (shutdown): nobody waits for this step
+
+        return done
+
+    # --- instructions out ------------------------------------------------------------
+
+    def _carry_out(self, out: list[ev.Instruction]) -> None:
+        runners = self._runners
+        for ins in out:
+            try:
+                runners[type(ins)](ins)
+            except Exception:
+                log.exception("carrying out %r failed; continuing with the rest", ins)
+
+    def _run_step(self, ins: ev.RunStep) -> None:
+        ex = self._executions.get(ins.ticket)
+        if ex is None:
+            return
+        if not ins.inline:
+            self.runner.start(ex, ins, self._from_worker(ins.ticket))
+        elif ins.ticket == self._current:
+            self._inline_now = ins  # the execute call runs it once the state has answered
+        else:
+            # Not from inside another call: after the replies already decided go out.
+            self.loop.call_soon(self._run_inline, ins)
+
+    def _run_inline(self, ins: ev.RunStep) -> None:
+        ex = self._executions.get(ins.ticket)
+        if ex is not None:
+            error, run_us = self.runner.run(ex, ins)
+            self._step_finished(ins.ticket, error, run_us)
+
+    def _abort_step(self, ins: ev.AbortStep) -> None:
+        ex = self._executions.get(ins.ticket)
+        if ex is not None and ex.prepared is not None:
+            ex.prepared.abort()
+
+    def _finish_job(self, ins: ev.FinishJob) -> None:
+        ex = self._executions.pop(ins.ticket, None)
+        if ex is None:
+            return
+        outcome: Reply | BaseException
+        result = ex.result
+        if ins.reason is _COMPLETED and result is not None:
+            result[0].work_id = ins.work_id
+            result[0].steps_run = ins.steps_run
+            outcome = result
+            self.exec_stats.record(ex.uid, time.perf_counter() - ex.t0)
+        else:
+            if result is not None:
+                close_fds(result[1])
+            outcome = job_error(ins)
+        fut = ex.future
+        if fut is None:
+            ex.outcome = outcome  # the execute call itself answers
+        elif fut.done():  # its caller is gone
+            if isinstance(outcome, tuple):
+                close_fds(outcome[1])
+        elif isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+    def _report_work(self, ins: ev.ReportWork) -> None:
+        conn = self.callback_conn
+        if conn is not None and not conn.closed:
+            conn.push(_WORK_METHODS[ins.kind],
+                      pb.WorkEvent(info=work_to_msg(ins.info), reason=ins.reason))
+
+    def _release_model(self, ins: ev.ReleaseModel) -> None:
+        prepared = self._prepared.pop(ins.model_id, None)
+        if prepared is not None:
+            prepared.release()
+
+    def _report_memory(self, ins: ev.ReportModelMemory) -> None:
+        if self.manager_conn is not None:
+            self.manager_conn.push("hal.model_memory",
+                                   pb.ModelMemory(grant_id=ins.grant_id, nbytes=ins.nbytes))
+
+    def _close_pool(self, ins: ev.ClosePool) -> None:
+        owned = self._pools.pop(ins.pool_id, None)
+        if owned is not None:
+            client, pool = owned
+            del client.pools[ins.pool_id]
+            pool.close()
+
+    def _arm_timer(self, ins: ev.ArmTimer) -> None:
+        self._cancel_timer(ev.CancelTimer(ins.key))
+        key = ins.key
+        self._timers[key] = self.clock.call_at(ins.at, lambda: self._on_timer(key))
+
+    def _cancel_timer(self, ins: ev.CancelTimer) -> None:
+        timer = self._timers.pop(ins.key, None)
+        if timer is not None:
+            timer.cancel()
+
+    # --- hal.* ---------------------------------------------------------------------
+
     def _admin(self, fn: Handler) -> Handler:
         def guarded(ctx: CallContext, payload: bytes) -> Any:
             if not ctx.conn.admin:
                 close_fds(ctx.fds)
                 raise PermissionDenied(
-                    f"{ctx.method} is for npud and admins only (uid {ctx.peer.uid} is neither)"
-                )
+                    f"{ctx.method} is for npud and admins only (uid {ctx.peer.uid} is neither)")
             return fn(ctx, payload)
 
         return guarded
 
-    def _disconnected(self, conn: RpcConnection, exc: BaseException | None) -> None:
-        if conn is self.callback_conn:
-            self.callback_conn = None
-            self.scheduler.events_enabled = False
-        if conn is self.manager_conn:
-            self.manager_conn = None
-            self.manager_lost.set()
-        client = self.clients.pop(conn, None)
-        if client is not None:
-            for job in list(client.jobs):
-                self.scheduler.cancel(job, EndReason.CANCELLED_USER)
-            for model_id in list(client.models):
-                self._drop_model(model_id, None)
-            for pool in client.pools.values():
-                pool.close()
-            client.pools.clear()
-        self._arm()
-
-    # --- timers (debounce windows) ----------------------------------------------------
-
-    def _arm(self) -> None:
-        """Keep one timer at or before the earliest debounce deadline.
-
-        A timer already armed no later than the deadline is kept: it fires, reports
-        what is due and re-arms. So a stream of work arms about one timer per window
-        instead of one per execution (deadlines of a uid only move later)."""
-        deadline = self.scheduler.next_deadline()
-        if deadline is None or self._loop is None:
-            return
-        if self._timer is not None and self._timer_at is not None \
-                and self._timer_at <= deadline:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = deadline
-        self._timer = self._loop.call_later(max(0.0, deadline - self.clock.now()),
-                                            self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        self.scheduler.fire_due()
-        self._arm()
-
-    # --- SchedulerSink (the rest is in ExecutionMixin) --------------------------
-
-    def work_event(self, kind: str, info: Any, reason: int) -> None:
-        conn = self.callback_conn
-        if conn is not None and not conn.closed:
-            conn.push(f"hal.on_work_{kind}", pb.WorkEvent(info=work_to_msg(info), reason=reason))
-
-
-    # --- hal.* ---------------------------------------------------------------------
-
     def _set_configs(self, ctx: CallContext, payload: bytes) -> Empty:
-        self.scheduler.set_configs(configs_from_payload(payload))
+        self._submit(ev.ConfigsSet(stimulus_id=self._stimulus("configs"), now=self.clock.now(),
+                                   configs=tuple(configs_from_payload(payload)), replace=True))
         return Empty()
 
     def _update_configs(self, ctx: CallContext, payload: bytes) -> Empty:
-        self.scheduler.update_configs(configs_from_payload(payload))
+        self._submit(ev.ConfigsSet(stimulus_id=self._stimulus("configs"), now=self.clock.now(),
+                                   configs=tuple(configs_from_payload(payload)), replace=False))
         return Empty()
 
     def _set_callback(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.SetCallback.FromString(payload)
-        if msg.clear:
-            self.callback_conn = None
-        else:
-            self.callback_conn = ctx.conn
-            self.scheduler.set_debounce_ms(msg.debounce_ms)
-        self.scheduler.events_enabled = self.callback_conn is not None
+        self.callback_conn = None if msg.clear else ctx.conn
+        self._submit(ev.CallbackSet(stimulus_id=self._stimulus("callback"), now=self.clock.now(),
+                                    listening=not msg.clear, debounce_ms=msg.debounce_ms))
         return Empty()
 
     def _attach_manager(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.AttachManager.FromString(payload)
         self.manager_conn = ctx.conn
         self.hc.enforce_admission = msg.enforce_admission
+        self._submit(ev.ManagerAttached(stimulus_id=self._stimulus("attach"),
+                                        now=self.clock.now(),
+                                        enforce_admission=msg.enforce_admission))
         return Empty()
 
     def _grant_issued(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.GrantIssued.FromString(payload)
-        if msg.grant_id and msg.grant_id not in self.grants:
-            self.grants[msg.grant_id] = Grant(msg.grant_id, msg.uid, msg.request_id)
-            self.ended_grants.pop(msg.grant_id, None)
-        if self._grant_event is not None:
-            self._grant_event.set()
-            self._grant_event = asyncio.Event()
+        self._submit(ev.GrantIssued(stimulus_id=self._stimulus("grant"), now=self.clock.now(),
+                                    grant_id=msg.grant_id, uid=msg.uid,
+                                    request_id=msg.request_id))
+        waiters, self._grant_waiters = self._grant_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
         return Empty()
 
     def _grant_ended(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.GrantEnded.FromString(payload)
-        self.end_grant(msg.grant_id, msg.revoked)
+        self._submit(ev.GrantEnded(stimulus_id=self._stimulus("grant-ended"),
+                                   now=self.clock.now(), grant_id=msg.grant_id,
+                                   revoked=msg.revoked))
         return Empty()
-
-    def end_grant(self, grant_id: str, revoked: bool) -> None:
-        grant = self.grants.pop(grant_id, None)
-        self.ended_grants[grant_id] = revoked
-        while len(self.ended_grants) > _TOMBSTONES:
-            self.ended_grants.popitem(last=False)
-        if grant is None:
-            return
-        why = (f"grant {grant_id[:8]}… was revoked by npud; the model was released"
-               if revoked else f"grant {grant_id[:8]}… has ended; the model was released")
-        for model_id in list(grant.models):
-            self._drop_model(model_id, why)
-        self._arm()
 
     def _set_thermal(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.ThermalStatusMsg.FromString(payload)
@@ -299,12 +404,13 @@ class DriverHost(ExecutionMixin):
             status = ThermalStatus(msg.status)
         except ValueError:
             raise InvalidArgument(f"unknown thermal status {msg.status}") from None
-        self.scheduler.set_thermal(status)
-        self._arm()
+        self._submit(ev.ThermalSet(stimulus_id=self._stimulus("thermal"), now=self.clock.now(),
+                                   status=status))
         return Empty()
 
     def utilization(self) -> float:
-        now, busy = time.monotonic(), self._busy_s
+        """The channels' busy fraction since the last call."""
+        now, busy = self.clock.now(), self.runner.busy_s
         last = self._util_last
         self._util_last = (now, busy)
         if last is None or now <= last[0]:
@@ -317,7 +423,7 @@ class DriverHost(ExecutionMixin):
         return pb.Temperature(celsius=float("nan") if celsius is None else celsius,
                               utilization=util)
 
-    # --- device.* --------------------------------------------------------------
+    # --- device.*: capabilities, prepare, release --------------------------------------
 
     def capabilities_msg(self) -> pb.Capabilities:
         caps = self.driver.capabilities()
@@ -326,7 +432,7 @@ class DriverHost(ExecutionMixin):
             channels=self.hc.channels, memory_bytes=caps.memory_bytes,
             model_cache_files=self.cache_counts[0], data_cache_files=self.cache_counts[1],
             hal_version=HAL_VERSION, inline_limit=self.hc.inline_limit,
-            enforce_admission=self.hc.enforce_admission,
+            enforce_admission=self.state.enforce_admission,
         )
 
     def _capabilities(self, ctx: CallContext, payload: bytes) -> pb.Capabilities:
@@ -334,19 +440,13 @@ class DriverHost(ExecutionMixin):
 
     def _stats(self, ctx: CallContext, payload: bytes) -> bytes:
         """JSON: channels busy and per-uid executions/s and p50/p99 latency (`npu top`)."""
-        import json
-
-        sched = self.scheduler
-        return json.dumps({"channels": sched.channels,
-                           "busy": sched.channels - len(sched._free),
-                           "queued": len(sched._queue),
+        channels, busy, queued = self.state.load()
+        return json.dumps({"channels": channels, "busy": busy, "queued": queued,
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:
         """JSON: execution steps after the cursor in the payload (`npu trace record`); each
         poll keeps step recording on for a few more seconds."""
-        import json
-
         try:
             cursor = int(bytes(payload[:20]).decode() or 0)
         except ValueError:
@@ -356,52 +456,92 @@ class DriverHost(ExecutionMixin):
     def _cache_files_needed(self, ctx: CallContext, payload: bytes) -> pb.CacheFilesNeeded:
         return pb.CacheFilesNeeded(n_model=self.cache_counts[0], n_data=self.cache_counts[1])
 
-    def add_model(self, conn: RpcConnection, prepared: PreparedModel, grant: Grant | None
-                  ) -> ModelEntry:
-        model_id = self._next_model
-        self._next_model += 1
-        entry = ModelEntry(model_id, prepared, conn.peer.uid, conn,
-                           grant.grant_id if grant else None,
-                           input_names=frozenset(i.name for i in prepared.inputs),
-                           output_names=frozenset(o.name for o in prepared.outputs))
-        self.models[model_id] = entry
-        self._client(conn).models.add(model_id)
-        if grant is not None:
-            grant.models.add(model_id)
-        if self.manager_conn is not None and grant is not None:
-            self.manager_conn.push(
-                "hal.model_memory",
-                pb.ModelMemory(grant_id=grant.grant_id, nbytes=prepared.memory_bytes),
-            )
-        return entry
+    async def _admit(self, ctx: CallContext, grant_id: str) -> str | None:
+        """The grant a prepare runs under (None: admission is not enforced). npud tells
+        the driver of a grant before the client, but the sockets race: an unknown grant
+        is waited for up to ``grant_wait_s``."""
+        deadline = self.clock.now() + self.hc.grant_wait_s
+        while True:
+            check = self.state.check_grant(grant_id, ctx.peer.uid)
+            if check is GrantCheck.LIVE:
+                return grant_id
+            if check is GrantCheck.NOT_NEEDED:
+                return None
+            if self.clock.now() >= deadline:
+                raise GrantRequired(
+                    f"driver {self.hc.name} does not know grant {grant_id[:8]}… (not issued by "
+                    "npud, or already ended)")
+            fut: asyncio.Future[None] = self.loop.create_future()
+            self._grant_waiters.append(fut)
+            timer = wake_at(self.clock, deadline, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
 
-    def _drop_model(self, model_id: int, revoked_why: str | None) -> None:
-        entry = self.models.pop(model_id, None)
-        if entry is None:
-            return
-        self._client(entry.conn).models.discard(model_id)
-        if entry.grant_id is not None and entry.grant_id in self.grants:
-            self.grants[entry.grant_id].models.discard(model_id)
-        reason = EndReason.CANCELLED_USER
-        if revoked_why is not None:
-            self.tombstones[model_id] = revoked_why
-            while len(self.tombstones) > _TOMBSTONES:
-                self.tombstones.popitem(last=False)
-            reason = EndReason.CANCELLED_SYSTEM
-        for job in list(entry.jobs):
-            ex: Execution = job.payload
-            ex.revoked = revoked_why
-            self.scheduler.cancel(job, reason)
-        entry.prepared.release()
+    async def _prepare_model(self, ctx: CallContext, payload: bytes) -> pb.PreparedModelMsg:
+        fds, ctx.fds = ctx.fds, []
+        try:
+            msg = pb.PrepareModel.FromString(payload)
+            self.preparer.check_prepare(msg, fds)
+            grant = await self._admit(ctx, msg.grant_id)
+            done = await self.preparer.prepare_model(msg, fds)
+        finally:
+            close_fds(fds)
+        return self._model_ready(ctx, done, grant)
 
-    def model_for(self, ctx: CallContext, model_id: int) -> ModelEntry:
-        entry = self.models.get(model_id)
-        if entry is None or entry.conn is not ctx.conn:
-            why = self.tombstones.get(model_id)
-            if why is not None and model_id in self._client(ctx.conn).models | {model_id}:
-                raise GrantRevoked(why)
-            raise InvalidArgument(f"no prepared model {model_id} on this connection")
-        return entry
+    async def _prepare_from_cache(self, ctx: CallContext, payload: bytes
+                                  ) -> pb.PreparedModelMsg:
+        fds, ctx.fds = ctx.fds, []
+        try:
+            msg = pb.PrepareModelFromCache.FromString(payload)
+            self.preparer.check_from_cache(msg, fds)
+            grant = await self._admit(ctx, msg.grant_id)
+            done = await self.preparer.prepare_from_cache(msg, fds)
+        except (GeneralFailure, InvalidArgument):
+            self._cache_result(b"rejected")  # the client falls back to a full compile
+            raise
+        finally:
+            close_fds(fds)
+        return self._model_ready(ctx, done, grant)
+
+    def _cache_result(self, result: bytes) -> None:
+        """Tell npud how a cache load went (its npu_cache_loads_total metric)."""
+        if self.manager_conn is not None:
+            self.manager_conn.push("hal.cache_result", result)
+
+    def _model_ready(self, ctx: CallContext, done: Prepared, grant: str | None
+                     ) -> pb.PreparedModelMsg:
+        prepared = done.model
+        client = self._clients.get(ctx.conn)
+        try:
+            if client is None:
+                raise InvalidArgument("the connection closed while the model was prepared")
+            out = self.state.handle(ev.ModelPrepared(
+                stimulus_id=self._stimulus("prepared"), now=self.clock.now(), conn=client.cid,
+                grant_id=grant, memory_bytes=prepared.memory_bytes,
+                inputs=frozenset(i.name for i in prepared.inputs),
+                outputs=frozenset(o.name for o in prepared.outputs)))
+        except BaseException:
+            prepared.release()
+            raise
+        (model_id,) = [i.model_id for i in out if isinstance(i, ev.ModelReady)]
+        self._prepared[model_id] = prepared
+        self._carry_out(out)
+        if done.from_cache or done.cache_written:  # a compile that filled the cache: a miss
+            self._cache_result(b"hit" if done.from_cache else b"miss")
+        return prepared_reply(model_id, done)
+
+    def _release(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.Release.FromString(payload)
+        client = self._clients.get(ctx.conn)
+        if client is not None:
+            self._submit(ev.ModelReleased(stimulus_id=self._stimulus("release"),
+                                          now=self.clock.now(), conn=client.cid,
+                                          model_id=msg.model_id))
+        return Empty()
+
+    # --- device.*: pools -------------------------------------------------------------
 
     def _register_pool(self, ctx: CallContext, payload: bytes) -> pb.PoolId:
         msg = pb.RegisterPool.FromString(payload)
@@ -412,22 +552,85 @@ class DriverHost(ExecutionMixin):
             pool = tensorio.MappedPool(fds[0], msg.size)
         finally:
             close_fds(fds)
-        pool_id = self._next_pool
-        self._next_pool += 1
-        self._client(ctx.conn).pools[pool_id] = pool
+        client = self._clients[ctx.conn]
+        try:
+            out = self.state.handle(ev.PoolRegistered(stimulus_id=self._stimulus("pool"),
+                                                      now=self.clock.now(), conn=client.cid,
+                                                      size=pool.size))
+        except BaseException:
+            pool.close()
+            raise
+        (pool_id,) = [i.pool_id for i in out if isinstance(i, ev.PoolReady)]
+        client.pools[pool_id] = pool
+        self._pools[pool_id] = (client, pool)
+        self._carry_out(out)
         return pb.PoolId(pool_id=pool_id)
 
     def _unregister_pool(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.PoolId.FromString(payload)
-        pool = self._client(ctx.conn).pools.pop(msg.pool_id, None)
-        if pool is not None:
-            pool.close()
+        client = self._clients[ctx.conn]
+        self._submit(ev.PoolUnregistered(stimulus_id=self._stimulus("pool-gone"),
+                                         now=self.clock.now(), conn=client.cid,
+                                         pool_id=msg.pool_id))
         return Empty()
 
+    # --- device.execute / device.cancel -------------------------------------------------
 
-    def _release(self, ctx: CallContext, payload: bytes) -> Empty:
-        msg = pb.Release.FromString(payload)
-        if msg.model_id in self._client(ctx.conn).models:
-            self._drop_model(msg.model_id, None)
-        self._arm()
+    def _execute(self, ctx: CallContext, payload: bytes) -> Reply | Awaitable[Reply]:
+        """Answered at once when the job ran inline (a cheap model), else when the job's
+        future resolves."""
+        t0 = time.perf_counter()
+        if ctx.fds:
+            close_fds(ctx.fds)
+        msg = pb.Execute.FromString(payload)
+        client = self._clients[ctx.conn]
+        inputs = decode_inputs(msg, client.pools)
+        steps = max(1, msg.steps)
+        feedback = tuple(msg.feedback.items()) if steps > 1 else ()
+        ticket = next(self._tickets)
+        original_uid = msg.original_uid if msg.has_original_uid else None
+        feature_id = msg.feature_id if msg.has_feature_id else None
+        ex = Execution(ticket, self._prepared.get(msg.model_id), inputs, dict(feedback),
+                       ctx.conn.peer.uid if original_uid is None else original_uid,
+                       feature_id, t0)
+        if msg.out_pool_id:
+            set_output_area(ex, msg, client.pools)
+        event = ev.ExecuteRequested(
+            stimulus_id=f"execute-{ticket}", now=self.clock.now(), conn=client.cid,
+            ticket=ticket, model_id=msg.model_id, inputs=tuple(inputs), steps=steps,
+            feedback=feedback, job_priority=msg.job_priority,
+            original_uid=original_uid, feature_id=feature_id, group_id=msg.group_id or None,
+            exec_id=msg.exec_id,
+        )
+        self._executions[ticket] = ex
+        try:
+            out = self.state.handle(event)
+        except BaseException:
+            del self._executions[ticket]
+            raise
+        self._current = ticket
+        self._carry_out(out)
+        self._current = 0
+        inline, self._inline_now = self._inline_now, None
+        if inline is not None:
+            # The fast path: a cheap model on a free channel runs right here, and the
+            # reply leaves without a future, a task or a thread hand-off.
+            error, run_us = self.runner.run(ex, inline)
+            self._step_finished(ticket, error, run_us)
+        outcome = ex.outcome
+        if outcome is not None:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        fut: asyncio.Future[Reply] = self.loop.create_future()
+        ex.future = fut
+        return fut
+
+    def _cancel(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.Cancel.FromString(payload)
+        client = self._clients[ctx.conn]
+        self._submit(ev.CancelRequested(stimulus_id=self._stimulus("cancel"),
+                                        now=self.clock.now(), conn=client.cid,
+                                        model_id=msg.model_id, exec_id=msg.exec_id))
         return Empty()
+

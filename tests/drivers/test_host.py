@@ -7,8 +7,7 @@ import json
 import os
 import secrets
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,18 +43,30 @@ def fake(runtime_dir: Path, state_dir: Path, tmp_path: Path) -> Iterator[Path]:
 
 
 class Manager:
-    """Plays npud on the HAL socket: attach, grants, model_memory pushes."""
+    """Plays npud on the HAL socket: attach, grants, the HAL callback, model_memory pushes.
+    Tests wait for a push (a state of the driver), never for a stretch of time."""
 
     def __init__(self, rt: Path) -> None:
         self.memory: list[tuple[str, int]] = []
+        self.started: list[int] = []  # work ids, from on_work_started
+        self._cond = threading.Condition()
         self.rpc = SyncRpcClient(str(rt / "drivers" / "fake.sock"), SERVICE,
                                  on_push=self._push)
         self.rpc.call("hal.attach_manager", pb.AttachManager(enforce_admission=True))
+        self.rpc.call("hal.set_callback", pb.SetCallback(debounce_ms=0))
 
     def _push(self, method: str, payload: bytes, fds: list[int]) -> None:
-        if method == "hal.model_memory":
-            m = pb.ModelMemory.FromString(payload)
-            self.memory.append((m.grant_id, m.nbytes))
+        with self._cond:
+            if method == "hal.model_memory":
+                m = pb.ModelMemory.FromString(payload)
+                self.memory.append((m.grant_id, m.nbytes))
+            elif method == "hal.on_work_started":
+                self.started.append(pb.WorkEvent.FromString(payload).info.id)
+            self._cond.notify_all()
+
+    def wait_for(self, what: Callable[[], object], timeout: float = 30.0) -> None:
+        with self._cond:
+            assert self._cond.wait_for(what, timeout), "the driver never got there"
 
     def grant(self, uid: int | None = None) -> str:
         gid = secrets.token_hex(16)
@@ -84,9 +95,7 @@ def test_grant_binds_model_and_revocation_releases_it(fake: Path) -> None:
         gid = mgr.grant()
         model = dev.prepare_model(script(memory_bytes=123456), grant=gid)
         np.testing.assert_array_equal(model.execute(X)["y"], X["x"] + 1)
-        deadline = time.monotonic() + 5
-        while not mgr.memory and time.monotonic() < deadline:
-            time.sleep(0.01)
+        mgr.wait_for(lambda: mgr.memory)
         assert mgr.memory == [(gid, 123456)], "the driver reports the model's real memory"
         mgr.end(gid)
         with pytest.raises(GrantRevoked):
@@ -109,23 +118,6 @@ def test_grant_of_another_uid_is_refused(fake: Path) -> None:
         mgr.close()
 
 
-def test_grant_arriving_just_after_prepare_is_waited_for(fake: Path) -> None:
-    """npud tells the driver first, but the sockets race: prepare waits briefly."""
-    mgr = Manager(fake)
-    dev = nn.device("fake", fake)
-    gid = secrets.token_hex(16)
-    timer = threading.Timer(0.1, lambda: mgr.rpc.call("hal.grant_issued", pb.GrantIssued(
-        uid=os.getuid(), request_id=2, grant_id=gid)))
-    try:
-        timer.start()
-        model = dev.prepare_model(script(), grant=gid)
-        assert model.execute(X)["y"].shape == (1, 4)
-    finally:
-        timer.join()
-        dev.close()
-        mgr.close()
-
-
 def test_revocation_cancels_running_work_with_grant_revoked(fake: Path) -> None:
     mgr = Manager(fake)
     dev = nn.device("fake", fake)
@@ -142,7 +134,7 @@ def test_revocation_cancels_running_work_with_grant_revoked(fake: Path) -> None:
 
         th = threading.Thread(target=run)
         th.start()
-        time.sleep(0.1)
+        mgr.wait_for(lambda: mgr.started)  # the job runs (its first step is on a channel)
         mgr.end(gid)
         th.join(10)
         assert len(errors) == 1 and isinstance(errors[0], GrantRevoked)
@@ -166,7 +158,7 @@ def test_cancel_from_client_ends_work(fake: Path) -> None:
 
         th = threading.Thread(target=run)
         th.start()
-        time.sleep(0.1)
+        mgr.wait_for(lambda: mgr.started)
         model.cancel()
         th.join(10)
         assert len(errors) == 1 and isinstance(errors[0], WorkCancelled)

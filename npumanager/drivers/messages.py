@@ -1,0 +1,92 @@
+"""The driver host's device.* messages, to and from what the shell keeps.
+
+Decoding an execute's tensors (inline, or views into the caller's registered
+pools, every offset bounds-checked), its output area, the reply to a prepare,
+and the error a finished job answers with. Plain functions: the host calls
+them, they hold nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager import tensorio
+from npumanager.drivers import events as ev
+from npumanager.drivers.prepare import Prepared
+from npumanager.drivers.records import DriverParams
+from npumanager.drivers.steps import Execution
+from npumanager.errors import (
+    ExecutionFailed,
+    GrantRevoked,
+    InvalidArgument,
+    NpuError,
+    WorkCancelled,
+)
+from npumanager.hal.host_config import HostConfig
+from npumanager.hal.types import EndReason
+from npumanager.proto.v1 import driver_pb2 as pb
+from npumanager.wire.conn import RpcConnection
+
+
+@dataclass(eq=False, slots=True)
+class ClientConn:
+    """The shell's side of one client connection: its number and its mapped pools."""
+
+    cid: int
+    conn: RpcConnection
+    pools: dict[int, tensorio.MappedPool] = field(default_factory=dict)
+
+
+def params_from(hc: HostConfig) -> DriverParams:
+    return DriverParams(name=hc.name, channels=hc.channels, thermal_cutoff=hc.thermal_cutoff,
+                        inline_run_us=hc.inline_run_us,
+                        inline_idle_run_us=hc.inline_idle_run_us,
+                        enforce_admission=hc.enforce_admission)
+
+
+def decode_inputs(msg: pb.Execute, pools: dict[int, tensorio.MappedPool]) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    for t in msg.inputs:
+        if t.pool_id == 0:
+            inputs[t.name] = tensorio.inline_array(t)
+            continue
+        pool = pools.get(t.pool_id)
+        if pool is None:
+            raise InvalidArgument(f"input {t.name!r} names unknown pool {t.pool_id}")
+        inputs[t.name] = tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape,
+                                          t.name)
+    return inputs
+
+
+def set_output_area(ex: Execution, msg: pb.Execute,
+                    pools: dict[int, tensorio.MappedPool]) -> None:
+    """Where the outputs may go in the caller's pool (``msg.out_pool_id`` is set)."""
+    out_pool = pools.get(msg.out_pool_id)
+    if out_pool is None or msg.out_offset + msg.out_capacity > out_pool.size:
+        raise InvalidArgument("the output area lies outside a registered pool")
+    ex.out_pool, ex.out_offset = out_pool, msg.out_offset
+    ex.out_capacity, ex.out_pool_id = msg.out_capacity, msg.out_pool_id
+
+
+def prepared_reply(model_id: int, done: Prepared) -> pb.PreparedModelMsg:
+    prepared = done.model
+    return pb.PreparedModelMsg(
+        model_id=model_id, memory_bytes=prepared.memory_bytes,
+        inputs=[pb.TensorSpec(name=i.name, dtype=i.dtype, shape=list(i.shape))
+                for i in prepared.inputs],
+        outputs=[pb.TensorSpec(name=o.name, dtype=o.dtype, shape=list(o.shape))
+                 for o in prepared.outputs],
+        from_cache=done.from_cache, cache_written=done.cache_written,
+    )
+
+
+def job_error(ins: ev.FinishJob) -> NpuError:
+    """What the execute call of a job that did not complete raises."""
+    if ins.reason is EndReason.FAILED:
+        return ExecutionFailed(ins.error or "the backend failed")
+    if ins.revoked is not None:
+        return GrantRevoked(ins.revoked)
+    if ins.reason is EndReason.CANCELLED_SYSTEM:
+        return WorkCancelled("the work was cancelled by the system")
+    return WorkCancelled("the work was cancelled")

@@ -1,0 +1,88 @@
+"""What :class:`~npumanager.drivers.state.DriverState` keeps: its parameters and its
+records of connections, models and grants (plain data, no behaviour beyond upkeep)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from npumanager.drivers.runqueue import Job
+
+#: Recent step times kept per model; their median decides the inline fast path (a
+#: median, so one preempted run does not push a cheap model off it).
+_RECENT_RUNS = 9
+
+
+@dataclass(frozen=True)
+class DriverParams:
+    """What a driver host is configured with (from its HostConfig)."""
+
+    name: str = "driver"
+    channels: int = 2
+    device_number: int = 0
+    thermal_cutoff: int = 500
+    inline_run_us: float = 150.0
+    inline_idle_run_us: float = 5000.0
+    enforce_admission: bool = True
+    #: Ended grants and released models remembered to say why a later call fails.
+    tombstones: int = 4096
+    decision_log_size: int = 4096
+
+
+class GrantCheck(Enum):
+    """What a prepare may do with the grant it names (:meth:`DriverState.check_grant`)."""
+
+    LIVE = "live"  # prepare under it
+    UNKNOWN = "unknown"  # not issued yet: npud's push may still be on its way, wait
+    NOT_NEEDED = "not needed"  # admission is not enforced: prepare without a grant
+
+
+@dataclass(eq=False, slots=True)
+class ClientRecord:
+    conn: int
+    uid: int
+    pid: int
+    models: set[int] = field(default_factory=set)
+    pools: dict[int, int] = field(default_factory=dict)  # pool id -> size
+    jobs: set[Job] = field(default_factory=set)
+
+
+@dataclass(eq=False, slots=True)
+class ModelRecord:
+    model_id: int
+    conn: int
+    uid: int
+    grant_id: str | None
+    memory_bytes: int
+    inputs: frozenset[str]
+    outputs: frozenset[str]
+    jobs: set[Job] = field(default_factory=set)
+    recent: list[float] = field(default_factory=list)
+    #: Median of ``recent`` in µs (None until measured).
+    run_us: float | None = None
+    runs: int = 0
+
+    def note_run(self, us: float) -> None:
+        recent = self.recent
+        recent.append(us)
+        if len(recent) > _RECENT_RUNS:
+            del recent[0]
+        self.run_us = sorted(recent)[len(recent) // 2]
+        self.runs += 1
+
+
+@dataclass(eq=False, slots=True)
+class Grant:
+    grant_id: str
+    uid: int
+    request_id: int
+    models: set[int] = field(default_factory=set)
+
+
+@dataclass
+class WorkStats:
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    paused: int = 0

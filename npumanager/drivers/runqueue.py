@@ -1,0 +1,128 @@
+"""One device's channels and the queue of jobs waiting for them (pure, no I/O).
+
+Order: lowest effective priority first, ties by arrival (``seq``). A job keeps
+its ``seq`` when it goes back into the queue between steps, so it resumes
+ahead of equal-priority work that arrived after it (FIFO among equals). Jobs
+whose effective priority lies above the thermal hold-back cutoff stay queued
+while the device is hot; the rest of the queue is not blocked behind them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from npumanager.drivers.events import JobState
+from npumanager.hal.types import EndReason, WorkInfo
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One execution of ``steps`` steps for a client connection."""
+
+    ticket: int
+    info: WorkInfo
+    conn: int
+    model_id: int
+    exec_id: int
+    steps: int
+    seq: int
+    state: JobState = JobState.QUEUED
+    #: Steps finished so far.
+    step: int = 0
+    channel: int | None = None
+    #: False when its requested/started were folded into its uid's debounced burst.
+    reported: bool = True
+    cancel_reason: EndReason | None = None
+    revoked: str | None = None
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return (f"<Job {self.info.id} uid={self.info.uid} eff={self.info.effective_priority} "
+                f"{self.state.value} step {self.step}/{self.steps}>")
+
+
+class RunQueue:
+    """Channels ``0..channels-1`` of one device, and the jobs queued for them."""
+
+    def __init__(self, channels: int) -> None:
+        if channels < 1:
+            raise ValueError("a device needs at least one channel")
+        self.channels = channels
+        self._heap: list[tuple[int, int, Job]] = []
+        self._free = list(range(channels))
+        self.running: dict[int, Job] = {}  # channel -> job
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def queued(self) -> list[Job]:
+        """Queued jobs in the order they would run."""
+        return [j for _, _, j in sorted(self._heap, key=lambda e: (e[0], e[1]))]
+
+    def free(self) -> int:
+        return len(self._free)
+
+    def push(self, job: Job) -> None:
+        heapq.heappush(self._heap, (job.info.effective_priority, job.seq, job))
+
+    def remove(self, job: Job) -> None:
+        self._heap = [e for e in self._heap if e[2] is not job]
+        heapq.heapify(self._heap)
+
+    def held_count(self, cutoff: int | None) -> int:
+        if cutoff is None:
+            return 0
+        return sum(1 for eff, _, _ in self._heap if eff > cutoff)
+
+    def take(self, cutoff: int | None) -> list[tuple[Job, JobState]]:
+        """Start the best queued jobs on the free channels; those above ``cutoff`` (thermal
+        hold-back, None: nothing held) stay queued. Returns each job started with the state
+        it had in the queue (it is RUNNING now)."""
+        heap, free = self._heap, self._free
+        if not free or not heap:
+            return []
+        chosen: list[Job] = []
+        held: list[tuple[int, int, Job]] = []
+        while heap and len(chosen) < len(free):
+            entry = heapq.heappop(heap)
+            if cutoff is not None and entry[0] > cutoff:
+                held.append(entry)
+            else:
+                chosen.append(entry[2])
+        for entry in held:
+            heapq.heappush(heap, entry)
+        out: list[tuple[Job, JobState]] = []
+        for job in chosen:
+            channel = free.pop(0)
+            out.append((job, job.state))
+            job.state = JobState.RUNNING
+            job.channel = channel
+            self.running[channel] = job
+        return out
+
+    def release(self, job: Job) -> None:
+        """The running step of ``job`` is over: its channel is free again."""
+        channel = job.channel
+        assert channel is not None and self.running.get(channel) is job, job
+        del self.running[channel]
+        self._free.append(channel)
+        job.channel = None
+
+    def alone(self, job: Job) -> bool:
+        """Whether ``job`` is the only work on the device (running, nothing queued)."""
+        return not self._heap and len(self.running) == 1 and job.state is JobState.RUNNING
+
+    def check(self) -> None:
+        """Invariants (for ``DriverState.validate``)."""
+        assert len(self.running) + len(self._free) == self.channels, "channels lost"
+        assert set(self.running).isdisjoint(self._free), "a channel both free and busy"
+        for channel, job in self.running.items():
+            assert job.channel == channel and job.state is JobState.RUNNING, job
+        for _, _, job in self._heap:
+            assert job.state in (JobState.QUEUED, JobState.PAUSED), job
+            assert job.channel is None, job
+        assert len({id(e[2]) for e in self._heap}) == len(self._heap), "a job queued twice"

@@ -1,0 +1,555 @@
+"""DriverState: the driver host's decisions as a pure, synchronous state machine.
+
+``handle(event) -> list[Instruction]`` (types in :mod:`.events`). No I/O and no
+clock reads: time is ``event.now``. Prepared models, tensors, shared memory
+and replies live in the shell (:class:`~npumanager.drivers.host.DriverHost`),
+which refers to them by the ids this state hands out.
+
+What it owns, and how it decides (ARCHITECTURE "The HAL and the driver"):
+
+* Scheduling (:mod:`.runqueue`): effective priority = app priority of the
+  attributed uid + the job priority clamped into that uid's [min, max]; lower
+  runs first, FIFO on ties. Work is refused for a uid without direct access
+  and for attribution to another uid without the right.
+* Multi-step jobs give their channel back after every step and re-enter the
+  queue in their original place; more important queued work takes the
+  channel and the job is PAUSED, later RESUMED. A step is never interrupted
+  by other work; a cancelled job's running step is asked to abort.
+* Thermal hold-back: from CRITICAL, work whose effective priority lies above
+  the cutoff stays queued (multi-step jobs pause between steps).
+* Lifecycle reports with AOSP's debouncing per uid (:mod:`.debounce`), only
+  while a callback listens; timestamps are the host's monotonic ms.
+* The inline fast path: a step of a model whose median step time is below
+  ``inline_run_us`` (or below ``inline_idle_run_us`` for a single-step job
+  alone on the device) is run inline on the event loop — as an instruction
+  the shell carries out after ``handle`` returns, never by calling back in.
+* Enforced admission: grants npud issued, models prepared under them, and
+  their release when a grant ends (revoked work ends CANCELLED_SYSTEM and its
+  client learns why; a later call on the model says why too: tombstones).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from npumanager.constants import ThermalStatus
+from npumanager.drivers import events as ev
+from npumanager.drivers.debounce import Debouncer
+from npumanager.drivers.events import JobState, WorkKind
+from npumanager.drivers.records import (
+    ClientRecord,
+    DriverParams,
+    Grant,
+    GrantCheck,
+    ModelRecord,
+    WorkStats,
+)
+from npumanager.drivers.runqueue import Job, RunQueue
+from npumanager.errors import (
+    AttributionDenied,
+    DirectAccessDenied,
+    GrantRequired,
+    GrantRevoked,
+    InvalidArgument,
+)
+from npumanager.hal.types import (
+    DEBOUNCE_DURATION_MS,
+    EndReason,
+    SchedulingConfig,
+    StartReason,
+    WorkInfo,
+    default_config,
+    validate_configs,
+)
+
+__all__ = ["DriverParams", "DriverState", "GrantCheck"]
+
+DEBOUNCE_TIMER = "debounce"
+_QUEUED, _RUNNING, _PAUSED = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED
+_REQUESTED, _STARTED, _ENDED = WorkKind.REQUESTED, WorkKind.STARTED, WorkKind.ENDED
+
+
+class DriverState:
+    """The driver host's whole state; see the module docstring for the rules."""
+
+    def __init__(self, params: DriverParams | None = None) -> None:
+        self.params = p = params or DriverParams()
+        self.enforce_admission = p.enforce_admission
+        self.thermal = ThermalStatus.NONE
+        self.listening = False
+        self.manager_attached = False
+        self.configs: dict[int, SchedulingConfig] = {}
+        self.stats = WorkStats()
+        self._queue = RunQueue(p.channels)
+        self._debounce = Debouncer(DEBOUNCE_DURATION_MS)
+        self._clients: dict[int, ClientRecord] = {}
+        self._models: dict[int, ModelRecord] = {}
+        #: Models dropped while a step of theirs still runs: released when it ends.
+        self._releasing: dict[int, ModelRecord] = {}
+        self._grants: dict[str, Grant] = {}
+        self._ended_grants: OrderedDict[str, bool] = OrderedDict()
+        self._tombstones: OrderedDict[int, tuple[int, str]] = OrderedDict()
+        self._jobs: dict[int, Job] = {}  # ticket -> job
+        self._work_ids = itertools.count(1)
+        self._model_ids = itertools.count(1)
+        self._pool_ids = itertools.count(1)
+        self._seq = itertools.count()
+        self._cutoff: int | None = None  # effective priorities above it are held back
+        self._timer_at: float | None = None
+        # Decisions as plain tuples (at, stimulus, kind, key, what, details): built into
+        # Decision objects only when read.
+        self._log: deque[tuple[float, str, str, int | str, str, dict[str, object]]] = deque(
+            maxlen=p.decision_log_size)
+        self._out: list[ev.Instruction] = []
+        self._ev: ev.Event | None = None
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.ClientConnected: self._on_connected,
+            ev.ClientGone: self._on_gone,
+            ev.ConfigsSet: self._on_configs,
+            ev.CallbackSet: self._on_callback,
+            ev.ManagerAttached: self._on_manager_attached,
+            ev.ManagerGone: self._on_manager_gone,
+            ev.GrantIssued: self._on_grant_issued,
+            ev.GrantEnded: self._on_grant_ended,
+            ev.ThermalSet: self._on_thermal,
+            ev.ModelPrepared: self._on_model_prepared,
+            ev.ModelReleased: self._on_model_released,
+            ev.PoolRegistered: self._on_pool_registered,
+            ev.PoolUnregistered: self._on_pool_unregistered,
+            ev.ExecuteRequested: self._on_execute,
+            ev.CancelRequested: self._on_cancel,
+            ev.StepFinished: self._on_step_finished,
+            ev.TimerFired: self._on_timer,
+        }
+
+    # --- the one entry point ------------------------------------------------------
+
+    def handle(self, event: ev.Event) -> list[ev.Instruction]:
+        """Apply ``event``; return what the shell must do, in order. Raises an
+        ``npumanager.errors`` exception, having changed nothing, for a bad event."""
+        out: list[ev.Instruction] = []
+        self._out = out
+        self._ev = event
+        try:
+            self._handlers[type(event)](event)
+            if self._debounce.next_deadline() is not None:
+                self._sync_timer()
+        finally:
+            self._ev = None
+        return out
+
+    # --- public reads ---------------------------------------------------------------
+
+    def config(self, uid: int) -> SchedulingConfig:
+        return self.configs.get(uid) or default_config(uid)
+
+    def effective_priority(self, uid: int, original_uid: int | None, job_priority: int) -> int:
+        """Check access and attribution; the attributed uid's app priority + clamped job."""
+        cfg = self.configs.get(uid) or default_config(uid)
+        if not cfg.has_direct_access:
+            raise DirectAccessDenied(f"uid {uid} has no direct access to this device")
+        attributed = cfg
+        if original_uid is not None and original_uid != uid:
+            if not cfg.can_attribute_other_uid:
+                raise AttributionDenied(f"uid {uid} may not attribute work to uid {original_uid}")
+            attributed = self.config(original_uid)
+        return attributed.app_priority + attributed.clamp(job_priority)
+
+    def check_grant(self, grant_id: str, uid: int) -> GrantCheck:
+        """May ``uid`` prepare a model under ``grant_id`` now? Raises GrantRequired
+        (enforced and none named, or another uid's) or GrantRevoked (it ended)."""
+        grant = self._grants.get(grant_id) if grant_id else None
+        if not self.enforce_admission:
+            return GrantCheck.LIVE if grant is not None and grant.uid == uid \
+                else GrantCheck.NOT_NEEDED
+        if not grant_id:
+            raise GrantRequired(
+                f"driver {self.params.name} admits models only with a grant: ask npud first "
+                "(NpuManager.request_can_load_model) and pass grant=listener")
+        if grant is not None:
+            if grant.uid != uid:
+                raise GrantRequired(f"that grant was not issued to uid {uid}")
+            return GrantCheck.LIVE
+        if grant_id in self._ended_grants:
+            raise GrantRevoked(f"grant {grant_id[:8]}… has already ended")
+        return GrantCheck.UNKNOWN
+
+    def load(self) -> tuple[int, int, int]:
+        """(channels, channels busy, jobs queued)."""
+        q = self._queue
+        return q.channels, len(q.running), len(q)
+
+    def job_state(self, ticket: int) -> JobState | None:
+        job = self._jobs.get(ticket)
+        return None if job is None else job.state
+
+    def jobs(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    def model_ids(self) -> list[int]:
+        return sorted(self._models)
+
+    def grant_ids(self) -> list[str]:
+        return sorted(self._grants)
+
+    def story(self, work_id: int | None = None, *, model_id: int | None = None,
+              grant_id: str | None = None) -> list[ev.Decision]:
+        """What happened to one work item, model or grant (as far as the log reaches)."""
+        if work_id is not None:
+            want: tuple[str, int | str] = ("work", work_id)
+        elif model_id is not None:
+            want = ("model", model_id)
+        elif grant_id is not None:
+            want = ("grant", grant_id)
+        else:
+            raise InvalidArgument("story needs a work id, a model id or a grant id")
+        return [ev.Decision(at, sid, f"{kind} {key}", what, details)
+                for at, sid, kind, key, what, details in self._log if (kind, key) == want]
+
+    def decisions(self) -> list[ev.Decision]:
+        return [ev.Decision(at, sid, f"{kind} {key}", what, details)
+                for at, sid, kind, key, what, details in self._log]
+
+    def validate(self) -> None:
+        """Check every invariant (tests call it after each step); AssertionError if broken."""
+        from npumanager.drivers.state_checks import validate_driver_state
+
+        validate_driver_state(self)
+
+    def __repr__(self) -> str:
+        q = self._queue
+        return (f"<DriverState {self.params.name}: {len(q.running)}/{q.channels} channels busy"
+                f" | {len(q)} queued ({q.held_count(self._cutoff)} held back) | "
+                f"{len(self._models)} models, {len(self._grants)} grants | "
+                f"thermal={self.thermal.name} | callback {'on' if self.listening else 'off'}>")
+
+    # --- connections, configs, callback, manager ---------------------------------------
+
+    def _on_connected(self, e: ev.ClientConnected) -> None:
+        if e.conn in self._clients:
+            raise InvalidArgument(f"connection {e.conn} is already known")
+        self._clients[e.conn] = ClientRecord(e.conn, e.uid, e.pid)
+
+    def _on_gone(self, e: ev.ClientGone) -> None:
+        client = self._clients.pop(e.conn, None)
+        if client is None:
+            return
+        for job in sorted(client.jobs, key=lambda j: j.info.id):
+            self._cancel(job, EndReason.CANCELLED_USER)
+        for model_id in sorted(client.models):
+            self._drop_model(self._models[model_id], None)
+        for pool_id in sorted(client.pools):
+            self._out.append(ev.ClosePool(pool_id))
+
+    def _on_configs(self, e: ev.ConfigsSet) -> None:
+        validate_configs(list(e.configs))
+        if e.replace:
+            self.configs = {c.uid: c for c in e.configs}
+        else:
+            for c in e.configs:
+                self.configs[c.uid] = c
+
+    def _on_callback(self, e: ev.CallbackSet) -> None:
+        self.listening = e.listening
+        if e.listening:
+            self._debounce.set_window(e.debounce_ms)
+        else:
+            self._debounce.drop_pending()
+
+    def _on_manager_attached(self, e: ev.ManagerAttached) -> None:
+        self.manager_attached = True
+        self.enforce_admission = e.enforce_admission
+
+    def _on_manager_gone(self, e: ev.ManagerGone) -> None:
+        self.manager_attached = False
+
+    # --- grants and models ---------------------------------------------------------------
+
+    def _on_grant_issued(self, e: ev.GrantIssued) -> None:
+        if e.grant_id and e.grant_id not in self._grants:
+            self._grants[e.grant_id] = Grant(e.grant_id, e.uid, e.request_id)
+            self._ended_grants.pop(e.grant_id, None)
+            self._decide("grant", e.grant_id, "issued", uid=e.uid, request_id=e.request_id)
+
+    def _on_grant_ended(self, e: ev.GrantEnded) -> None:
+        grant = self._grants.pop(e.grant_id, None)
+        self._ended_grants[e.grant_id] = e.revoked
+        self._ended_grants.move_to_end(e.grant_id)
+        while len(self._ended_grants) > self.params.tombstones:
+            self._ended_grants.popitem(last=False)
+        if grant is None:
+            return
+        self._decide("grant", e.grant_id, "revoked" if e.revoked else "ended",
+                     models=sorted(grant.models))
+        gid = e.grant_id[:8]
+        why = (f"grant {gid}… was revoked by npud; the model was released" if e.revoked
+               else f"grant {gid}… has ended; the model was released")
+        for model_id in sorted(grant.models):
+            self._drop_model(self._models[model_id], why)
+
+    def _on_model_prepared(self, e: ev.ModelPrepared) -> None:
+        client = self._client(e.conn)
+        grant = None
+        if e.grant_id is not None:
+            grant = self._grants.get(e.grant_id)
+            if grant is None:
+                raise GrantRevoked(f"grant {e.grant_id[:8]}… ended while the model was prepared")
+        model_id = next(self._model_ids)
+        self._models[model_id] = ModelRecord(model_id, e.conn, client.uid, e.grant_id,
+                                             e.memory_bytes, e.inputs, e.outputs)
+        client.models.add(model_id)
+        self._out.append(ev.ModelReady(e.conn, model_id))
+        if grant is not None:
+            grant.models.add(model_id)
+            if self.manager_attached:
+                self._out.append(ev.ReportModelMemory(grant.grant_id, e.memory_bytes))
+        self._decide("model", model_id, "prepared", uid=client.uid, grant=e.grant_id,
+                     memory_bytes=e.memory_bytes)
+
+    def _on_model_released(self, e: ev.ModelReleased) -> None:
+        model = self._models.get(e.model_id)
+        if model is not None and model.conn == e.conn:
+            self._drop_model(model, None)
+
+    def _drop_model(self, model: ModelRecord, revoked: str | None) -> None:
+        """Take the model out of service: its work is cancelled (CANCELLED_SYSTEM when
+        its grant ended) and it is released once no step of it runs any more."""
+        del self._models[model.model_id]
+        client = self._clients.get(model.conn)
+        if client is not None:
+            client.models.discard(model.model_id)
+        if model.grant_id is not None:
+            grant = self._grants.get(model.grant_id)
+            if grant is not None:
+                grant.models.discard(model.model_id)
+        reason = EndReason.CANCELLED_USER
+        if revoked is not None:
+            self._tombstones[model.model_id] = (model.conn, revoked)
+            while len(self._tombstones) > self.params.tombstones:
+                self._tombstones.popitem(last=False)
+            reason = EndReason.CANCELLED_SYSTEM
+        self._decide("model", model.model_id, "revoked" if revoked else "released",
+                     jobs=len(model.jobs))
+        # Released once its last job ends (_finish), at once when it has none running.
+        self._releasing[model.model_id] = model
+        for job in sorted(model.jobs, key=lambda j: j.info.id):
+            job.revoked = revoked
+            self._cancel(job, reason)
+        if not model.jobs and self._releasing.pop(model.model_id, None) is not None:
+            self._out.append(ev.ReleaseModel(model.model_id))
+
+    # --- pools ----------------------------------------------------------------------------
+
+    def _on_pool_registered(self, e: ev.PoolRegistered) -> None:
+        client = self._client(e.conn)
+        if e.size <= 0:
+            raise InvalidArgument(f"a pool needs a positive size, not {e.size}")
+        pool_id = next(self._pool_ids)
+        client.pools[pool_id] = e.size
+        self._out.append(ev.PoolReady(e.conn, pool_id))
+
+    def _on_pool_unregistered(self, e: ev.PoolUnregistered) -> None:
+        client = self._clients.get(e.conn)
+        if client is not None and client.pools.pop(e.pool_id, None) is not None:
+            self._out.append(ev.ClosePool(e.pool_id))
+
+    # --- work -----------------------------------------------------------------------------
+
+    def _on_execute(self, e: ev.ExecuteRequested) -> None:
+        client = self._client(e.conn)
+        model = self._models.get(e.model_id)
+        if model is None or model.conn != e.conn:
+            tomb = self._tombstones.get(e.model_id)
+            if tomb is not None and tomb[0] == e.conn:
+                raise GrantRevoked(tomb[1])
+            raise InvalidArgument(f"no prepared model {e.model_id} on this connection")
+        names = e.inputs
+        if len(names) != len(model.inputs) or not model.inputs.issuperset(names):
+            raise InvalidArgument(f"model takes inputs {sorted(model.inputs)}, got "
+                                  f"{sorted(names)}")
+        steps = max(1, e.steps)
+        if steps > 1:
+            for out_name, in_name in e.feedback:
+                if out_name not in model.outputs or in_name not in model.inputs:
+                    raise InvalidArgument(f"feedback {out_name!r} -> {in_name!r} names no "
+                                          "output/input of this model")
+        if e.ticket in self._jobs:
+            raise InvalidArgument(f"execution ticket {e.ticket} is already in use")
+        uid = client.uid
+        eff = self.effective_priority(uid, e.original_uid, e.job_priority)
+        # Admitted: nothing below raises.
+        now = e.now
+        info = WorkInfo(next(self._work_ids), e.group_id, uid, client.pid,
+                        uid if e.original_uid is None else e.original_uid, e.feature_id,
+                        e.job_priority, eff, int(now * 1000), self.params.device_number)
+        job = Job(e.ticket, info, e.conn, e.model_id, e.exec_id, steps, next(self._seq))
+        self._jobs[e.ticket] = job
+        client.jobs.add(job)
+        model.jobs.add(job)
+        self.stats.submitted += 1
+        # Reported unless it continues a debouncing burst (or nobody listens: a callback
+        # registered later hears of it from its pauses and end only).
+        job.reported = self._debounce.begin(uid) and self.listening
+        if job.reported:
+            self._out.append(ev.ReportWork(_REQUESTED, info, 0))
+        self._log.append((now, e.stimulus_id, "work", info.id, "admitted",
+                          {"model": e.model_id, "eff": eff, "steps": steps}))
+        self._queue.push(job)
+        self._dispatch()
+
+    def _on_cancel(self, e: ev.CancelRequested) -> None:
+        client = self._clients.get(e.conn)
+        if client is None:
+            return
+        for job in sorted(client.jobs, key=lambda j: j.info.id):
+            if job.model_id == e.model_id and e.exec_id in (0, job.exec_id):
+                self._cancel(job, EndReason.CANCELLED_USER)
+
+    def _cancel(self, job: Job, reason: EndReason) -> None:
+        """Cancel a queued or paused job at once; a running step ends first (aborted)."""
+        if job.state is _RUNNING:
+            if job.cancel_reason is None:
+                job.cancel_reason = reason
+                self._decide("work", job.info.id, "abort asked", reason=reason.name)
+                self._out.append(ev.AbortStep(job.ticket))
+            return
+        # Taking a job out of the queue frees no channel: nothing else can start.
+        self._queue.remove(job)
+        self._finish(job, reason)
+
+    def _on_step_finished(self, e: ev.StepFinished) -> None:
+        job = self._jobs.get(e.ticket)
+        if job is None or job.state is not _RUNNING:
+            return  # a stale report (the job already ended)
+        model = self._models.get(job.model_id) or self._releasing.get(job.model_id)
+        if model is not None:
+            model.note_run(e.run_us)
+        self._queue.release(job)
+        job.step += 1
+        if job.cancel_reason is not None:
+            self._finish(job, job.cancel_reason)
+        elif e.error is not None:
+            self._finish(job, EndReason.FAILED, e.error)
+        elif job.step >= job.steps:
+            self._finish(job, EndReason.COMPLETED)
+        else:
+            # Back into the queue in its original place: it keeps its channel unless
+            # more important (or equally important, earlier) work is waiting.
+            job.state = _QUEUED
+            self._queue.push(job)
+            self._dispatch(yielding=job)
+            return
+        self._dispatch()
+
+    def _on_thermal(self, e: ev.ThermalSet) -> None:
+        self.thermal = e.status
+        self._cutoff = (self.params.thermal_cutoff if e.status >= ThermalStatus.CRITICAL
+                        else None)
+        self._dispatch()
+
+    def _on_timer(self, e: ev.TimerFired) -> None:
+        if e.key != DEBOUNCE_TIMER:
+            return
+        self._timer_at = None
+        for info, reason in self._debounce.due(e.now):
+            self._out.append(ev.ReportWork(_ENDED, info, int(reason)))
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _dispatch(self, yielding: Job | None = None) -> None:
+        out = self._out
+        chosen = self._queue.take(self._cutoff)
+        if yielding is not None and yielding.state is _QUEUED:
+            yielding.state = _PAUSED
+            self.stats.paused += 1
+            self._decide("work", yielding.info.id, "paused", step=yielding.step)
+            if self.listening:
+                out.append(ev.ReportWork(_ENDED, self._stamp(yielding.info),
+                                         int(EndReason.PAUSED)))
+        for job, was in chosen:
+            if job is yielding:
+                pass  # it keeps its channel: no lifecycle event
+            elif was is _PAUSED:
+                self._decide("work", job.info.id, "resumed", step=job.step)
+                if self.listening:
+                    out.append(ev.ReportWork(_STARTED, self._stamp(job.info),
+                                             int(StartReason.RESUMED)))
+            elif job.reported and self.listening:
+                out.append(ev.ReportWork(_STARTED, self._stamp(job.info),
+                                         int(StartReason.INITIAL)))
+            out.append(ev.RunStep(job.ticket, job.step, job.step + 1 >= job.steps,
+                                  self._inline(job), job.channel or 0, job.info.id))
+
+    def _inline(self, job: Job) -> bool:
+        model = self._models.get(job.model_id)
+        if model is None or model.run_us is None or model.runs < 3:
+            return False
+        run_us, p = model.run_us, self.params
+        if run_us < p.inline_run_us:
+            return True
+        # Alone on the device, a medium single-step job runs inline too: the loop is
+        # blocked for that one run (work arriving meanwhile waits no longer than it would
+        # for a busy channel). Never multi-step jobs: their steps must stay preemptible.
+        return job.steps == 1 and run_us < p.inline_idle_run_us and self._queue.alone(job)
+
+    def _finish(self, job: Job, reason: EndReason, error: str | None = None) -> None:
+        e = self._ev
+        assert e is not None
+        del self._jobs[job.ticket]
+        job_id = job.info.id
+        client = self._clients.get(job.conn)
+        if client is not None:
+            client.jobs.discard(job)
+        model = self._models.get(job.model_id)
+        if model is None:
+            model = self._releasing.get(job.model_id)
+        if model is not None:
+            model.jobs.discard(job)
+        stats = self.stats
+        if reason is EndReason.COMPLETED:
+            stats.completed += 1
+        elif reason is EndReason.FAILED:
+            stats.failed += 1
+        else:
+            stats.cancelled += 1
+        listening = self.listening
+        info = self._stamp(job.info) if listening else job.info
+        if self._debounce.end(job.info.uid, info, reason, e.now, listening):
+            self._out.append(ev.ReportWork(_ENDED, info, int(reason)))
+        self._out.append(ev.FinishJob(job.ticket, job_id, reason, job.step, error, job.revoked))
+        self._log.append((e.now, e.stimulus_id, "work", job_id, "ended",
+                          {"reason": reason.name, "steps": job.step}))
+        if model is not None and not model.jobs and model.model_id in self._releasing:
+            del self._releasing[model.model_id]
+            self._out.append(ev.ReleaseModel(model.model_id))
+
+    def _stamp(self, info: WorkInfo) -> WorkInfo:
+        e = self._ev
+        assert e is not None
+        return WorkInfo(info.id, info.group_id, info.uid, info.debug_pid, info.original_uid,
+                        info.debug_feature_id, info.job_priority, info.effective_priority,
+                        int(e.now * 1000), info.device_number)
+
+    def _sync_timer(self) -> None:
+        """Keep one timer at or before the earliest debounce deadline. A timer armed no
+        later than it is kept: it fires, reports what is due and re-arms, so a stream of
+        work arms about one timer per window, not one per execution."""
+        deadline = self._debounce.next_deadline()
+        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+            return
+        self._timer_at = deadline
+        self._out.append(ev.ArmTimer(DEBOUNCE_TIMER, deadline))
+
+    def _client(self, conn: int) -> ClientRecord:
+        client = self._clients.get(conn)
+        if client is None:
+            raise InvalidArgument(f"connection {conn} is not known (it closed)")
+        return client
+
+    def _decide(self, kind: str, key: int | str, what: str, **details: object) -> None:
+        e = self._ev
+        assert e is not None
+        self._log.append((e.now, e.stimulus_id, kind, key, what, details))

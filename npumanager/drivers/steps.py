@@ -1,0 +1,193 @@
+"""Running the steps of executions: the backend call, feedback between steps, outputs.
+
+:class:`Execution` is what the driver host keeps of one execute call (its
+tensors, where its outputs go, its reply). :class:`StepRunner` runs one step
+of it — on a worker thread, or inline on the event loop when the state says
+the model is cheaper than a thread hand-off — and places the final outputs:
+inline in the reply, in the client's pool (bound in place when the backend
+can write there directly), or in one memfd sent with the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from npumanager import tensorio
+from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.events import RunStep
+from npumanager.drivers.exec_stats import ExecStats
+from npumanager.proto.v1 import driver_pb2 as pb
+
+Reply = tuple[pb.ExecuteResult, list[int]]
+
+
+@dataclass(eq=False, slots=True)
+class Execution:
+    """One execute call, from its request to its reply."""
+
+    ticket: int
+    prepared: PreparedModel | None
+    inputs: dict[str, np.ndarray]
+    feedback: dict[str, str]
+    #: The uid the work is attributed to, its feature id and when the call arrived
+    #: (perf_counter): for the host's ExecStats.
+    uid: int = 0
+    feature_id: int | None = None
+    t0: float = 0.0
+    out_pool: tensorio.MappedPool | None = None
+    out_offset: int = 0
+    out_capacity: int = 0
+    out_pool_id: int = 0
+    #: The final outputs, placed by the last step.
+    result: Reply | None = None
+    #: Resolved with the reply when the call waits for it (steps on worker threads).
+    future: asyncio.Future[Reply] | None = None
+    #: The reply (or error) when the job ended before anyone waited: the inline path.
+    outcome: Reply | BaseException | None = None
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class StepRunner:
+    """Runs steps on ``channels`` worker threads, or inline; counts the busy time."""
+
+    def __init__(self, name: str, channels: int, *, inline_limit: int, max_frame: int,
+                 stats: ExecStats | None = None) -> None:
+        self.inline_limit = inline_limit
+        self.max_frame = max_frame
+        self.stats = stats if stats is not None else ExecStats()
+        #: Seconds the backend spent running steps (the thermal model's utilization).
+        self.busy_s = 0.0
+        self._workers = ThreadPoolExecutor(channels, thread_name_prefix=f"npu-{name}-ch")
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True, cancel_futures=True)
+
+    def start(self, ex: Execution, step: RunStep,
+              done: Callable[[str | None, float], None]) -> None:
+        """Run the step on a worker thread; ``done(error, run_us)`` is called there."""
+        fut = self._workers.submit(self.run, ex, step)
+        fut.add_done_callback(lambda f: done(*f.result()))
+
+    def run(self, ex: Execution, step: RunStep) -> tuple[str | None, float]:
+        """One step: run, then feed outputs back (more steps follow) or place them for the
+        reply. Returns (the error's text or None, the run's µs)."""
+        prepared = ex.prepared
+        assert prepared is not None
+        last = step.last
+        bound = self._bind_outputs(ex, prepared) if last and ex.out_pool is not None else {}
+        t0 = time.perf_counter()
+        try:
+            if bound:
+                outs = prepared.run_into(ex.inputs, {n: v for n, (v, _) in bound.items()})
+            else:
+                outs = prepared.run(ex.inputs)
+        except BaseException as exc:  # the backend's error goes to the client
+            return error_text(exc), (time.perf_counter() - t0) * 1e6
+        finally:
+            dt = time.perf_counter() - t0
+            self.busy_s += dt
+            stats = self.stats
+            if stats.trace_until:  # someone records a trace (`npu trace record`)
+                end = time.monotonic()
+                if end < stats.trace_until:
+                    stats.step(step.channel, end - dt, dt, ex.uid, ex.feature_id,
+                               step.work_id, step.step)
+                else:
+                    stats.trace_until = 0.0
+        try:
+            if not last:
+                fed = dict(ex.inputs)
+                for out_name, in_name in ex.feedback.items():
+                    fed[in_name] = outs[out_name]
+                ex.inputs = fed
+            else:
+                ex.result = self._place_outputs(ex, outs, bound)
+        except BaseException as exc:
+            return error_text(exc), dt * 1e6
+        return None, dt * 1e6
+
+    # --- outputs -------------------------------------------------------------------
+
+    def _bind_outputs(self, ex: Execution, prepared: PreparedModel
+                      ) -> dict[str, tuple[np.ndarray, int]]:
+        """Views in the client's pool for large static-shape outputs, so the backend
+        writes them in place (no copy on the way back)."""
+        assert ex.out_pool is not None
+        bound: dict[str, tuple[np.ndarray, int]] = {}
+        offset = ex.out_offset
+        end = ex.out_offset + ex.out_capacity
+        for spec in prepared.outputs:
+            nbytes = spec.static_nbytes()
+            if nbytes is None or nbytes <= self.inline_limit:
+                continue
+            start = tensorio.align(offset)
+            if start + nbytes > end:
+                break
+            bound[spec.name] = (tensorio.view_in(ex.out_pool.buf, start, nbytes, spec.dtype,
+                                                 spec.shape, spec.name), start)
+            offset = start + nbytes
+        return bound
+
+    def _place_outputs(self, ex: Execution, outs: dict[str, np.ndarray],
+                       bound: dict[str, tuple[np.ndarray, int]]) -> Reply:
+        result = pb.ExecuteResult()
+        msgs = result.outputs
+        big: list[tuple[str, np.ndarray]] = []
+        offset = ex.out_offset
+        for view, start in bound.values():
+            offset = max(offset, start + view.nbytes)
+        end = ex.out_offset + ex.out_capacity
+        inline_budget = self.max_frame // 2
+        for name, arr in outs.items():
+            placed = bound.get(name)
+            if placed is not None and arr is placed[0]:
+                msgs.add(name=name, dtype=tensorio.dtype_name(arr.dtype), shape=arr.shape,
+                         pool_id=ex.out_pool_id, offset=placed[1], nbytes=arr.nbytes)
+                continue
+            arr = np.ascontiguousarray(arr)
+            if arr.nbytes <= self.inline_limit or ex.out_pool is None:
+                if arr.nbytes <= inline_budget:
+                    tensorio.add_inline(msgs, name, arr)
+                    inline_budget -= arr.nbytes
+                    continue
+                big.append((name, arr))
+                continue
+            start = tensorio.align(offset)
+            if start + arr.nbytes <= end:
+                dt = tensorio.dtype_name(arr.dtype)
+                view = tensorio.view_in(ex.out_pool.buf, start, arr.nbytes, dt, arr.shape, name)
+                np.copyto(view, arr)
+                msgs.add(name=name, dtype=dt, shape=arr.shape, pool_id=ex.out_pool_id,
+                         offset=start, nbytes=arr.nbytes)
+                offset = start + arr.nbytes
+            else:
+                big.append((name, arr))
+        if not big:
+            return result, []
+        # Outputs that fit neither inline nor the client's pool: one memfd with the reply.
+        total = sum(tensorio.align(a.nbytes) for _, a in big)
+        pool = tensorio.ClientPool(total)
+        try:
+            pos = 0
+            for name, arr in big:
+                dt = tensorio.dtype_name(arr.dtype)
+                view = tensorio.view_in(pool.buf, pos, arr.nbytes, dt, arr.shape, name)
+                np.copyto(view, arr)
+                del view
+                msgs.add(name=name, dtype=dt, shape=arr.shape, offset=pos, nbytes=arr.nbytes,
+                         in_reply_fd=True)
+                pos += tensorio.align(arr.nbytes)
+            fd = os.dup(pool.fd)
+        finally:
+            pool.close()
+        return result, [fd]
