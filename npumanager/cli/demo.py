@@ -43,6 +43,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", default=None,
                    help="write trace.json (Perfetto), timeline.png and summary.json here "
                    "(default: a new directory under /tmp, named at the end)")
+    p.add_argument("--driver", default="reference", choices=["reference", "openvino", "torch"],
+                   help="the driver npud starts for the apps (default reference; openvino needs "
+                   "npumanager[openvino])")
     p.add_argument("--manager-only", action="store_true",
                    help="a short scripted tour of the manager alone (npud without drivers): "
                    "preemption, queueing, thermal, revocation")
@@ -56,8 +59,22 @@ def dispatch(args: argparse.Namespace) -> int:
 
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} exists and is not a directory")
+    check_demo_driver(args.driver)
     return run_demo(DemoOptions(runtime_dir=args.runtime_dir, fast=args.fast,
-                                color=False if args.no_color else None, out=args.out))
+                                color=False if args.no_color else None, out=args.out,
+                                driver=args.driver))
+
+
+def check_demo_driver(driver: str) -> None:
+    """UsageError unless the demo can run on ``driver`` here."""
+    import importlib.util
+
+    if driver == "torch":
+        raise UsageError("--driver torch: the demo's four apps run ONNX models, and the torch "
+                         "driver takes torch.export programs; not available in the demo yet")
+    if driver == "openvino" and importlib.util.find_spec("openvino") is None:
+        raise UsageError("--driver openvino needs the openvino extra: "
+                         "pip install 'npumanager[openvino]'")
 
 
 def say(who: str, text: str) -> None:

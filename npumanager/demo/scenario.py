@@ -15,6 +15,7 @@ run. Everything it started is stopped, and its temp dirs removed, on any exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -62,6 +63,13 @@ class Pace:
         return cls(2.0, 2.5, 4.0, 1.5, 2.5, 0.8, 2.0, 15)
 
 
+#: The drivers the demo can start, as its title names them (its models are ONNX).
+BACKENDS = {
+    "reference": "reference driver (ONNX Runtime on the CPU)",
+    "openvino": "openvino driver (OpenVINO on its first device)",
+}
+
+
 @dataclass
 class DemoOptions:
     runtime_dir: str | None = None
@@ -69,6 +77,8 @@ class DemoOptions:
     color: bool | None = None
     #: where trace.json, timeline.png and summary.json go ("" = none; None = a new dir)
     out: str | None = None
+    #: The driver plugin npud starts (its own npud only): "reference" or "openvino".
+    driver: str = "reference"
 
 
 @dataclass
@@ -151,7 +161,9 @@ class Scenario:
         self.saved_importance: dict[int, int] = {}
         self.tracer: Any = None
         self.models: dict[str, DemoModel] = {}
-        self.specs = app_specs(self.root, self.pace)
+        self.driver = opts.driver
+        self.specs = {name: dataclasses.replace(spec, device=self.driver)
+                      for name, spec in app_specs(self.root, self.pace).items()}
         self.rt = ""
         self.cache_root = ""
 
@@ -313,11 +325,11 @@ class Scenario:
 
         self.out.title(
             "npumanager demo",
-            "npud + the reference driver (ONNX Runtime on the CPU), four apps in their own\n"
+            f"npud + the {BACKENDS.get(self.driver, self.driver)}, four apps in their own\n"
             "processes" + (" and uids" if self.root else "") + ". Every number below is "
             "measured in this run.")
         if self.own_npud:
-            self.out.scene(1, SCENES, "npud starts with the reference driver",
+            self.out.scene(1, SCENES, f"npud starts with the {self.driver} driver",
                            "A temporary runtime dir and state dir; npud supervises the driver "
                            "host; apps find devices through nn.devices().")
         else:
@@ -366,7 +378,7 @@ class Scenario:
                         "log_level": "warning"},
             # One execution channel, like a small NPU: foreground frames and background
             # decode steps really compete for it.
-            "driver": [{"name": "reference", "plugin": "reference", "channels": 1}],
+            "driver": [{"name": self.driver, "plugin": self.driver, "channels": 1}],
         }
         t0 = time.perf_counter()
         self.npud = DaemonProcess(self.rt, config, drivers=True,
@@ -448,7 +460,7 @@ class Scenario:
                                         "npud's; the demo takes it only from its own npud)")
             return
         try:
-            self._hal_conn = connect_scheduling("reference", self.rt)
+            self._hal_conn = connect_scheduling(self.driver, self.rt)
             self.hal = HalObserver()
             self._hal_conn.set_callback(self.hal)
         except Exception as exc:
