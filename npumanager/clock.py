@@ -10,9 +10,12 @@ Android timestamps work, on the running event loop); tests use
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -90,3 +93,35 @@ def wake_at(clock: LoopClock, when: float, fut: asyncio.Future[None]) -> Timer:
             fut.set_result(None)
 
     return clock.call_at(when, wake)
+
+
+async def wait_first(clock: LoopClock, futures: set[asyncio.Future[Any]], timeout: float
+                     ) -> set[asyncio.Future[Any]]:
+    """Wait until one of ``futures`` is done or ``timeout`` passes on ``clock``; returns
+    the ones that are done (empty on timeout). Nothing is cancelled."""
+    loop = asyncio.get_running_loop()
+    deadline: asyncio.Future[None] = loop.create_future()
+    timer = wake_at(clock, clock.now() + timeout, deadline)
+    try:
+        await asyncio.wait({*futures, deadline}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        deadline.cancel()
+    return {f for f in futures if f.done()}
+
+
+async def wait_for(clock: LoopClock, aw: Awaitable[T], timeout: float) -> T:
+    """``asyncio.wait_for`` on ``clock``: the result, or TimeoutError once ``timeout`` has
+    passed (the awaitable is then cancelled)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done = await wait_first(clock, {task}, timeout)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise TimeoutError(f"not done within {timeout} s")
+    return task.result()

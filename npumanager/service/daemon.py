@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from npumanager.clock import Clock, MonotonicClock
+from npumanager.clock import LoopClock, MonotonicClock, Timer
 from npumanager.config import Config
 from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
 from npumanager.errors import InternalError, NpuError, ServiceError
@@ -65,7 +65,7 @@ def drivers_enabled(cfg: Config) -> bool:
 
 
 def make_driver_control(
-    cfg: Config, runtime_dir: Path, events: DriverEvents, clock: Clock
+    cfg: Config, runtime_dir: Path, events: DriverEvents, clock: LoopClock
 ) -> DriverControl:
     """The one place npud builds its driver supervisor: a :class:`DriverSupervisor` when
     drivers are enabled, else :class:`NoDrivers` (a pure manager)."""
@@ -94,16 +94,14 @@ class Daemon:
         cfg: Config,
         runtime_dir: Path,
         *,
-        clock: Clock | None = None,
+        clock: LoopClock | None = None,
         drivers: DriverControl | None = None,
         state: ManagerState | None = None,
-        real_timers: bool = True,
         use_drivers: bool = True,
     ) -> None:
         self.cfg = cfg
         self.runtime_dir = Path(runtime_dir)
-        self.clock: Clock = clock if clock is not None else MonotonicClock()
-        self.real_timers = real_timers
+        self.clock: LoopClock = clock if clock is not None else MonotonicClock()
         self.state = state if state is not None else ManagerState(ManagerParams.from_config(cfg))
         if drivers is not None:
             self.drivers: DriverControl = drivers
@@ -115,7 +113,7 @@ class Daemon:
         self.clients: dict[RpcConnection, ManagerClient] = {}
         self._next_conn = itertools.count(1)
         self._stimuli = itertools.count(1)
-        self._timers: dict[str, tuple[float, asyncio.TimerHandle | None]] = {}
+        self._timers: dict[str, tuple[float, Timer]] = {}
         self.server: RpcServer | None = None
         self.stopping = False
         self.started_at = time.time()
@@ -251,45 +249,20 @@ class Daemon:
     # --- timers -------------------------------------------------------------
 
     def _arm(self, key: str, at: float) -> None:
+        """Timers run on the daemon's clock: the loop's in production, a test's virtual
+        one (fired as the test advances it) in tests."""
         self._disarm(key)
-        handle: asyncio.TimerHandle | None = None
-        if self.real_timers:
-            loop = asyncio.get_running_loop()
-            handle = loop.call_later(max(0.0, at - self.clock.now()), self._timer_due, key)
-        self._timers[key] = (at, handle)
+        self._timers[key] = (at, self.clock.call_at(at, lambda: self._timer_due(key)))
 
     def _disarm(self, key: str) -> None:
         entry = self._timers.pop(key, None)
-        if entry is not None and entry[1] is not None:
+        if entry is not None:
             entry[1].cancel()
 
     def _timer_due(self, key: str) -> None:
-        entry = self._timers.get(key)
-        if entry is None:
-            return
-        at = entry[0]
-        remaining = at - self.clock.now()
-        if remaining > 0:  # the loop's clock may round early (uvloop: 1 ms ticks)
-            loop = asyncio.get_running_loop()
-            self._timers[key] = (at, loop.call_later(remaining + 0.0005, self._timer_due, key))
-            return
-        del self._timers[key]
-        self.submit_quietly(ev.TimerFired(
-            stimulus_id=self.stimulus("timer"), now=self.clock.now(), key=key))
-
-    def fire_due_timers(self) -> int:
-        """Fire every timer due on the (virtual) clock, earliest first; returns how many."""
-        fired = 0
-        while True:
-            now = self.clock.now()
-            due = sorted((at, k) for k, (at, _h) in self._timers.items() if at <= now)
-            if not due:
-                return fired
-            _at, key = due[0]
-            self._disarm(key)
-            self.submit_quietly(ev.TimerFired(stimulus_id=self.stimulus("timer"), now=now,
-                                              key=key))
-            fired += 1
+        if self._timers.pop(key, None) is not None:
+            self.submit_quietly(ev.TimerFired(
+                stimulus_id=self.stimulus("timer"), now=self.clock.now(), key=key))
 
     @property
     def armed_timers(self) -> dict[str, float]:

@@ -171,7 +171,7 @@ class Integrations:
 
     async def _recheck_importance(self, interval: float) -> None:
         while True:
-            await asyncio.sleep(interval)
+            await self.d.clock.sleep(interval)
             self.recheck_importance_once()
 
     # --- thermal -----------------------------------------------------------
@@ -201,7 +201,7 @@ class Integrations:
     async def _poll_thermal(self, interval: float) -> None:
         while True:
             self.poll_thermal_once()
-            await asyncio.sleep(interval)
+            await self.d.clock.sleep(interval)
 
     def thermal_override(self, status: ThermalStatus | None) -> None:
         why = "admin override" if status is not None else "override reset"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npumanager.clock import Clock
+from npumanager.clock import LoopClock, wait_first, wait_for
 from npumanager.config import Config
 from npumanager.constants import ThermalStatus
 from npumanager.fds import close_fds
@@ -75,7 +75,7 @@ class DriverSlot:
 
 
 class DriverSupervisor:
-    def __init__(self, cfg: Config, runtime_dir: Path, events: DriverEvents, clock: Clock,
+    def __init__(self, cfg: Config, runtime_dir: Path, events: DriverEvents, clock: LoopClock,
                  *, state_dir: Path | None = None, startup_wait_s: float = 20.0) -> None:
         self.cfg = cfg
         self.runtime_dir = Path(runtime_dir)
@@ -114,10 +114,11 @@ class DriverSupervisor:
         for slot in self.slots:
             slot.task = asyncio.get_running_loop().create_task(self._supervise(slot))
         # npud is ready once its drivers are (or failed to come up in time).
-        waits = [asyncio.create_task(s.ready.wait()) for s in self.slots]
+        waits = [asyncio.ensure_future(s.ready.wait()) for s in self.slots]
         if waits:
-            _, pending = await asyncio.wait(waits, timeout=self.startup_wait_s)
-            for t in pending:
+            all_ready = asyncio.ensure_future(asyncio.wait(waits))
+            await wait_first(self.clock, {all_ready}, self.startup_wait_s)
+            for t in [all_ready, *waits]:
                 t.cancel()
 
     async def stop(self) -> None:
@@ -160,6 +161,21 @@ class DriverSupervisor:
         return {s.name: s.temperature for s in self.slots
                 if s.up and s.temperature is not None}
 
+    async def poll_temperatures(self) -> None:
+        """Ask every up driver for its temperature now (the watch loop does this every
+        ``[thermal] poll_interval_s``)."""
+        for slot in self.slots:
+            if slot.up and slot.conn is not None:
+                await self._poll_temperature(slot, slot.conn)
+
+    async def wait_applied(self) -> None:
+        """Return once every up driver has handled everything pushed to it so far: a
+        round trip on each connection (a driver handles a connection's frames in order)."""
+        for slot in self.slots:
+            if slot.up and slot.conn is not None and not slot.conn.closed:
+                with contextlib.suppress(Exception):
+                    await slot.conn.call("device.get_number_of_cache_files_needed", Empty())
+
     def down_reasons(self) -> dict[str, str]:
         """Why each driver that is not up is down (for `npu status`)."""
         return {s.name: s.last_exit or "starting" for s in self.slots if not s.up}
@@ -187,9 +203,9 @@ class DriverSupervisor:
         return cmd
 
     async def _supervise(self, slot: DriverSlot) -> None:
-        loop = asyncio.get_running_loop()
+        clock = self.clock
         while not self.stopping:
-            started = loop.time()
+            started = clock.now()
             try:
                 await self._run_once(slot)
             except asyncio.CancelledError:
@@ -205,10 +221,10 @@ class DriverSupervisor:
             slot.ready.set()  # it tried; npud's start does not wait for a broken driver
             if self.stopping:
                 return
-            delay = slot.backoff.next_delay(loop.time() - started)
+            delay = slot.backoff.next_delay(clock.now() - started)
             log.warning("driver %s is down (%s); restarting in %.1f s", slot.name,
                         slot.last_exit, delay)
-            await asyncio.sleep(delay)
+            await clock.sleep(delay)
 
     async def _run_once(self, slot: DriverSlot) -> None:
         slot.starts += 1
@@ -248,8 +264,7 @@ class DriverSupervisor:
         assert proc.stdout is not None
         line_task = asyncio.ensure_future(proc.stdout.readline())
         both: set[asyncio.Future[Any]] = {line_task, exited}
-        done, _ = await asyncio.wait(both, timeout=60.0,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done = await wait_first(self.clock, both, 60.0)
         first = line_task.result() if line_task in done else b""
         if b"ready" in first:
             return
@@ -290,16 +305,14 @@ class DriverSupervisor:
         closed_wait = asyncio.ensure_future(closed.wait())
         try:
             while True:
-                either: set[asyncio.Future[Any]] = {exited, closed_wait}
-                done, _ = await asyncio.wait(either, timeout=self.poll_s,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done = await wait_first(self.clock, {exited, closed_wait}, self.poll_s)
                 if exited in done:
                     slot.last_exit = f"exited with code {exited.result()}"
                     return
                 if closed_wait in done:
                     # Usually the process is dying too: name its exit status if it comes
                     # at once (a kill), else report the closed connection.
-                    await asyncio.wait({exited}, timeout=0.2)
+                    await wait_first(self.clock, {exited}, 0.2)
                     slot.last_exit = (f"exited with code {exited.result()}" if exited.done()
                                       else "its connection closed")
                     return
@@ -309,8 +322,8 @@ class DriverSupervisor:
 
     async def _poll_temperature(self, slot: DriverSlot, conn: RpcConnection) -> None:
         try:
-            payload, _ = await asyncio.wait_for(conn.call("hal.get_temperature", Empty()),
-                                                self.poll_s)
+            payload, _ = await wait_for(self.clock, conn.call("hal.get_temperature", Empty()),
+                                        self.poll_s)
         except Exception:
             return
         t = pb.Temperature.FromString(payload).celsius
@@ -366,7 +379,7 @@ class DriverSupervisor:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
             try:
-                await asyncio.wait_for(proc.wait(), 10.0)
+                await wait_for(self.clock, proc.wait(), 10.0)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()

@@ -9,7 +9,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,9 @@ class Events:
     def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None:
         self._add("memory", (grant_id, nbytes))
 
+    def work_started(self, driver: str, info: WorkInfo) -> None:
+        self._add("started", info)
+
     def wait(self, kind: str, n: int = 1, timeout: float = 30.0) -> list[Any]:
         deadline = time.monotonic() + timeout
         with self.cond:
@@ -73,6 +76,14 @@ class Running:
 
     def do(self, fn: Callable[..., Any], *args: Any) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the supervisor's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def applied(self) -> None:
+        """Every push so far has reached the driver (a round trip on its connection)."""
+        self.run(self.sup.wait_applied())
 
     def driver_pid(self) -> int:
         proc = self.sup.slots[0].proc
@@ -115,9 +126,7 @@ def test_driver_comes_up_and_is_listed(supervised: Running) -> None:
     info = supervised.events.wait("up")[0]
     assert info.name == "fake" and info.available and info.channels == 1
     assert [d.name for d in supervised.sup.devices()] == ["fake"]
-    deadline = time.monotonic() + 5
-    while not supervised.sup.temperatures() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    supervised.run(supervised.sup.poll_temperatures())
     assert supervised.sup.temperatures() == {"fake": 51.0}
 
 
@@ -136,14 +145,9 @@ def test_table_grants_and_events_flow_through(supervised: Running, runtime_dir: 
         supervised.do(supervised.sup.set_scheduling_configs,
                       [SchedulingConfig(uid=os.getuid(), app_priority=1,
                                         has_direct_access=False)])
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                model.execute(X)
-            except DirectAccessDenied:
-                break
-            assert time.monotonic() < deadline, "the table never reached the driver"
-            time.sleep(0.01)
+        supervised.applied()
+        with pytest.raises(DirectAccessDenied):
+            model.execute(X)
     finally:
         dev.close()
 
@@ -169,7 +173,7 @@ def test_killed_driver_mid_run_is_restarted_and_state_pushed_again(
 
         th = threading.Thread(target=run)
         th.start()
-        time.sleep(0.2)
+        supervised.events.wait("started")  # the decode loop runs in the driver
         first_pid = supervised.driver_pid()
         os.kill(first_pid, signal.SIGKILL)
         th.join(10)

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -167,15 +166,26 @@ def test_admin_importance_beats_the_process_provider(start_npud: StartDaemon,
     """Precedence: admin API, then [[app]], then the process; re-checks never undo an admin."""
     start_npud(importance={"from_process": True, "recheck_interval_s": 0.05})
     with NpuManager(runtime_dir) as admin, \
-            spawn_as(BG, None, niced_app, runtime_dir, 15, [(1, 0, 0)], until="exit") as app:
+            spawn_as(BG, None, niced_app, runtime_dir, 15, [(1, 0, 0)], until="exit") as app, \
+            spawn_as(FG, None, niced_app, runtime_dir, 15, [(2, 0, 0)], until="exit") as ctl:
         wait_state(admin, BG, 1, "loaded")
+        wait_state(admin, FG, 2, "loaded")
         admin.set_uid_importance(BG, Importance.FOREGROUND)
         os.setpriority(os.PRIO_PROCESS, app.pid, 5)  # the provider now says SERVICE
-        time.sleep(0.3)  # several re-check periods of the process provider
-        imp = admin.dump()["uids"][str(BG)]["importance"]
-        app.send(("exit",))
-        app.wait()
+        os.setpriority(os.PRIO_PROCESS, ctl.pid, 5)  # and for the control app too
+        # A re-check pass covers every client: once the control app's importance follows
+        # its nice value, a pass has run since both changes (no guess at how long that is).
+        wait_until(lambda: importance(admin, FG) == int(Importance.SERVICE), 10,
+                   "a re-check of the process provider")
+        imp = importance(admin, BG)
+        for proc in (app, ctl):
+            proc.send(("exit",))
+            proc.wait()
     assert imp == int(Importance.FOREGROUND)
+
+
+def importance(admin: NpuManager, uid: int) -> int:
+    return int(admin.dump()["uids"][str(uid)]["importance"])
 
 
 def test_per_uid_bounds_on_requests_and_connections(start_npud: StartDaemon,
