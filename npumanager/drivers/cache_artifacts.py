@@ -72,13 +72,18 @@ def reference_load(
     options: CompileOptions,
 ) -> OrtModel:
     """An OrtModel from verified cache blobs."""
+    from npumanager.drivers.onnx_types import onnx_specs, session_specs
     from npumanager.drivers.reference import OrtModel
 
     session = session_from_artifacts(
         model_blobs, data_blobs, intra_op_threads=getattr(driver, "intra_op_threads", 1)
     )
     weights = sum(len(b) for b in data_blobs) or sum(len(b) for b in model_blobs)
-    return OrtModel(session, weights + 2 * _io_bytes(session) + (1 << 20), None)
+    try:  # the graph's own types (the model blob is the optimized ONNX graph)
+        specs = onnx_specs(b"".join(model_blobs))
+    except Exception:
+        specs = session_specs(session)
+    return OrtModel(session, weights + 2 * _io_bytes(session) + (1 << 20), None, specs)
 
 
 def reference_staged(

@@ -21,11 +21,14 @@ the five an execution needs cost ~3x more (a few µs per execute).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from npumanager.constants import ThermalStatus
 from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
+from npumanager.tensorio.specs import TensorSpec
 
 
 class JobState(Enum):
@@ -120,6 +123,8 @@ class ModelPrepared(Event):
     memory_bytes: int
     inputs: frozenset[str]
     outputs: frozenset[str]
+    #: The inputs' ONNX types (what executes are checked against); none: names only.
+    input_specs: tuple[TensorSpec, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -142,12 +147,14 @@ class PoolUnregistered(Event):
 
 @dataclass(kw_only=True, slots=True)
 class ExecuteRequested(Event):
-    """An execute call; the shell has decoded its tensors (``inputs`` are their names)."""
+    """An execute call; the shell has decoded its tensors (``inputs`` are their names,
+    ``values`` the decoded values themselves, read only to check their types)."""
 
     conn: int
     ticket: int
     model_id: int
     inputs: tuple[str, ...]
+    values: Mapping[str, Any] | None = None
     steps: int = 1
     feedback: tuple[tuple[str, str], ...] = ()
     job_priority: int = 0

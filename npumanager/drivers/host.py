@@ -521,7 +521,8 @@ class DriverHost:
                 stimulus_id=self._stimulus("prepared"), now=self.clock.now(), conn=client.cid,
                 grant_id=grant, memory_bytes=prepared.memory_bytes,
                 inputs=frozenset(i.name for i in prepared.inputs),
-                outputs=frozenset(o.name for o in prepared.outputs)))
+                outputs=frozenset(o.name for o in prepared.outputs),
+                input_specs=tuple(prepared.inputs)))
         except BaseException:
             prepared.release()
             raise
@@ -597,7 +598,8 @@ class DriverHost:
             set_output_area(ex, msg, client.pools)
         event = ev.ExecuteRequested(
             stimulus_id=f"execute-{ticket}", now=self.clock.now(), conn=client.cid,
-            ticket=ticket, model_id=msg.model_id, inputs=tuple(inputs), steps=steps,
+            ticket=ticket, model_id=msg.model_id, inputs=tuple(inputs), values=inputs,
+            steps=steps,
             feedback=feedback, job_priority=msg.job_priority,
             original_uid=original_uid, feature_id=feature_id, group_id=msg.group_id or None,
             exec_id=msg.exec_id,

@@ -45,6 +45,16 @@ def params_from(hc: HostConfig) -> DriverParams:
                         enforce_admission=hc.enforce_admission)
 
 
+def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:
+    """One tensor of a request: inline, or a view into one of the caller's pools."""
+    if t.pool_id == 0:
+        return tensorio.inline_array(t)
+    pool = pools.get(t.pool_id)
+    if pool is None:
+        raise InvalidArgument(f"input {t.name!r} names unknown pool {t.pool_id}")
+    return tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
+
+
 def decode_inputs(msg: pb.Execute, pools: dict[int, tensorio.MappedPool]) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     for t in msg.inputs:
@@ -56,6 +66,14 @@ def decode_inputs(msg: pb.Execute, pools: dict[int, tensorio.MappedPool]) -> dic
             raise InvalidArgument(f"input {t.name!r} names unknown pool {t.pool_id}")
         inputs[t.name] = tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape,
                                           t.name)
+    if msg.values:  # sequences, maps, optionals
+        def resolve(t: pb.Tensor) -> Any:
+            return decode_tensor(t, pools)
+
+        for v in msg.values:
+            if v.name in inputs:
+                raise InvalidArgument(f"input {v.name!r} is given twice")
+            inputs[v.name] = tensorio.decode_value(v, resolve)
     return inputs
 
 
@@ -73,10 +91,8 @@ def prepared_reply(model_id: int, done: Prepared) -> pb.PreparedModelMsg:
     prepared = done.model
     return pb.PreparedModelMsg(
         model_id=model_id, memory_bytes=prepared.memory_bytes,
-        inputs=[pb.TensorSpec(name=i.name, dtype=i.dtype, shape=list(i.shape))
-                for i in prepared.inputs],
-        outputs=[pb.TensorSpec(name=o.name, dtype=o.dtype, shape=list(o.shape))
-                 for o in prepared.outputs],
+        inputs=[tensorio.spec_to_msg(i) for i in prepared.inputs],
+        outputs=[tensorio.spec_to_msg(o) for o in prepared.outputs],
         from_cache=done.from_cache, cache_written=done.cache_written,
     )
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from npumanager.drivers.runqueue import Job
+from npumanager.tensorio.specs import InputCheck
 
 #: Recent step times kept per model; their median decides the inline fast path (a
 #: median, so one preempted run does not push a cheap model off it).
@@ -56,6 +57,8 @@ class ModelRecord:
     memory_bytes: int
     inputs: frozenset[str]
     outputs: frozenset[str]
+    #: The inputs' types, compiled for checking each execute (None: names only).
+    check: InputCheck | None = None
     jobs: set[Job] = field(default_factory=set)
     recent: list[float] = field(default_factory=list)
     #: Median of ``recent`` in µs (None until measured).

@@ -21,50 +21,49 @@ from npumanager.drivers.base import (
     Driver,
     DriverCapabilities,
     PreparedModel,
-    TensorInfo,
 )
+from npumanager.drivers.onnx_types import Specs, graph_specs, onnx_specs, session_specs
 from npumanager.errors import InvalidArgument
+from npumanager.tensorio.dtypes import ONNX_TO_NUMPY
 
-# ONNX Runtime element type strings -> numpy dtype names.
-_ORT_TYPES = {
-    "tensor(float)": "float32",
-    "tensor(float16)": "float16",
-    "tensor(double)": "float64",
-    "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8",
-    "tensor(int16)": "int16",
-    "tensor(uint16)": "uint16",
-    "tensor(int32)": "int32",
-    "tensor(uint32)": "uint32",
-    "tensor(int64)": "int64",
-    "tensor(uint64)": "uint64",
-    "tensor(bool)": "bool",
-}
+# ONNX Runtime element type strings -> numpy dtype names (for an estimate from a session).
+_ORT_TYPES = {f"tensor({k})": v for k, v in ONNX_TO_NUMPY.items()}
 
 
 def _shape(dims: list[Any]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in dims)
 
 
-def _initializer_bytes(onnx_bytes: bytes) -> int:
+def _onnx_facts(onnx_bytes: bytes) -> tuple[int, Specs | None]:
+    """Initializer bytes, and the inputs and outputs with their ONNX types (one parse)."""
     import onnx
 
-    model = onnx.load_model_from_string(onnx_bytes)
+    try:
+        model = onnx.load_model_from_string(onnx_bytes)
+    except Exception:
+        return len(onnx_bytes), None
     total = 0
     for init in model.graph.initializer:
         n = int(np.prod(init.dims, dtype=np.int64)) if init.dims else 1
         try:
             itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, TypeError):
             itemsize = 4
         total += n * itemsize
-    return total
+    return total, graph_specs(model)
 
 
 def _caching_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("npumanager.drivers.cache_artifacts") is not None
+
+
+def _memory(weights: int, specs: Specs) -> int:
+    """Weights as stored, plus an arena estimate: every static input and output twice
+    (ORT's allocations for them and their intermediates' peak)."""
+    io = sum(t.static_nbytes() or 0 for t in [*specs[0], *specs[1]])
+    return weights + 2 * io + (1 << 20)
 
 
 class ThermalModel:
@@ -91,16 +90,14 @@ class OrtModel(PreparedModel):
     #: (model, data) cache files artifacts() splits into (set by the driver).
     cache_counts: tuple[int, int] = (1, 1)
 
-    def __init__(self, session: Any, memory_bytes: int, serialized: bytes | None) -> None:
+    def __init__(self, session: Any, memory_bytes: int, serialized: bytes | None,
+                 specs: Specs | None = None) -> None:
         self.session = session
-        self.inputs = [
-            TensorInfo(i.name, _ORT_TYPES.get(i.type, "float32"), _shape(i.shape))
-            for i in session.get_inputs()
-        ]
-        self.outputs = [
-            TensorInfo(o.name, _ORT_TYPES.get(o.type, "float32"), _shape(o.shape))
-            for o in session.get_outputs()
-        ]
+        if specs is None:
+            # The graph's types when the source is at hand (a scalar and an unknown rank
+            # look alike in ONNX Runtime's NodeArg), else the session's.
+            specs = onnx_specs(serialized) if serialized else session_specs(session)
+        self.inputs, self.outputs = specs
         self._output_names = [o.name for o in self.outputs]
         self.memory_bytes = memory_bytes
         self._serialized = serialized
@@ -119,7 +116,7 @@ class OrtModel(PreparedModel):
         opts.terminate = False
         return opts
 
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
         opts = self._options()
         self._run_options.add(opts)
         try:
@@ -128,9 +125,11 @@ class OrtModel(PreparedModel):
             self._run_options.discard(opts)
         return dict(zip(self._output_names, outs, strict=True))
 
-    def run_into(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
-                 ) -> dict[str, np.ndarray]:
-
+    def run_into(self, inputs: dict[str, Any], outputs: dict[str, np.ndarray]
+                 ) -> dict[str, Any]:
+        if not all(type(a) is np.ndarray and a.dtype.kind in "biuf" for a in inputs.values()):
+            # Sequences, maps, optionals, strings: no IO binding for them; run and copy.
+            return super().run_into(inputs, outputs)
         # IO binding: ORT reads the inputs and writes the bound outputs in place.
         io = self.session.io_binding()
         for name, arr in inputs.items():
@@ -233,22 +232,16 @@ class ReferenceDriver(Driver):
             )
         except Exception as exc:
             raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
-        model = OrtModel(session, self._estimate_memory(onnx_bytes, session), onnx_bytes)
+        weights, specs = _onnx_facts(onnx_bytes)
+        if specs is None:
+            specs = session_specs(session)
+        model = OrtModel(session, _memory(weights, specs), onnx_bytes, specs)
         model.cache_counts = (self.n_model_cache, self.n_data_cache)  # for artifacts()
         return model
 
     def _estimate_memory(self, onnx_bytes: bytes, session: Any) -> int:
-        # Weights as stored, plus an arena estimate: every static input and output
-        # twice (ORT's allocations for them and their intermediates' peak).
-        try:
-            weights = _initializer_bytes(onnx_bytes)
-        except Exception:
-            weights = len(onnx_bytes)
-        io = 0
-        for t in list(session.get_inputs()) + list(session.get_outputs()):
-            info = TensorInfo(t.name, _ORT_TYPES.get(t.type, "float32"), _shape(t.shape))
-            io += info.static_nbytes() or 0
-        return weights + 2 * io + (1 << 20)
+        weights, specs = _onnx_facts(onnx_bytes)
+        return _memory(weights, specs or session_specs(session))
 
     def compile_with_artifacts(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
         """compile() that also produces the cache artifacts (one compile instead of two)."""

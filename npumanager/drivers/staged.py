@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from npumanager.drivers.base import PreparedModel, TensorInfo
 from npumanager.drivers.cache_io import dup_fds
+from npumanager.drivers.onnx_types import graph_specs
 from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.fds import close_fds
 
@@ -263,20 +263,6 @@ def onnx_signature(onnx_bytes: bytes) -> tuple[list[TensorInfo], list[TensorInfo
     except (DecodeError, ValueError) as exc:
         raise InvalidArgument(f"not an ONNX model: {exc}") from None
     g = model.graph
-    inits = {t.name for t in g.initializer}
-
-    def info(vi: Any) -> TensorInfo:
-        tt = vi.type.tensor_type
-        try:
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
-        except (KeyError, ValueError, TypeError):
-            dtype = "float32"
-        dims = tuple(
-            d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else -1
-            for d in tt.shape.dim
-        )
-        return TensorInfo(vi.name, dtype, dims)
-
     weights = 0
     for t in g.initializer:
         n = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
@@ -284,8 +270,8 @@ def onnx_signature(onnx_bytes: bytes) -> tuple[list[TensorInfo], list[TensorInfo
             weights += n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
         except (KeyError, ValueError, TypeError):
             weights += 4 * n
-    inputs = [info(vi) for vi in g.input if vi.name not in inits]
-    return inputs, [info(vi) for vi in g.output], weights
+    inputs, outputs = graph_specs(model)
+    return inputs, outputs, weights
 
 
 __all__ = [

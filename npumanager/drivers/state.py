@@ -64,6 +64,7 @@ from npumanager.hal.types import (
     default_config,
     validate_configs,
 )
+from npumanager.tensorio.specs import InputCheck
 
 __all__ = ["DriverParams", "DriverState", "GrantCheck"]
 
@@ -298,8 +299,9 @@ class DriverState:
             if grant is None:
                 raise GrantRevoked(f"grant {e.grant_id[:8]}… ended while the model was prepared")
         model_id = next(self._model_ids)
+        check = InputCheck(list(e.input_specs)) if e.input_specs else None
         self._models[model_id] = ModelRecord(model_id, e.conn, client.uid, e.grant_id,
-                                             e.memory_bytes, e.inputs, e.outputs)
+                                             e.memory_bytes, e.inputs, e.outputs, check)
         client.models.add(model_id)
         self._out.append(ev.ModelReady(e.conn, model_id))
         if grant is not None:
@@ -366,10 +368,14 @@ class DriverState:
             if tomb is not None and tomb[0] == e.conn:
                 raise GrantRevoked(tomb[1])
             raise InvalidArgument(f"no prepared model {e.model_id} on this connection")
-        names = e.inputs
-        if len(names) != len(model.inputs) or not model.inputs.issuperset(names):
-            raise InvalidArgument(f"model takes inputs {sorted(model.inputs)}, got "
-                                  f"{sorted(names)}")
+        if model.check is not None and e.values is not None:
+            # Names, kinds, element types, ranks and fixed dims, against the prepared specs.
+            model.check.check(e.values)
+        else:
+            names = e.inputs
+            if len(names) != len(model.inputs) or not model.inputs.issuperset(names):
+                raise InvalidArgument(f"model takes inputs {sorted(model.inputs)}, got "
+                                      f"{sorted(names)}")
         steps = max(1, e.steps)
         if steps > 1:
             for out_name, in_name in e.feedback:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class Execution:
 
     ticket: int
     prepared: PreparedModel | None
-    inputs: dict[str, np.ndarray]
+    inputs: dict[str, Any]
     feedback: dict[str, str]
     #: The uid the work is attributed to, its feature id and when the call arrived
     #: (perf_counter): for the host's ExecStats.
@@ -138,54 +139,72 @@ class StepRunner:
             offset = start + nbytes
         return bound
 
-    def _place_outputs(self, ex: Execution, outs: dict[str, np.ndarray],
+    def _place_outputs(self, ex: Execution, outs: dict[str, Any],
                        bound: dict[str, tuple[np.ndarray, int]]) -> Reply:
         result = pb.ExecuteResult()
         msgs = result.outputs
-        big: list[tuple[str, np.ndarray]] = []
+        #: Tensors that fit neither inline nor the client's pool: (message, array).
+        big: list[tuple[pb.Tensor, np.ndarray]] = []
         offset = ex.out_offset
         for view, start in bound.values():
             offset = max(offset, start + view.nbytes)
         end = ex.out_offset + ex.out_capacity
         inline_budget = self.max_frame // 2
+        limit = self.inline_limit
+        out_pool = ex.out_pool
+
+        def place(msg: pb.Tensor, arr: np.ndarray) -> None:
+            """A numeric tensor's payload: inline, in the client's pool, or (later) in
+            the reply's memfd."""
+            nonlocal offset, inline_budget
+            nbytes = arr.nbytes
+            if nbytes <= limit or out_pool is None:
+                if nbytes <= inline_budget:
+                    tensorio.fill_inline(msg, arr)
+                    inline_budget -= nbytes
+                    return
+                big.append((msg, arr))
+                return
+            start = tensorio.align(offset)
+            if start + nbytes <= end:
+                view = tensorio.view_in(out_pool.buf, start, nbytes, msg.dtype, arr.shape,
+                                        msg.name)
+                np.copyto(view, arr)
+                msg.pool_id, msg.offset, msg.nbytes = ex.out_pool_id, start, nbytes
+                offset = start + nbytes
+            else:
+                big.append((msg, arr))
+
         for name, arr in outs.items():
+            if type(arr) is not np.ndarray:
+                # A sequence, map or optional (ONNX Runtime: a list, dict or None).
+                tensorio.encode_value(result.values.add(name=name), arr, place)
+                continue
             placed = bound.get(name)
             if placed is not None and arr is placed[0]:
                 msgs.add(name=name, dtype=tensorio.dtype_name(arr.dtype), shape=arr.shape,
                          pool_id=ex.out_pool_id, offset=placed[1], nbytes=arr.nbytes)
                 continue
-            arr = np.ascontiguousarray(arr)
-            if arr.nbytes <= self.inline_limit or ex.out_pool is None:
-                if arr.nbytes <= inline_budget:
-                    tensorio.add_inline(msgs, name, arr)
-                    inline_budget -= arr.nbytes
-                    continue
-                big.append((name, arr))
+            if not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr)  # (only then: it would make a 0-d array 1-d)
+            if arr.nbytes <= limit and arr.nbytes <= inline_budget:
+                tensorio.add_inline(msgs, name, arr)  # the common case, built in place
+                inline_budget -= arr.nbytes
                 continue
-            start = tensorio.align(offset)
-            if start + arr.nbytes <= end:
-                dt = tensorio.dtype_name(arr.dtype)
-                view = tensorio.view_in(ex.out_pool.buf, start, arr.nbytes, dt, arr.shape, name)
-                np.copyto(view, arr)
-                msgs.add(name=name, dtype=dt, shape=arr.shape, pool_id=ex.out_pool_id,
-                         offset=start, nbytes=arr.nbytes)
-                offset = start + arr.nbytes
-            else:
-                big.append((name, arr))
+            tensorio.encode_tensor(msgs.add(name=name), arr, place)
         if not big:
             return result, []
-        # Outputs that fit neither inline nor the client's pool: one memfd with the reply.
+        # One memfd with the reply for everything that fit nowhere else.
         total = sum(tensorio.align(a.nbytes) for _, a in big)
         pool = tensorio.ClientPool(total)
         try:
             pos = 0
-            for name, arr in big:
-                dt = tensorio.dtype_name(arr.dtype)
-                view = tensorio.view_in(pool.buf, pos, arr.nbytes, dt, arr.shape, name)
+            for msg, arr in big:
+                view = tensorio.view_in(pool.buf, pos, arr.nbytes, msg.dtype, arr.shape,
+                                        msg.name)
                 np.copyto(view, arr)
                 del view
-                msgs.add(name=name, dtype=dt, shape=arr.shape, offset=pos, nbytes=arr.nbytes,
-                         in_reply_fd=True)
+                msg.offset, msg.nbytes, msg.in_reply_fd = pos, arr.nbytes, True
                 pos += tensorio.align(arr.nbytes)
             fd = os.dup(pool.fd)
         finally:

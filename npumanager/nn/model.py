@@ -30,6 +30,33 @@ _MIN_POOL = 1 << 20
 _exec_ids = itertools.count(1)
 
 
+def _numeric_tensor(spec: TensorSpec) -> bool:
+    if not spec.is_tensor or not spec.dtype:
+        return spec.is_tensor  # a tensor of unknown type may be numeric
+    try:
+        return tensorio.is_numeric(tensorio.check_dtype(spec.dtype))
+    except InvalidArgument:
+        return False
+
+
+def _takes_value(spec: TensorSpec) -> bool:
+    """Whether an input takes a sequence or map (possibly optional), not a tensor."""
+    vt = spec.value_type
+    while vt.kind == "optional" and vt.elem is not None:
+        vt = vt.elem
+    return vt.kind in ("sequence", "map")
+
+
+def _as_tensor(name: str, value: Any) -> np.ndarray:
+    """A numpy scalar, Python number or nested list given for a tensor input, as the
+    tensor it stands for (0-d for a scalar)."""
+    try:
+        return tensorio.contiguous(np.asarray(value))
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgument(f"input {name!r}: {type(value).__name__} is not a tensor: "
+                              f"{exc}") from None
+
+
 def _pool_size(n: int) -> int:
     size = _MIN_POOL
     while size < n:
@@ -47,12 +74,20 @@ class Model:
         self.memory_bytes = msg.memory_bytes
         self.loaded_from_cache = msg.from_cache
         self.cache_written = msg.cache_written
-        self.inputs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in msg.inputs]
-        self.outputs = [TensorSpec(t.name, t.dtype, tuple(t.shape)) for t in msg.outputs]
+        #: Inputs and outputs with their ONNX types (``spec.type``: element type, shape with
+        #: symbolic dims, sequence/map/optional nesting).
+        self.inputs = [tensorio.spec_from_msg(t) for t in msg.inputs]
+        self.outputs = [tensorio.spec_from_msg(t) for t in msg.outputs]
+        # Inputs whose values are not tensors (sequences, maps), even when given as lists.
+        self._value_inputs = frozenset(s.name for s in self.inputs if _takes_value(s))
+        self._output_order = [s.name for s in self.outputs]
         self.released = False
         self._inline_limit = device.capabilities.inline_limit
         sizes = [spec.static_nbytes() for spec in self.outputs]
-        self._dynamic_outputs = sum(n is None for n in sizes)
+        # Numeric tensors of a size known only once run (strings travel inline; tensors in
+        # sequences go to the reply's memfd when the pool has no room left).
+        self._dynamic_outputs = sum(n is None and _numeric_tensor(spec)
+                                    for n, spec in zip(sizes, self.outputs, strict=True))
         self._static_out_need = sum(tensorio.align(n) for n in sizes
                                     if n is not None and n > self._inline_limit)
         self._lock = threading.Lock()
@@ -107,11 +142,13 @@ class Model:
         layout: list[tuple[str, str, tuple[int, ...], int]] = []
         pos = 0
         for spec in self.inputs:
+            if not spec.dtype or not _numeric_tensor(spec):
+                continue  # strings, sequences, maps, optionals: passed as they are
             shape = tuple(shapes.get(spec.name, spec.shape))
             if any(d < 0 for d in shape):
                 raise InvalidArgument(f"input {spec.name!r} has dynamic shape {spec.shape}; "
                                       "give its shape")
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            nbytes = int(np.prod(shape, dtype=np.int64)) * tensorio.check_dtype(spec.dtype).itemsize
             layout.append((spec.name, spec.dtype, shape, pos))
             pos = tensorio.align(pos + nbytes)
         out_need = self._static_out_need + self._dynamic_outputs * pos
@@ -121,7 +158,7 @@ class Model:
             self._give_pool(old)
         pool = self._take_pool(pos + out_need)
         views = {name: tensorio.view_in(pool.buf, off, int(np.prod(shape, dtype=np.int64))
-                                       * np.dtype(dt).itemsize, dt, shape, name)
+                                       * tensorio.check_dtype(dt).itemsize, dt, shape, name)
                  for name, dt, shape, off in layout}
         with self._lock:
             self._staging = pool
@@ -149,9 +186,12 @@ class Model:
         *,
         group_id: bytes | None = None,
         copy_outputs: bool = True,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """Run the model (``steps`` times, feeding ``feedback`` outputs into inputs).
 
+        Inputs and outputs are ONNX values as ONNX Runtime's Python API has them: numpy
+        arrays for tensors (any element type, 0-d included; object arrays of str for
+        strings), lists for sequences, dicts for maps, None for an absent optional.
         With ``copy_outputs=False`` large outputs are returned as views of shared memory,
         valid until the next execute of this model (saves a copy of big tensors)."""
         if self.released:
@@ -160,7 +200,17 @@ class Model:
             raise InvalidArgument(f"steps must be >= 1, got {steps}")
         if group_id is not None and len(group_id) != 16:
             raise InvalidArgument("group_id is a 16-byte UUID")
-        arrays = {name: np.ascontiguousarray(a) for name, a in inputs.items()}
+        arrays: dict[str, np.ndarray] = {}
+        values: dict[str, Any] | None = None
+        for name, a in inputs.items():
+            if type(a) is np.ndarray:
+                arrays[name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+            elif a is None or name in self._value_inputs or isinstance(a, dict):
+                if values is None:
+                    values = {}
+                values[name] = a
+            else:
+                arrays[name] = _as_tensor(name, a)
         msg = pb.Execute(
             model_id=self.model_id, job_priority=int(job_priority),
             has_feature_id=feature_id is not None, feature_id=feature_id or 0,
@@ -175,18 +225,22 @@ class Model:
                 off = self._staged_offset(staging, arr)
                 if off is not None:
                     staged[name] = off
+        limit = self._inline_limit
         if staged:
             assert staging is not None
             self._staging_lock.acquire()
             pool: tensorio.ClientPool | None = staging
             pos = self._staging_end
         else:
-            big = [a for a in arrays.values() if a.nbytes > self._inline_limit]
+            big = [a for a in arrays.values() if a.nbytes > limit and a.dtype.kind not in "OUS"]
+            if values:
+                big += [a for v in values.values() for a in tensorio.tensors_in(v)
+                        if a.nbytes > limit and a.dtype.kind not in "OUS"]
             out_need = self._static_out_need
             if self._dynamic_outputs:
                 # Unknown until it runs: guess each is as large as the largest input.
                 nb = max((a.nbytes for a in arrays.values()), default=0)
-                if nb > self._inline_limit:
+                if nb > limit:
                     out_need += self._dynamic_outputs * tensorio.align(nb)
             in_need = sum(tensorio.align(a.nbytes) for a in big)
             pool = self._take_pool(in_need + out_need) if (big or out_need) else None
@@ -198,7 +252,7 @@ class Model:
                     assert pool is not None
                     msg.inputs.add(name=name, dtype=dt, shape=arr.shape, pool_id=pool.pool_id,
                                    offset=staged[name], nbytes=arr.nbytes)
-                elif pool is not None and arr.nbytes > self._inline_limit:
+                elif pool is not None and arr.nbytes > limit and arr.dtype.kind not in "OUS":
                     start = tensorio.align(pos)
                     view = tensorio.view_in(pool.buf, start, arr.nbytes, dt, arr.shape, name)
                     np.copyto(view, arr)
@@ -208,6 +262,8 @@ class Model:
                     pos = start + arr.nbytes
                 else:
                     tensorio.add_inline(msg.inputs, name, arr)
+            if values:
+                pos = self._encode_values(msg, values, pool, pos)
             if pool is not None:
                 pos = tensorio.align(pos)
                 msg.out_pool_id = pool.pool_id
@@ -225,27 +281,58 @@ class Model:
             elif pool is not None:
                 self._give_pool(pool)
 
+    def _encode_values(self, msg: pb.Execute, values: dict[str, Any],
+                       pool: tensorio.ClientPool | None, pos: int) -> int:
+        """Sequences, maps and optionals into ``msg.values``; their large numeric tensors
+        into ``pool`` from ``pos`` on (the space was counted). Returns the new end."""
+        limit = self._inline_limit
+
+        def place(t: pb.Tensor, arr: np.ndarray) -> None:
+            nonlocal pos
+            if pool is None or arr.nbytes <= limit:
+                tensorio.fill_inline(t, arr)
+                return
+            start = tensorio.align(pos)
+            view = tensorio.view_in(pool.buf, start, arr.nbytes, t.dtype, arr.shape, t.name)
+            np.copyto(view, arr)
+            del view
+            t.pool_id, t.offset, t.nbytes = pool.pool_id, start, arr.nbytes
+            pos = start + arr.nbytes
+
+        for name, value in values.items():
+            tensorio.encode_value(msg.values.add(name=name), value, place)
+        return pos
+
     def _outputs(self, res: pb.ExecuteResult, pool: tensorio.ClientPool | None, fds: list[int],
-                 copy: bool = True) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
+                 copy: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         reply_map: mmap.mmap | None = None
+
+        def resolve(t: pb.Tensor) -> np.ndarray:
+            nonlocal reply_map
+            if t.in_reply_fd:
+                if reply_map is None:
+                    if not fds:
+                        raise ServiceUnavailable("the driver's output memfd did not arrive")
+                    reply_map = mmap.mmap(fds[0], 0, mmap.MAP_SHARED, mmap.PROT_READ)
+                return tensorio.view_in(reply_map, t.offset, t.nbytes, t.dtype, t.shape,
+                                        t.name).copy()
+            if t.pool_id:
+                if pool is None or t.pool_id != pool.pool_id:
+                    raise ServiceUnavailable("the driver named a pool this call did not use")
+                view = tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
+                return view.copy() if copy else view
+            arr = tensorio.inline_array(t)
+            return arr.copy() if arr.dtype.kind not in "OUS" else arr
+
         try:
             for t in res.outputs:
-                if t.in_reply_fd:
-                    if reply_map is None:
-                        if not fds:
-                            raise ServiceUnavailable("the driver's output memfd did not arrive")
-                        reply_map = mmap.mmap(fds[0], 0, mmap.MAP_SHARED, mmap.PROT_READ)
-                    out[t.name] = tensorio.view_in(reply_map, t.offset, t.nbytes, t.dtype,
-                                                  t.shape, t.name).copy()
-                elif t.pool_id:
-                    if pool is None or t.pool_id != pool.pool_id:
-                        raise ServiceUnavailable("the driver named a pool this call did not use")
-                    view = tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype, t.shape,
-                                           t.name)
-                    out[t.name] = view.copy() if copy else view
-                else:
-                    out[t.name] = tensorio.inline_array(t).copy()
+                out[t.name] = resolve(t)
+            if res.values:
+                for v in res.values:
+                    out[v.name] = tensorio.decode_value(v, resolve)
+                # In the model's order, as ONNX Runtime lists them.
+                out = {n: out[n] for n in self._output_order if n in out} | out
         finally:
             if reply_map is not None:
                 reply_map.close()

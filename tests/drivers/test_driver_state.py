@@ -494,3 +494,29 @@ def test_repr_reads_like_a_status_line() -> None:
     assert repr(h.state) == ("<DriverState driver: 1/2 channels busy | 0 queued (0 held back) "
                              "| 1 models, 1 grants | thermal=NONE | callback on>")
     assert WorkKind.ENDED.value == "ended"
+
+
+def test_inputs_are_checked_against_the_model_types_before_any_work_is_queued() -> None:
+    import numpy as np
+
+    from npumanager.tensorio import TensorSpec
+
+    h = Harness()
+    h.connect(1)
+    out = h.handle(h.mk(ev.ModelPrepared, conn=1, grant_id=None, memory_bytes=1,
+                        inputs=frozenset({"x"}), outputs=frozenset({"y"}),
+                        input_specs=(TensorSpec("x", "float32", (-1, 3)),)))
+    (m,) = [i.model_id for i in out if isinstance(i, ev.ModelReady)]
+    bad = [({"x": np.ones((2, 4), np.float32)}, r"input 'x' expects tensor\(float\)\[\?,3\]: "
+                                                 "dimension 1 is 3"),
+           ({"x": np.ones((2, 3), np.int64)}, r"got tensor\(int64\)"),
+           ({"x": np.ones(3, np.float32)}, r"\(rank 2\)"),
+           ({"x": [np.ones(3, np.float32)]}, "got a sequence"),
+           ({"z": np.ones((1, 3), np.float32)}, "model has no input 'z'"),
+           ({}, r"input 'x' .* is missing")]
+    for values, message in bad:
+        with pytest.raises(InvalidArgument, match=message):
+            h.execute(1, m, inputs=tuple(values), values=values)
+    assert h.state.stats.submitted == 0 and h.state.load()[2] == 0  # nothing was queued
+    _, out = h.execute(1, m, values={"x": np.ones((5, 3), np.float32)})
+    assert h.state.stats.submitted == 1 and any(isinstance(i, ev.RunStep) for i in out)

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -148,15 +149,43 @@ class CacheFilesNeeded(_message.Message):
     n_data: int
     def __init__(self, n_model: _Optional[int] = ..., n_data: _Optional[int] = ...) -> None: ...
 
+class ValueType(_message.Message):
+    __slots__ = ("kind", "dtype", "has_shape", "dims", "dim_params", "elem")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TENSOR: _ClassVar[ValueType.Kind]
+        SEQUENCE: _ClassVar[ValueType.Kind]
+        MAP: _ClassVar[ValueType.Kind]
+        OPTIONAL: _ClassVar[ValueType.Kind]
+    TENSOR: ValueType.Kind
+    SEQUENCE: ValueType.Kind
+    MAP: ValueType.Kind
+    OPTIONAL: ValueType.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    HAS_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    DIM_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    ELEM_FIELD_NUMBER: _ClassVar[int]
+    kind: ValueType.Kind
+    dtype: str
+    has_shape: bool
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    dim_params: _containers.RepeatedScalarFieldContainer[str]
+    elem: ValueType
+    def __init__(self, kind: _Optional[_Union[ValueType.Kind, str]] = ..., dtype: _Optional[str] = ..., has_shape: _Optional[bool] = ..., dims: _Optional[_Iterable[int]] = ..., dim_params: _Optional[_Iterable[str]] = ..., elem: _Optional[_Union[ValueType, _Mapping]] = ...) -> None: ...
+
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape")
+    __slots__ = ("name", "dtype", "shape", "type")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    type: ValueType
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., type: _Optional[_Union[ValueType, _Mapping]] = ...) -> None: ...
 
 class PrepareModel(_message.Message):
     __slots__ = ("onnx", "onnx_in_memfd", "onnx_size", "grant_id", "preference", "priority", "token", "n_model_cache", "n_data_cache")
@@ -225,7 +254,7 @@ class PoolId(_message.Message):
     def __init__(self, pool_id: _Optional[int] = ...) -> None: ...
 
 class Tensor(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "data", "pool_id", "offset", "nbytes", "in_reply_fd")
+    __slots__ = ("name", "dtype", "shape", "data", "pool_id", "offset", "nbytes", "in_reply_fd", "strings", "bytes_elements")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +263,8 @@ class Tensor(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     IN_REPLY_FD_FIELD_NUMBER: _ClassVar[int]
+    STRINGS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -242,10 +273,46 @@ class Tensor(_message.Message):
     offset: int
     nbytes: int
     in_reply_fd: bool
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., pool_id: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., in_reply_fd: _Optional[bool] = ...) -> None: ...
+    strings: _containers.RepeatedScalarFieldContainer[bytes]
+    bytes_elements: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., pool_id: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., in_reply_fd: _Optional[bool] = ..., strings: _Optional[_Iterable[bytes]] = ..., bytes_elements: _Optional[bool] = ...) -> None: ...
+
+class Value(_message.Message):
+    __slots__ = ("name", "tensor", "sequence", "map", "optional")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    OPTIONAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tensor: Tensor
+    sequence: Sequence
+    map: Map
+    optional: Optional
+    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., sequence: _Optional[_Union[Sequence, _Mapping]] = ..., map: _Optional[_Union[Map, _Mapping]] = ..., optional: _Optional[_Union[Optional, _Mapping]] = ...) -> None: ...
+
+class Sequence(_message.Message):
+    __slots__ = ("elements",)
+    ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    elements: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, elements: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class Map(_message.Message):
+    __slots__ = ("keys", "values")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    keys: Tensor
+    values: Tensor
+    def __init__(self, keys: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class Optional(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: Value
+    def __init__(self, value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class Execute(_message.Message):
-    __slots__ = ("model_id", "inputs", "job_priority", "has_feature_id", "feature_id", "has_original_uid", "original_uid", "steps", "feedback", "out_pool_id", "out_offset", "out_capacity", "exec_id", "group_id")
+    __slots__ = ("model_id", "inputs", "job_priority", "has_feature_id", "feature_id", "has_original_uid", "original_uid", "steps", "feedback", "out_pool_id", "out_offset", "out_capacity", "exec_id", "group_id", "values")
     class FeedbackEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +334,7 @@ class Execute(_message.Message):
     OUT_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     EXEC_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     model_id: int
     inputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     job_priority: int
@@ -281,17 +349,20 @@ class Execute(_message.Message):
     out_capacity: int
     exec_id: int
     group_id: bytes
-    def __init__(self, model_id: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., job_priority: _Optional[int] = ..., has_feature_id: _Optional[bool] = ..., feature_id: _Optional[int] = ..., has_original_uid: _Optional[bool] = ..., original_uid: _Optional[int] = ..., steps: _Optional[int] = ..., feedback: _Optional[_Mapping[str, str]] = ..., out_pool_id: _Optional[int] = ..., out_offset: _Optional[int] = ..., out_capacity: _Optional[int] = ..., exec_id: _Optional[int] = ..., group_id: _Optional[bytes] = ...) -> None: ...
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, model_id: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., job_priority: _Optional[int] = ..., has_feature_id: _Optional[bool] = ..., feature_id: _Optional[int] = ..., has_original_uid: _Optional[bool] = ..., original_uid: _Optional[int] = ..., steps: _Optional[int] = ..., feedback: _Optional[_Mapping[str, str]] = ..., out_pool_id: _Optional[int] = ..., out_offset: _Optional[int] = ..., out_capacity: _Optional[int] = ..., exec_id: _Optional[int] = ..., group_id: _Optional[bytes] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
 
 class ExecuteResult(_message.Message):
-    __slots__ = ("outputs", "work_id", "steps_run")
+    __slots__ = ("outputs", "work_id", "steps_run", "values")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     WORK_ID_FIELD_NUMBER: _ClassVar[int]
     STEPS_RUN_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     work_id: int
     steps_run: int
-    def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., work_id: _Optional[int] = ..., steps_run: _Optional[int] = ...) -> None: ...
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., work_id: _Optional[int] = ..., steps_run: _Optional[int] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("model_id", "exec_id")
