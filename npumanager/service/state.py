@@ -5,6 +5,14 @@ no clock reads: time is ``event.now``; grant ids come from an injected
 callable. An event the caller got wrong raises an ``npumanager.errors``
 exception before anything changes.
 
+This module holds the lifecycle: what each event does to which request, and
+the transitions with the instructions they emit. Its parts live next to it:
+the live requests and their indexes (:mod:`.table`), request records and the
+rank queue (:mod:`.ranking`), the budget and its thermal capacity
+(:mod:`.budget`), who is asked to unload (:mod:`.victims`), the decision log
+and stories (:mod:`.decisions`), the invariants and the dump
+(:mod:`.state_checks`).
+
 How it decides (ARCHITECTURE "The manager", with these precise choices):
 
 * A request's rank is importance(uid) + model priority (NORMAL 0, BACKGROUND
@@ -43,7 +51,6 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -51,14 +58,15 @@ from npumanager.constants import (
     LoadStatus,
     ModelPriority,
     ModelSize,
-    Policy,
     RequestStatus,
     ThermalStatus,
     UnloadReason,
 )
-from npumanager.errors import InvalidArgument, LimitExceeded, UnknownRequest
+from npumanager.errors import InvalidArgument
 from npumanager.hal.types import EndReason, SchedulingConfig
 from npumanager.service import policy as pol
+from npumanager.service.budget import Budget
+from npumanager.service.decisions import DecisionLog
 from npumanager.service.events import (
     ArmTimer,
     AskUnload,
@@ -89,10 +97,11 @@ from npumanager.service.events import (
 )
 from npumanager.service.policy import ManagerParams, PolicySettings
 from npumanager.service.ranking import ManagedRequest, RankQueue, RequestState
+from npumanager.service.table import RequestTable
+from npumanager.service.victims import holders_to_shed, preemption_victims
 
 __all__ = ["ManagerParams", "ManagerState", "RequestState"]
 
-_NEVER = float("-inf")
 _Q, _W = RequestState.QUEUED, RequestState.WAITING
 _G, _L, _U = RequestState.GRANTED, RequestState.LOADED, RequestState.UNLOAD_REQUESTED
 # Identity sets (RequestState is a plain Enum: its hash is a Python call, ``in`` a frozenset
@@ -104,23 +113,20 @@ def _default_grant_ids() -> str:
     return secrets.token_hex(16)
 
 
-def _index_add(index: dict[int, set[RequestKey]], k: int, key: RequestKey) -> None:
-    keys = index.get(k)
-    if keys is None:
-        index[k] = {key}
-    else:
-        keys.add(key)
-
-
 # Enum names by dict (an IntEnum hashes as its int): ``.name`` is a property call.
 _SIZE_NAMES = {m: m.name for m in ModelSize}
 _PRIORITY_NAMES = {m: m.name for m in ModelPriority}
 _ENDED = {m: m.name.lower() for m in RequestStatus}
-_OPP = ModelPriority.OPPORTUNISTIC
 
 
 class ManagerState:
-    """The manager's whole state; see the module docstring for the rules."""
+    """The manager's whole state; see the module docstring for the rules.
+
+    What it owns, by part: the live requests and their indexes
+    (:class:`~.table.RequestTable`), the waiters in rank order (:class:`~.ranking.RankQueue`)
+    or parked, the budget with its thermal capacity (:class:`~.budget.Budget`), the uids'
+    importance and last completed work, and the decision log (:class:`~.decisions.DecisionLog`).
+    """
 
     def __init__(
         self,
@@ -130,54 +136,37 @@ class ManagerState:
     ) -> None:
         self.params = params or ManagerParams()
         self._grant_ids = grant_ids
-        self._settings: PolicySettings = self.params.policy
-        self._thermal = ThermalStatus.NONE
-        self._requests: dict[RequestKey, ManagedRequest] = {}
-        self._by_conn: dict[int, set[RequestKey]] = {}
-        self._by_uid: dict[int, set[RequestKey]] = {}
-        self._submitted: dict[int, set[int]] = {}  # conn -> request ids ever submitted on it
-        self._holders: dict[RequestKey, ManagedRequest] = {}
-        self._grants: dict[str, RequestKey] = {}
-        self._timers: dict[str, RequestKey] = {}
+        self._table = RequestTable(self.params.max_requests_per_uid)
+        self._budget = Budget(self.params)
         self._queue = RankQueue()
         self._parked: dict[RequestKey, ManagedRequest] = {}
-        self._used = 0  # charges of every holder
-        self._freeing = 0  # charges of holders asked to unload
         self._importance: dict[int, int] = {}
         self._last_completed: dict[int, float] = {}
-        self._drivers: dict[str, int] = {}
-        self._drivers_down: dict[str, int] = {}
         self._seq = itertools.count()
-        # Decisions are kept as plain tuples (at, stimulus_id, key, what, details) and become
-        # Decision objects when read: four per lifecycle on the grant hot path.
-        self._log: deque[tuple[float, str, RequestKey | None, str, dict[str, object]]] = deque(
-            maxlen=self.params.decision_log_size)
+        self._log = DecisionLog(self.params.decision_log_size)
+        self._record = self._log.record
         self._out: list[Instruction] = []
         self._last_out: list[Instruction] = []
         self._ev: Event | None = None
-        self._grant_cap: int | None = None
-        self._hold_cap: int | None = None
-        self._keep: int | None = None  # the thermal keep-rank (_refresh_capacity)
-        self._refresh_capacity()
 
     # --- public reads ---------------------------------------------------------
 
     @property
     def settings(self) -> PolicySettings:
-        return self._settings
+        return self._budget.settings
 
     @property
     def thermal_status(self) -> ThermalStatus:
-        return self._thermal
+        return self._budget.thermal
 
     @property
     def budget_used(self) -> int:
-        return self._used
+        return self._budget.used
 
     @property
     def budget_total(self) -> int | None:
         """The budget new grants must fit in (thermally scaled); None = unlimited."""
-        return self._grant_cap
+        return self._budget.grant_cap
 
     def importance(self, uid: int) -> int:
         if uid == 0:
@@ -188,12 +177,12 @@ class ManagerState:
         return max(0, min(1000, self.importance(uid)))
 
     def request_state(self, uid: int, request_id: int) -> RequestState | None:
-        req = self._requests.get((uid, request_id))
+        req = self._table.requests.get((uid, request_id))
         return None if req is None else req.state
 
     def live_grants(self) -> list[tuple[str, int, int]]:
         """(grant_id, uid, request_id) of every live grant: re-issue them to a restarted driver."""
-        return [(g, k[0], k[1]) for g, k in self._grants.items()]
+        return [(g, k[0], k[1]) for g, k in self._table.grants.items()]
 
     def scheduling_table(self) -> list[SchedulingConfig]:
         """The full table for a (re)connecting driver: every uid whose importance was set."""
@@ -202,11 +191,10 @@ class ManagerState:
         ]
 
     def story(self, uid: int, request_id: int) -> list[Decision]:
-        key = (uid, request_id)
-        return [Decision(*d) for d in self._log if d[2] == key]
+        return self._log.story((uid, request_id))
 
     def decisions(self) -> list[Decision]:
-        return [Decision(*d) for d in self._log]
+        return self._log.all()
 
     # --- events ---------------------------------------------------------------
 
@@ -223,23 +211,7 @@ class ManagerState:
         return out
 
     def _on_request(self, ev: RequestLoad) -> None:
-        key = (ev.uid, ev.request_id)
-        submitted = self._submitted.get(ev.conn)
-        if submitted is not None and ev.request_id in submitted:
-            raise InvalidArgument(
-                f"request {ev.request_id} was already submitted on this connection; "
-                "a request may be submitted once per connection"
-            )
-        if key in self._requests:
-            raise InvalidArgument(
-                f"request {ev.request_id} of uid {ev.uid} is still live (requests are keyed by "
-                "(uid, id): another connection of this uid holds that id; use distinct ids, "
-                'or [importance] identity = "unit" to tell apps of one uid apart)'
-            )
-        if len(self._by_uid.get(ev.uid, ())) >= self.params.max_requests_per_uid:
-            raise LimitExceeded(
-                f"uid {ev.uid} already has {self.params.max_requests_per_uid} live requests"
-            )
+        self._table.check_new(ev.uid, ev.conn, ev.request_id)
         try:
             size = ev.size if type(ev.size) is ModelSize else ModelSize(ev.size)
             priority = (
@@ -247,21 +219,17 @@ class ManagerState:
             )
         except ValueError as exc:
             raise InvalidArgument(f"bad model load request: {exc}") from None
-        if submitted is None:
-            self._submitted[ev.conn] = {ev.request_id}
-        else:
-            submitted.add(ev.request_id)
+        key = (ev.uid, ev.request_id)
         req = ManagedRequest(
             key, ev.conn, ev.pid, size, priority, ev.now, next(self._seq),
             self.importance(ev.uid) + int(priority),
         )  # fmt: skip
-        self._requests[key] = req
-        _index_add(self._by_conn, ev.conn, key)
-        _index_add(self._by_uid, ev.uid, key)
-        self._decide(key, "requested", size=_SIZE_NAMES[size], priority=_PRIORITY_NAMES[priority],
-                     rank=req.rank)
-        charge = self._charge(req)
-        if not self._eligible(req, charge):
+        self._table.add(req)
+        self._decide(key, "requested", size=_SIZE_NAMES[size],
+                     priority=_PRIORITY_NAMES[priority], rank=req.rank)
+        budget = self._budget
+        charge = budget.charge(req)
+        if not budget.eligible(req, charge):
             self._park(req)
             self._set_waiting(req, _Q)
         else:
@@ -270,7 +238,7 @@ class ManagerState:
                 # Never granted past a better (or equal, earlier) waiter: it queues behind.
                 self._queue.push(req)
                 self._set_waiting(req, _Q)
-            elif self._grant_cap is None or self._used + charge <= self._grant_cap:
+            elif budget.fits(charge):
                 self._grant(req, charge)  # the hot path: O(1) whatever waits behind it
                 return
             else:
@@ -280,12 +248,12 @@ class ManagerState:
             self._arm(req, "wait", ev.now + self.params.max_queue_wait_s)
 
     def _on_cancel(self, ev: CancelLoad) -> None:
-        req = self._get(ev.uid, ev.request_id)
+        req = self._table.get(ev.uid, ev.request_id)
         self._finish(req, RequestStatus.CANCELLED)
         self._pump()
 
     def _on_loaded(self, ev: ModelLoaded) -> None:
-        req = self._get(ev.uid, ev.request_id)
+        req = self._table.get(ev.uid, ev.request_id)
         if req.state not in _HOLDS:
             raise InvalidArgument(f"request {ev.request_id} was not granted; it cannot be loaded")
         if req.state is _G:
@@ -295,16 +263,17 @@ class ManagerState:
             self._decide(req.key, "loaded")
 
     def _on_unloaded(self, ev: ModelUnloaded) -> None:
-        req = self._get(ev.uid, ev.request_id)
+        req = self._table.get(ev.uid, ev.request_id)
         if req.state not in _HOLDS:
             raise InvalidArgument(f"request {ev.request_id} was not granted; it cannot be unloaded")
         self._finish(req, RequestStatus.COMPLETE)
         self._pump()
 
     def _on_client_gone(self, ev: ClientGone) -> None:
-        for key in sorted(self._by_conn.get(ev.conn, ())):
-            self._finish(self._requests[key], None)
-        self._submitted.pop(ev.conn, None)
+        table = self._table
+        for key in table.of_conn(ev.conn):
+            self._finish(table.requests[key], None)
+        table.forget_conn(ev.conn)
         self._pump()
 
     def _on_importance(self, ev: ImportanceChanged) -> None:
@@ -319,8 +288,8 @@ class ManagerState:
         old = self.importance(ev.uid)
         self._importance[ev.uid] = ev.importance
         self._decide(None, "importance", uid=ev.uid, old=old, new=ev.importance)
-        for key in sorted(self._by_uid.get(ev.uid, ())):
-            req = self._requests[key]
+        for key in self._table.of_uid(ev.uid):
+            req = self._table.requests[key]
             new_rank = ev.importance + int(req.priority)
             if new_rank == req.rank:
                 continue
@@ -337,6 +306,7 @@ class ManagerState:
         self._pump()
 
     def _on_policy(self, ev: PolicySet) -> None:
+        budget = self._budget
         settings = pol.make_settings(
             ev.policy,
             max_budget=ev.max_budget,
@@ -344,14 +314,13 @@ class ManagerState:
             memory_budget_bytes=ev.memory_budget_bytes,
             defaults=self.params.policy,
         )  # raises before anything changes
-        self._settings = settings
-        self._used = self._freeing = 0
-        for h in self._holders.values():
-            h.charge = self._charge(h)
-            self._used += h.charge
+        budget.set_policy(settings)
+        budget.reset_sums()
+        for h in self._table.holders.values():
+            h.charge = budget.charge(h)
+            budget.hold(h.charge)
             if h.state is _U:
-                self._freeing += h.charge
-        self._refresh_capacity()
+                budget.unloading(h.charge)
         self._decide(None, "policy", **settings.as_dict())
         self._rebalance(UnloadReason.POLICY_CHANGED)
 
@@ -360,8 +329,8 @@ class ManagerState:
             return
         self._last_completed[ev.uid] = ev.now
         asked = False
-        for key in sorted(self._by_uid.get(ev.uid, ())):
-            h = self._requests[key]
+        for key in self._table.of_uid(ev.uid):
+            h = self._table.requests[key]
             if h.state in (_G, _L) and self._queue.peer_waiting(h.rank, ev.uid):
                 self._ask_unload(h, UnloadReason.FAIRNESS)
                 asked = True
@@ -371,22 +340,22 @@ class ManagerState:
     def _on_thermal(self, ev: ThermalChanged) -> None:
         status = ThermalStatus(ev.status)
         self._emit(SetDriverThermal(status))
-        old, self._thermal = self._thermal, status
-        self._refresh_capacity()
-        self._decide(None, "thermal", old=old.name, new=status.name, budget=self._grant_cap)
+        old = self._budget.set_thermal(status)
+        self._decide(None, "thermal", old=old.name, new=status.name,
+                     budget=self._budget.grant_cap)
         self._rebalance(UnloadReason.THERMAL)
 
     def _on_timer(self, ev: TimerFired) -> None:
-        key = self._timers.get(ev.key)
+        key = self._table.timers.get(ev.key)
         if key is None:
             return  # cancelled or already settled: a late timer does nothing
-        req = self._requests[key]
+        req = self._table.requests[key]
         if ev.key == req.unload_timer:
             assert req.unload_deadline is not None
             if ev.now < req.unload_deadline:
                 self._emit(ArmTimer(ev.key, req.unload_deadline))  # fired early: wait on
                 return
-            del self._timers[ev.key]
+            del self._table.timers[ev.key]
             req.unload_timer = None
             self._decide(key, "unload deadline passed")
             self._finish(req, RequestStatus.REVOKED)
@@ -395,7 +364,7 @@ class ManagerState:
             if ev.now < at:
                 self._emit(ArmTimer(ev.key, at))
                 return
-            del self._timers[ev.key]
+            del self._table.timers[ev.key]
             req.wait_timer = None
             self._decide(key, "max queue wait passed")
             self._finish(req, RequestStatus.CANCELLED)
@@ -404,35 +373,28 @@ class ManagerState:
     def _on_driver_up(self, ev: DriverUp) -> None:
         if ev.memory_bytes < 0:
             raise InvalidArgument(f"driver {ev.name}: memory must be >= 0 bytes")
-        self._drivers[ev.name] = ev.memory_bytes
-        self._drivers_down.pop(ev.name, None)
-        self._refresh_capacity()
+        self._budget.driver_up(ev.name, ev.memory_bytes)
         self._decide(None, "driver up", name=ev.name, memory_bytes=ev.memory_bytes)
         self._rebalance(UnloadReason.MEMORY_PRESSURE)
 
     def _on_driver_down(self, ev: DriverDown) -> None:
-        if ev.name in self._drivers:
-            self._drivers_down[ev.name] = self._drivers.pop(ev.name)
-        self._refresh_capacity()
+        self._budget.driver_down(ev.name)
         self._decide(None, "driver down", name=ev.name)
         self._rebalance(UnloadReason.MEMORY_PRESSURE)
 
     def _on_model_memory(self, ev: ModelMemory) -> None:
         if ev.nbytes < 0:
             raise InvalidArgument(f"model memory must be >= 0 bytes, got {ev.nbytes}")
-        key = self._grants.get(ev.grant_id)
+        key = self._table.grants.get(ev.grant_id)
         if key is None:
             return  # the grant already ended
-        req = self._requests[key]
+        req = self._table.requests[key]
         # One report per model prepared under the grant: a grant's models add up.
         req.real_bytes += ev.nbytes
-        new = self._charge(req)
-        delta, req.charge = new - req.charge, new
-        self._used += delta
-        if req.state is _U:
-            self._freeing += delta
-        self._decide(key, "model memory", nbytes=ev.nbytes, charge=new)
-        if delta > 0:
+        old, req.charge = req.charge, self._budget.charge(req)
+        self._budget.recharge(old, req.charge, unloading=req.state is _U)
+        self._decide(key, "model memory", nbytes=ev.nbytes, charge=req.charge)
+        if req.charge > old:
             self._enforce(UnloadReason.MEMORY_PRESSURE)
 
     _HANDLERS: dict[type[Event], Callable[[ManagerState, Any], None]] = {
@@ -453,78 +415,21 @@ class ManagerState:
 
     # --- the rules --------------------------------------------------------------
 
-    def _charge(self, req: ManagedRequest) -> int:
-        return pol.charge(self._settings, req.size, req.real_bytes, self.params.size_bytes)
-
-    def _refresh_capacity(self) -> None:
-        scale = self.params.thermal_budget_scale.get(
-            self._thermal, pol.DEFAULT_THERMAL_SCALE[self._thermal]
-        )
-        in_bytes = self._settings.policy is Policy.MEMORY
-        live = sum(self._drivers.values())
-        down = sum(self._drivers_down.values())
-        base = pol.base_budget(self._settings, live)
-        self._grant_cap = pol.scale_budget(base, scale, in_bytes=in_bytes)
-        held = pol.base_budget(self._settings, live + down)
-        self._hold_cap = pol.scale_budget(held, scale, in_bytes=in_bytes)
-        self._keep = pol.keep_rank(self.params.thermal_keep_rank, self._thermal)
-
-    def _keep_rank(self) -> int | None:
-        return self._keep
-
-    def _fits(self, charge: int) -> bool:
-        return self._grant_cap is None or self._used + charge <= self._grant_cap
-
-    def _eligible(self, req: ManagedRequest, charge: int | None = None) -> bool:
-        """Whether the request may be granted at all under the present thermal status and budget.
-
-        ``charge``: the request's charge when the caller has it already."""
-        keep = self._keep
-        if keep is not None and req.rank > keep:
-            return False
-        if req.priority == _OPP and self._thermal >= self.params.opportunistic_wait_from:
-            return False
-        cap = self._grant_cap
-        if cap is None:
-            return True
-        return (self._charge(req) if charge is None else charge) <= cap
-
-    def _victim_order(self, h: ManagedRequest) -> tuple[float, float, int]:
-        # Least important first; among equals, whoever completed work most recently; newest.
-        return (-h.rank, -self._last_completed.get(h.uid, _NEVER), -h.seq)
-
     def _pump(self) -> None:
         """Grant the queue's head while it fits; a head that does not fit may ask victims."""
+        budget = self._budget
         while (head := self._queue.peek()) is not None:
-            if self._fits(self._charge(head)):
+            if budget.fits(budget.charge(head)):
                 self._grant(head)
                 continue
             self._seek_victims(head)
             return
 
     def _seek_victims(self, req: ManagedRequest) -> None:
-        assert self._grant_cap is not None
-        need = self._used + self._charge(req) - self._grant_cap
-        freed = self._freeing
-        chosen: list[ManagedRequest] = []
-        if freed < need and not req.opportunistic:  # OPPORTUNISTIC never preempts
-            mine = self._last_completed.get(req.uid, _NEVER)
-            candidates = [
-                h
-                for h in self._holders.values()
-                if h.state is not _U
-                and h.uid != req.uid
-                and (
-                    h.rank > req.rank
-                    or (h.rank == req.rank and mine < self._last_completed.get(h.uid, _NEVER))
-                )
-            ]
-            for h in sorted(candidates, key=self._victim_order):
-                if freed >= need:
-                    break
-                chosen.append(h)
-                freed += h.charge
-        if freed < need:
+        """The head does not fit: ask victims to make room (WAIT_FOR_UNLOAD), if enough can."""
+        chosen = preemption_victims(req, self._table.holders.values(), self._budget,
+                                    self._last_completed)
+        if chosen is None:
             self._set_waiting(req, _Q)  # not enough: ask nobody
             return
         for h in chosen:
@@ -533,25 +438,15 @@ class ManagerState:
 
     def _enforce(self, reason: UnloadReason) -> None:
         """Ask holders to unload until the thermal rank limit and the budget hold."""
-        limit = self._keep_rank()
-        asking = [h for h in self._holders.values() if h.state is not _U]
-        if limit is not None:
-            for h in sorted(asking, key=self._victim_order):
-                if h.rank > limit:
-                    self._ask_unload(h, UnloadReason.THERMAL)
-        cap = self._hold_cap
-        if cap is not None and self._used - self._freeing > cap:
-            for h in sorted(asking, key=self._victim_order):
-                if self._used - self._freeing <= cap:
-                    break
-                if h.state is not _U:
-                    self._ask_unload(h, reason)
+        for h, why in holders_to_shed(self._table.holders.values(), self._budget,
+                                      self._last_completed, reason):
+            self._ask_unload(h, why)
 
     def _rebalance(self, reason: UnloadReason) -> None:
         """After the budget, policy or thermal status changed: shed, re-sort waiters, grant."""
         self._enforce(reason)
-        for req in [r for r in self._requests.values() if r.state.waits]:
-            if self._eligible(req) != req.in_queue:
+        for req in [r for r in self._table.requests.values() if r.state.waits]:
+            if self._budget.eligible(req) != req.in_queue:
                 self._unplace(req)
                 self._place(req)
         self._pump()
@@ -565,19 +460,17 @@ class ManagerState:
         if req.wait_timer is not None:
             self._cancel_timer(req, "wait")
         grant_id = self._grant_ids()
-        if grant_id in self._grants:
-            raise AssertionError(f"grant id {grant_id!r} issued twice")
+        self._table.add_holder(req, grant_id)
         req.grant_id = grant_id
         req.state = _G
-        req.charge = self._charge(req) if charge is None else charge
-        self._used += req.charge
-        self._holders[req.key] = req
-        self._grants[grant_id] = req.key
+        req.charge = self._budget.charge(req) if charge is None else charge
+        self._budget.hold(req.charge)
         uid, rid = req.key
         self._emit(IssueGrant(uid, rid, grant_id))
         self._emit(SendCanLoad(req.conn, uid, rid, LoadStatus.CAN_LOAD_NOW, grant_id))
         req.last_status = LoadStatus.CAN_LOAD_NOW
-        self._decide(req.key, "granted", grant=grant_id[:8], charge=req.charge, used=self._used)
+        self._decide(req.key, "granted", grant=grant_id[:8], charge=req.charge,
+                     used=self._budget.used)
 
     def _set_waiting(self, req: ManagedRequest, state: RequestState) -> None:
         req.state = state
@@ -591,7 +484,7 @@ class ManagerState:
         assert h.state in (_G, _L), f"{h.key} asked to unload in state {h.state}"
         h.state = _U
         h.unload_reason = reason
-        self._freeing += h.charge
+        self._budget.unloading(h.charge)
         at = self._now() + self.params.unload_deadline_s
         h.unload_deadline = at
         self._emit(AskUnload(h.conn, h.uid, h.request_id, reason))
@@ -609,34 +502,21 @@ class ManagerState:
             self._unplace(req)
         uid, rid = req.key
         if state in _HOLDS:
-            assert req.grant_id is not None
-            del self._holders[req.key]
-            del self._grants[req.grant_id]
-            self._used -= req.charge
-            if req.state is _U:
-                self._freeing -= req.charge
-            self._emit(EndGrant(req.grant_id, uid, rid, revoked=status is RequestStatus.REVOKED))
+            grant_id = self._table.remove_holder(req)
+            self._budget.release(req.charge, unloading=state is _U)
+            self._emit(EndGrant(grant_id, uid, rid, revoked=status is RequestStatus.REVOKED))
         if status is not None:
             self._emit(SendComplete(req.conn, uid, rid, status))
-        key = req.key
-        del self._requests[key]
-        keys = self._by_conn[req.conn]
-        keys.discard(key)
-        if not keys:
-            del self._by_conn[req.conn]
-        keys = self._by_uid[uid]
-        keys.discard(key)
-        if not keys:
-            del self._by_uid[uid]
+        self._table.remove(req)
         what = _ENDED[status] if status is not None else "dropped (client gone)"
-        self._decide(req.key, what, was=req.state.value)
+        self._decide(req.key, what, was=state.value)
 
     def _park(self, req: ManagedRequest) -> None:
         req.parked = True
         self._parked[req.key] = req
 
     def _place(self, req: ManagedRequest) -> None:
-        if self._eligible(req):
+        if self._budget.eligible(req):
             self._queue.push(req)
         else:
             self._park(req)
@@ -651,23 +531,17 @@ class ManagerState:
     def _arm(self, req: ManagedRequest, kind: str, at: float) -> None:
         name = f"{kind}:{req.uid}:{req.request_id}:{req.seq}"
         setattr(req, f"{kind}_timer", name)
-        self._timers[name] = req.key
+        self._table.timers[name] = req.key
         self._emit(ArmTimer(name, at))
 
     def _cancel_timer(self, req: ManagedRequest, kind: str) -> None:
         name: str | None = getattr(req, f"{kind}_timer")
         if name is not None:
             setattr(req, f"{kind}_timer", None)
-            del self._timers[name]
+            del self._table.timers[name]
             self._emit(CancelTimer(name))
 
     # --- plumbing ---------------------------------------------------------------
-
-    def _get(self, uid: int, request_id: int) -> ManagedRequest:
-        req = self._requests.get((uid, request_id))
-        if req is None:
-            raise UnknownRequest(f"uid {uid} has no live request {request_id}")
-        return req
 
     def _now(self) -> float:
         assert self._ev is not None
@@ -679,13 +553,10 @@ class ManagerState:
     def _decide(self, key: RequestKey | None, what: str, **details: object) -> None:
         ev = self._ev
         assert ev is not None
-        self._log.append((ev.now, ev.stimulus_id, key, what, details))
+        self._record((ev.now, ev.stimulus_id, key, what, details))
 
     def _counts(self) -> dict[str, int]:
-        counts = {s.value: 0 for s in RequestState}
-        for r in self._requests.values():
-            counts[r.state.value] += 1
-        return counts
+        return self._table.counts()
 
     # --- introspection ---------------------------------------------------------
 
@@ -703,16 +574,9 @@ class ManagerState:
 
     def __repr__(self) -> str:
         c = self._counts()
-        cap = "unlimited" if self._grant_cap is None else str(self._grant_cap)
-        if self._settings.policy is Policy.MEMORY:
-            gib = float(pol.GIB)
-            used = f"{self._used / gib:.1f}"
-            cap = "unlimited" if self._grant_cap is None else f"{self._grant_cap / gib:.1f} GiB"
-        else:
-            used = str(self._used)
         parts = [f"{c['loaded']} loaded", f"{c['granted']} granted"]
         if c["unload_requested"]:
             parts.append(f"{c['unload_requested']} unloading")
         parts.append(f"{c['queued'] + c['waiting']} waiting")
-        thermal = "" if self._thermal == ThermalStatus.NONE else f" thermal={self._thermal.name}"
-        return f"policy={self._settings.name} {used}/{cap} used{thermal} | " + ", ".join(parts)
+        return f"policy={self._budget.settings.name} {self._budget.describe()} | " + ", ".join(
+            parts)

@@ -53,40 +53,41 @@ _EXPECTED_STATUS = {
 
 
 def validate_state(s: ManagerState) -> None:
-    reqs = s._requests
+    t, b = s._table, s._budget
+    reqs = t.requests
     # 1. one place each, indexes agree
     for key, r in reqs.items():
         assert r.key == key, f"{key}: stored under the wrong key {r.key}"
         assert r.state is not RequestState.PENDING, f"{key}: left PENDING after an event"
-        assert key in s._by_conn.get(r.conn, ()), f"{key}: missing from conn {r.conn} index"
-        assert key in s._by_uid.get(r.uid, ()), f"{key}: missing from uid index"
-        assert r.request_id in s._submitted.get(r.conn, ()), f"{key}: not marked submitted"
+        assert key in t.by_conn.get(r.conn, ()), f"{key}: missing from conn {r.conn} index"
+        assert key in t.by_uid.get(r.uid, ()), f"{key}: missing from uid index"
+        assert r.request_id in t.submitted.get(r.conn, ()), f"{key}: not marked submitted"
         assert r.last_status == _EXPECTED_STATUS[r.state], (
             f"{key}: state {r.state.value} but last answer {r.last_status}"
         )
         if r.state.holds:
-            assert key in s._holders, f"{key}: holds but is not in the holder index"
-            assert r.grant_id is not None and s._grants.get(r.grant_id) == key, (
+            assert key in t.holders, f"{key}: holds but is not in the holder index"
+            assert r.grant_id is not None and t.grants.get(r.grant_id) == key, (
                 f"{key}: holder without its live grant"
             )
             assert not r.in_queue and not r.parked, f"{key}: holder still waiting"
         else:
-            assert key not in s._holders, f"{key}: waiter in the holder index"
+            assert key not in t.holders, f"{key}: waiter in the holder index"
             assert r.grant_id is None, f"{key}: waiter with a grant"
             assert r.in_queue != r.parked, (
                 f"{key}: waiter queued={r.in_queue} parked={r.parked} (must be exactly one)"
             )
             assert r.parked == (key in s._parked), f"{key}: parked flag disagrees with index"
-        limit = pol.rank_allowed(r.rank, s._keep_rank())
+        limit = pol.rank_allowed(r.rank, b.keep)
         assert r.rank == s.importance(r.uid) + int(r.priority), f"{key}: stale rank {r.rank}"
         if r.state.holds and not limit:
             assert r.state is RequestState.UNLOAD_REQUESTED, (
-                f"{key}: rank {r.rank} above thermal keep-rank {s._keep_rank()} still holding"
+                f"{key}: rank {r.rank} above thermal keep-rank {b.keep} still holding"
             )
         if r.in_queue:
-            assert s._eligible(r), f"{key}: ineligible request in the queue"
+            assert b.eligible(r), f"{key}: ineligible request in the queue"
         if r.parked:
-            assert not s._eligible(r), f"{key}: eligible request left parked"
+            assert not b.eligible(r), f"{key}: eligible request left parked"
         if r.state is RequestState.UNLOAD_REQUESTED:
             assert r.unload_timer is not None and r.unload_deadline is not None, (
                 f"{key}: asked to unload without a deadline timer"
@@ -95,43 +96,43 @@ def validate_state(s: ManagerState) -> None:
             assert r.unload_timer is None, f"{key}: unload timer outside UNLOAD_REQUESTED"
         if r.wait_timer is not None:
             assert r.state.waits, f"{key}: queue-wait timer on a holder"
-    for index_name, index in (("conn", s._by_conn), ("uid", s._by_uid)):
+    for index_name, index in (("conn", t.by_conn), ("uid", t.by_uid)):
         for k, keys in index.items():
             assert keys, f"empty {index_name} index entry {k}"
             for key in keys:
                 assert key in reqs, f"{index_name} index names dead request {key}"
-    for uid, keys in s._by_uid.items():
+    for uid, keys in t.by_uid.items():
         assert len(keys) <= s.params.max_requests_per_uid, f"uid {uid}: over its request limit"
-    assert set(s._holders) <= set(reqs), "holder index names dead requests"
-    assert len(s._grants) == len(s._holders), (
-        f"{len(s._grants)} live grants for {len(s._holders)} holders"
+    assert set(t.holders) <= set(reqs), "holder index names dead requests"
+    assert len(t.grants) == len(t.holders), (
+        f"{len(t.grants)} live grants for {len(t.holders)} holders"
     )
-    for g, key in s._grants.items():
-        assert key in s._holders and s._holders[key].grant_id == g, f"grant {g[:8]} has no holder"
+    for g, key in t.grants.items():
+        assert key in t.holders and t.holders[key].grant_id == g, f"grant {g[:8]} has no holder"
     for key in s._parked:
         assert key in reqs, f"parked index names dead request {key}"
     s._queue.check()
     waiting = sum(1 for r in reqs.values() if r.state.waits)
     assert waiting == len(s._queue) + len(s._parked), "waiters are not all queued or parked"
     # 2. sums and charges
-    used = sum(h.charge for h in s._holders.values())
-    freeing = sum(h.charge for h in s._holders.values() if h.state is RequestState.UNLOAD_REQUESTED)
-    assert (used, freeing) == (s._used, s._freeing), (
-        f"budget sums drifted: used {s._used} (really {used}), freeing {s._freeing} ({freeing})"
+    used = sum(h.charge for h in t.holders.values())
+    freeing = sum(h.charge for h in t.holders.values() if h.state is RequestState.UNLOAD_REQUESTED)
+    assert (used, freeing) == (b.used, b.freeing), (
+        f"budget sums drifted: used {b.used} (really {used}), freeing {b.freeing} ({freeing})"
     )
-    for h in s._holders.values():
-        assert h.charge == s._charge(h), f"{h.key}: charged {h.charge}, policy says {s._charge(h)}"
+    for h in t.holders.values():
+        assert h.charge == b.charge(h), f"{h.key}: charged {h.charge}, policy says {b.charge(h)}"
     # 3. the budget
-    if s._hold_cap is not None:
-        assert used - freeing <= s._hold_cap, (
-            f"budget exceeded: {used - freeing} held (not unloading) > {s._hold_cap}"
+    if b.hold_cap is not None:
+        assert used - freeing <= b.hold_cap, (
+            f"budget exceeded: {used - freeing} held (not unloading) > {b.hold_cap}"
         )
     # 5. liveness
     head = s._queue.peek()
     if head is not None:
-        assert not s._fits(s._charge(head)), f"queue head {head.key} fits but was not granted"
+        assert not b.fits(b.charge(head)), f"queue head {head.key} fits but was not granted"
     # 6. timers
-    for name, key in s._timers.items():
+    for name, key in t.timers.items():
         assert key in reqs, f"timer {name} names dead request {key}"
         r = reqs[key]
         assert name in (r.unload_timer, r.wait_timer), f"timer {name} not owned by {key}"
@@ -146,10 +147,11 @@ def validate_state(s: ManagerState) -> None:
 
 
 def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
+    t, b = s._table, s._budget
     queue_order = [list(r.key) for r in s._queue.ordered()]
-    uids = set(s._importance) | set(s._last_completed) | set(s._by_uid)
+    uids = set(s._importance) | set(s._last_completed) | set(t.by_uid)
     requests = []
-    for r in sorted(s._requests.values(), key=lambda r: r.seq):
+    for r in sorted(t.requests.values(), key=lambda r: r.seq):
         requests.append(
             {
                 "uid": r.uid,
@@ -162,7 +164,7 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
                 "rank": r.rank,
                 "grant": r.grant_id[:8] if r.grant_id else None,
                 "age_s": round(now - r.created, 3),
-                "charge": r.charge if r.state.holds else s._charge(r),
+                "charge": r.charge if r.state.holds else b.charge(r),
                 "real_bytes": r.real_bytes,
                 "loaded": r.loaded,
                 "unload_reason": r.unload_reason.name if r.unload_reason is not None else None,
@@ -172,21 +174,11 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
                 "parked": r.parked,
             }
         )
-    scale = s.params.thermal_budget_scale.get(s._thermal, pol.DEFAULT_THERMAL_SCALE[s._thermal])
+    sections = b.dump()
     return {
-        "policy": s._settings.as_dict(),
-        "budget": {
-            "used": s._used,
-            "unloading": s._freeing,
-            "total": pol.base_budget(s._settings, sum(s._drivers.values())),
-            "thermal_scaled": s._grant_cap,
-        },
-        "thermal": {
-            "status": s._thermal.name,
-            "budget_scale": scale,
-            "keep_rank": s._keep_rank(),
-            "opportunistic_wait": s._thermal >= s.params.opportunistic_wait_from,
-        },
+        "policy": b.settings.as_dict(),
+        "budget": sections["budget"],
+        "thermal": sections["thermal"],
         "uids": {
             str(u): {
                 "importance": s.importance(u),
@@ -195,7 +187,7 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
                 "last_completed_ago_s": (
                     round(now - s._last_completed[u], 3) if u in s._last_completed else None
                 ),
-                "requests": len(s._by_uid.get(u, ())),
+                "requests": t.count_of_uid(u),
             }
             for u in sorted(uids)
         },
@@ -203,10 +195,7 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
         "queue": queue_order,
         "parked": [list(k) for k in sorted(s._parked, key=lambda k: s._parked[k].seq)],
         "counts": s._counts(),
-        "drivers": {
-            **{n: {"memory_bytes": b, "up": True} for n, b in sorted(s._drivers.items())},
-            **{n: {"memory_bytes": b, "up": False} for n, b in sorted(s._drivers_down.items())},
-        },
+        "drivers": sections["drivers"],
         "params": {
             "unload_deadline_s": s.params.unload_deadline_s,
             "max_queue_wait_s": s.params.max_queue_wait_s,

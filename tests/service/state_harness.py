@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npumanager.constants import (
+    Importance,
     LoadStatus,
     ModelPriority,
     ModelSize,
+    Policy,
     RequestStatus,
     ThermalStatus,
     UnloadReason,
@@ -276,3 +278,33 @@ def for_key(out: list[ev.Instruction], uid: int, rid: int) -> list[ev.Instructio
     return [
         i for i in out if getattr(i, "uid", None) == uid and getattr(i, "request_id", None) == rid
     ]
+
+
+# --- a cast of apps, by importance --------------------------------------------------------
+
+FG, FGS, VIS, BG, CACHED = 1001, 1002, 1003, 1004, 1005
+BIG, MID, SMALL = 2, 1, 0
+BGP, OPP = int(ModelPriority.BACKGROUND), int(ModelPriority.OPPORTUNISTIC)
+
+
+def budget(**kw: object) -> Harness:
+    """A harness (BUDGET unless ``policy=``) whose uids have the cast's importances."""
+    h = Harness(policy=kw.pop("policy", Policy.BUDGET))
+    for uid, imp in (
+        (FG, Importance.FOREGROUND),
+        (FGS, Importance.FOREGROUND_SERVICE),
+        (VIS, Importance.VISIBLE),
+        (BG, Importance.SERVICE),
+        (CACHED, Importance.CACHED),
+    ):
+        h.importance(uid, int(imp))
+    return h
+
+
+GIB = 1 << 30
+
+
+def memory() -> Harness:
+    h = budget(policy=Policy.MEMORY)
+    h.driver_up("reference", 8 * GIB)
+    return h
