@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from google.protobuf.message import Message
 
@@ -33,11 +32,10 @@ from .request import DeviceSummary, ModelLoadRequest, ThermalInfo, policy_messag
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Call(Generic[T]):
+class Call(NamedTuple, Generic[T]):
     method: str
     message: Message
-    decode: Callable[[bytes], T]
+    decode: Callable[[bytes], T]  # the reply payload to what the API returns
 
 
 def _nothing(payload: bytes) -> None:

@@ -8,7 +8,7 @@ one uid, and npud keys by (uid, id)), the decoding of npud's pushes
 each live request's state and grant, and what a lost connection means. It does
 no I/O and starts nothing; an adapter gives it
 
-* ``deliver(executor, fn)``: run one app callback, in order (the blocking API:
+* ``deliver(executor, fn, *args)``: run one app callback, in order (the blocking API:
   on its dispatch thread, then the app's executor; the async API: on the loop,
   scheduling a returned coroutine, or on the app's executor), and
 * ``make_listener(request)``: the listener the app reports through,
@@ -47,8 +47,8 @@ from google.protobuf.message import DecodeError
 
 from npumanager.constants import LoadStatus, RequestStatus, UnloadReason
 from npumanager.errors import InvalidArgument, ProtocolError, ServiceUnavailable
+from npumanager.fds import close_fds
 from npumanager.proto.v1.manager_pb2 import CanLoad, RequestComplete, UnloadAsk
-from npumanager.wire.conn import close_fds
 
 from .request import ModelLoadRequest, ModelLoadRequestCallback
 
@@ -57,7 +57,14 @@ log = logging.getLogger("npumanager.client")
 #: A ``concurrent.futures.Executor`` (its ``submit``) or Android's ``Executor.execute``:
 #: any callable taking a zero-argument function.
 ExecutorLike = Executor | Callable[[Callable[[], None]], Any]
-Deliver = Callable[[ExecutorLike | None, Callable[[], object]], None]
+
+
+class Deliver(Protocol):
+    """Run ``fn(*args)``, an app callback, after the ones delivered before it."""
+
+    def __call__(self, executor: ExecutorLike | None, fn: Callable[..., object],
+                 *args: Any) -> None: ...
+
 
 #: The pushes npud sends a manager client (``goodbye`` is the transport's).
 PUSHES = ("on_can_load_model", "on_request_unload_model", "on_model_load_request_complete")
@@ -115,25 +122,26 @@ class LiveView:
     grant_id: str | None
 
 
-def run_callback(fn: Callable[[], object]) -> object:
+def run_callback(fn: Callable[..., object], *args: Any) -> object:
     """Run one app callback; an exception is logged and delivery goes on with the next."""
     try:
-        return fn()
+        return fn(*args)
     except Exception:
         log.exception("an app callback raised; npumanager keeps delivering the next ones")
         return None
 
 
-def _run_on_executor(fn: Callable[[], object]) -> None:
-    run_callback(fn)
+def _run_on_executor(fn: Callable[..., object], *args: Any) -> None:
+    run_callback(fn, *args)
 
 
-def hand_to_executor(executor: ExecutorLike, fn: Callable[[], object]) -> None:
-    """Give ``fn`` to the app's executor (its ``submit``, or the callable itself)."""
+def hand_to_executor(executor: ExecutorLike, fn: Callable[..., object], *args: Any) -> None:
+    """Give ``fn(*args)`` to the app's executor (its ``submit``, or the callable itself)."""
+    job = functools.partial(_run_on_executor, fn, *args)
     if isinstance(executor, Executor):
-        executor.submit(_run_on_executor, fn)
+        executor.submit(job)
     else:
-        executor(functools.partial(_run_on_executor, fn))
+        executor(job)
 
 
 E = TypeVar("E", bound=enum.IntEnum)
@@ -150,11 +158,8 @@ _UNLOAD_REASON = _table(UnloadReason)
 _REQUEST_STATUS = _table(RequestStatus)
 
 
-def _member(table: Mapping[int, E], value: int, what: str) -> E:
-    member = table.get(value)
-    if member is None:
-        raise ProtocolError(f"npud sent {what} {value}, which this SDK does not know")
-    return member
+def _unknown(what: str, value: int) -> ProtocolError:
+    return ProtocolError(f"npud sent {what} {value}, which this SDK does not know")
 
 
 class ClientCore(Generic[L]):
@@ -245,7 +250,9 @@ class ClientCore(Generic[L]):
 
     def _on_can_load(self, payload: bytes) -> None:
         m = CanLoad.FromString(payload)
-        status = _member(_LOAD_STATUS, m.status, "load status")
+        status = _LOAD_STATUS.get(m.status)
+        if status is None:
+            raise _unknown("load status", m.status)
         with self._lock:
             live = self._live.get(m.request_id)
             if live is None:
@@ -253,28 +260,32 @@ class ClientCore(Generic[L]):
             if status is LoadStatus.CAN_LOAD_NOW:
                 live.state = LiveState.GRANTED
                 live.grant_id = live.listener.grant_id = m.grant_id or None
-        self._deliver(live.executor, functools.partial(
-            live.callback.on_can_load_model, live.request, status, live.listener))
+        self._deliver(live.executor, live.callback.on_can_load_model, live.request, status,
+                      live.listener)
 
     def _on_unload(self, payload: bytes) -> None:
         m = UnloadAsk.FromString(payload)
-        reason = _member(_UNLOAD_REASON, m.reason, "unload reason")
+        reason = _UNLOAD_REASON.get(m.reason)
+        if reason is None:
+            raise _unknown("unload reason", m.reason)
         with self._lock:
             live = self._live.get(m.request_id)
             if live is None:
                 return
             live.state = LiveState.UNLOAD_REQUESTED
-        self._deliver(live.executor, functools.partial(
-            live.callback.on_request_unload_model, live.request, reason))
+        self._deliver(live.executor, live.callback.on_request_unload_model, live.request,
+                      reason)
 
     def _on_complete(self, payload: bytes) -> None:
         m = RequestComplete.FromString(payload)
-        status = _member(_REQUEST_STATUS, m.status, "request status")
+        status = _REQUEST_STATUS.get(m.status)
+        if status is None:
+            raise _unknown("request status", m.status)
         with self._lock:
             live = self._live.pop(m.request_id, None)
         if live is not None:
-            self._deliver(live.executor, functools.partial(
-                live.callback.on_model_load_request_complete, live.request, status))
+            self._deliver(live.executor, live.callback.on_model_load_request_complete,
+                          live.request, status)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         """The connection dropped (not closed by the app): end every live request CANCELLED."""
@@ -288,6 +299,5 @@ class ClientCore(Generic[L]):
         for live in ended:
             log.warning("connection to npud lost (%s): request %d ends CANCELLED",
                         exc or "closed", live.request.id)
-            self._deliver(live.executor, functools.partial(
-                live.callback.on_model_load_request_complete, live.request,
-                RequestStatus.CANCELLED))
+            self._deliver(live.executor, live.callback.on_model_load_request_complete,
+                          live.request, RequestStatus.CANCELLED)

@@ -22,6 +22,7 @@ manager yourself drops its requests silently (no callbacks), as npud does.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -30,9 +31,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from npumanager.constants import ThermalStatus
+from npumanager.fds import close_fds
 from npumanager.paths import manager_socket
 from npumanager.wire.client import SyncRpcClient
-from npumanager.wire.conn import close_fds
 
 from . import calls
 from .core import ClientCore, ExecutorLike, Phase, hand_to_executor, run_callback
@@ -60,23 +61,23 @@ class CallbackDispatcher:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def post(self, executor: ExecutorLike | None, fn: Callable[[], object]) -> None:
-        self._q.put((executor, fn))
+    def post(self, executor: ExecutorLike | None, fn: Callable[..., object], *args: Any) -> None:
+        self._q.put((executor, fn, args))
 
     def _loop(self) -> None:
         while True:
             item = self._q.get()
             if item is _STOP:
                 return
-            executor, fn = item
+            executor, fn, args = item
             if executor is None:
-                run_callback(fn)
+                run_callback(fn, *args)
                 continue
             try:
-                hand_to_executor(executor, fn)
+                hand_to_executor(executor, fn, *args)
             except Exception:
                 log.exception("the app's executor refused a callback; running it here")
-                run_callback(fn)
+                run_callback(fn, *args)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Deliver what is queued, then end the thread (unless called from it)."""
@@ -91,19 +92,20 @@ class NpuManager:
     def __init__(self, runtime_dir: str | os.PathLike[str] | None = None, *,
                  client_name: str = "", call_timeout: float | None = None) -> None:
         self.path = str(manager_socket(runtime_dir))
-        self.call_timeout = call_timeout
         self._dispatcher = CallbackDispatcher()
         self._core: ClientCore[ModelLoadStatusListener] = ClientCore(
-            self._dispatcher.post, lambda req: ModelLoadStatusListener(req, self._report))
+            self._dispatcher.post, functools.partial(ModelLoadStatusListener, report=self._report))
         try:
             self._rpc = SyncRpcClient(
                 self.path, "manager", client_name=client_name or f"pid{os.getpid()}",
                 on_push=self._core.on_push, on_close=self._core.connection_lost,
-                threaded=True,
+                threaded=True, call_timeout=call_timeout,
             )
         except BaseException:
             self._dispatcher.stop()
             raise
+        #: Seconds a call waits for npud's answer (the transport's default for npud if None).
+        self.call_timeout: float = self._rpc.call_timeout
         self.uid: int = self._rpc.hello.uid
         self.admin: bool = self._rpc.hello.admin
         self.server_version: str = self._rpc.hello.server_version
@@ -131,7 +133,7 @@ class NpuManager:
     # --- calls -----------------------------------------------------------
 
     def _do(self, call: calls.Call[T]) -> T:
-        payload, fds = self._rpc.call(call.method, call.message, timeout=self.call_timeout)
+        payload, fds = self._rpc.call(call.method, call.message)
         if fds:
             close_fds(fds)
         return call.decode(payload)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -45,7 +46,8 @@ class Core:
     def __init__(self) -> None:
         self.posted: list[tuple[ExecutorLike | None, Callable[[], object]]] = []
         self.core: ClientCore[ListenerBase] = ClientCore(
-            lambda ex, fn: self.posted.append((ex, fn)), ListenerBase)
+            lambda ex, fn, *args: self.posted.append((ex, functools.partial(fn, *args))),
+            ListenerBase)
 
     def run(self) -> None:
         posted, self.posted = self.posted, []
