@@ -6,9 +6,10 @@ result (or the exception) back over a pipe, then ``os._exit``\\ s without
 running the parent's atexit hooks or finalizers. Needs root in the parent.
 
 ``spawn_as`` returns a handle for long-lived "apps": the test can ``send`` it
-messages that the child reads with :func:`receive`, and collect its result
-with ``wait``. A child that runs past its timeout is killed and the wait
-raises ``TimeoutError``: never a hang.
+messages that the child reads with :func:`receive`, wait for what the child
+reports with :func:`announce` (``Child.expect``: the test waits on the event
+itself, never polls), and collect its result with ``wait``. A child that runs
+past its timeout is killed and the wait raises ``TimeoutError``: never a hang.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -26,8 +28,14 @@ from typing import Any
 
 _HDR = struct.Struct(">I")
 
-# Set in the child: the read end of the parent -> child message pipe.
+# Set in the child: the read end of the parent -> child message pipe, and the write end of
+# the child -> parent one (announcements, then the result; one writer at a time).
 _inbox_fd: int | None = None
+_outbox_fd: int | None = None
+_outbox_lock = threading.Lock()
+
+
+_EVENT: Any = object()  # _next_msg: "an announcement arrived"
 
 
 class ChildFailed(Exception):
@@ -90,6 +98,15 @@ def receive(timeout: float | None = 10.0) -> Any:
     return obj
 
 
+def announce(event: Any) -> None:
+    """In a child started by :func:`spawn_as`: tell the test that ``event`` happened
+    (``Child.expect`` waits for it). Any thread of the child may announce."""
+    if _outbox_fd is None:
+        raise RuntimeError("announce() works only inside a spawn_as child")
+    with _outbox_lock:
+        _write_msg(_outbox_fd, ("event", event))
+
+
 class Child:
     """A forked child running a function as another uid."""
 
@@ -100,6 +117,40 @@ class Child:
         self._deadline = time.monotonic() + timeout
         self._done = False
         self.exit_status: int | None = None
+        #: What the child announced so far, in order.
+        self.events: list[Any] = []
+        self._seen = 0  # events already matched by expect()
+        self._result: tuple[bool, Any] | None = None  # read while expecting an event
+
+    def _next_msg(self, deadline: float) -> tuple[bool, Any]:
+        """The next message that is not an announcement (those go to ``events``)."""
+        while True:
+            ok, obj = _read_msg(self._result_fd, deadline)
+            if ok and isinstance(obj, tuple) and len(obj) == 2 and obj[0] == "event":
+                self.events.append(obj[1])
+                return True, _EVENT
+            return ok, obj
+
+    def expect(self, event: Any, timeout: float = 10.0) -> Any:
+        """Wait until the child announces ``event`` (or, if callable, an event it accepts)
+        after the ones matched before; returns it. Fails at once if the child finished."""
+        match = event if callable(event) else (lambda e: e == event)
+        deadline = time.monotonic() + timeout
+        while True:
+            for i in range(self._seen, len(self.events)):
+                if match(self.events[i]):
+                    self._seen = i + 1
+                    return self.events[i]
+            if self._result is not None:
+                raise AssertionError(f"child {self.pid} finished without announcing {event!r}; "
+                                     f"it announced {self.events}")
+            try:
+                ok, obj = self._next_msg(deadline)
+            except TimeoutError:
+                raise AssertionError(f"child {self.pid} did not announce {event!r} within "
+                                     f"{timeout} s; it announced {self.events}") from None
+            if obj is not _EVENT:
+                self._result = (ok, obj)
 
     def __repr__(self) -> str:
         return f"<Child pid={self.pid} {'done' if self._done else 'running'}>"
@@ -112,8 +163,10 @@ class Child:
     def wait(self, timeout: float | None = None) -> Any:
         """The function's return value, or its exception re-raised here."""
         deadline = self._deadline if timeout is None else time.monotonic() + timeout
+        ok, obj = self._result if self._result is not None else (True, _EVENT)
         try:
-            ok, obj = _read_msg(self._result_fd, deadline)
+            while obj is _EVENT:
+                ok, obj = self._next_msg(deadline)
         except TimeoutError:
             self.kill()
             raise TimeoutError(f"child {self.pid} did not finish in time") from None
@@ -172,8 +225,8 @@ def spawn_as(uid: int | None, gid: int | None, fn: Callable[..., Any], *args: An
         try:
             os.close(res_r)
             os.close(in_w)
-            global _inbox_fd
-            _inbox_fd = in_r
+            global _inbox_fd, _outbox_fd
+            _inbox_fd, _outbox_fd = in_r, res_w
             # Leave the parent's signal dispositions (pytest, asyncio) behind.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -191,7 +244,8 @@ def spawn_as(uid: int | None, gid: int | None, fn: Callable[..., Any], *args: An
             except Exception:
                 detail = "".join(traceback.format_exception(msg[1])) if msg[0] == "err" else ""
                 msg = ("err", ChildFailed(f"result not picklable: {msg[1]!r}\n{detail}"))
-            _write_msg(res_w, msg)
+            with _outbox_lock:
+                _write_msg(res_w, msg)
         except BaseException:
             code = 1
             try:

@@ -9,6 +9,7 @@ callback it saw as plain tuples.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,18 +32,26 @@ Event = tuple[Any, ...]
 
 
 class Recorder(ModelLoadRequestCallback):
-    def __init__(self, *, report_loaded: bool = True, comply: bool = True) -> None:
+    """Records every callback; in a spawned app it also announces each one to the test
+    (``Child.expect``), plus ``("loaded", id)`` once npud took the loaded report."""
+
+    def __init__(self, *, report_loaded: bool = True, comply: bool = True,
+                 announce: bool = False) -> None:
         self.events: list[Event] = []
         self.listeners: dict[int, ModelLoadStatusListener] = {}
         self.report_loaded = report_loaded
         self.comply = comply
+        self.announce = announce
         self.cond = threading.Condition()
         self.ended: set[int] = set()
+        self.on_end: Callable[[], None] = lambda: None
 
     def _add(self, ev: Event) -> None:
         with self.cond:
             self.events.append(ev)
             self.cond.notify_all()
+        if self.announce:
+            procs.announce(ev)
 
     def on_can_load_model(self, request: ModelLoadRequest, status: LoadStatus,
                           listener: Any) -> None:
@@ -52,6 +61,8 @@ class Recorder(ModelLoadRequestCallback):
             assert listener.grant_id, "CAN_LOAD_NOW without a grant id"
             if self.report_loaded:
                 listener.notify_model_loaded(request)
+                if self.announce:
+                    procs.announce(("loaded", request.id))
 
     def on_request_unload_model(self, request: ModelLoadRequest, reason: UnloadReason) -> None:
         self._add(("unload", request.id, reason.name))
@@ -63,6 +74,7 @@ class Recorder(ModelLoadRequestCallback):
         with self.cond:
             self.ended.add(request.id)
         self._add(("complete", request.id, status.name))
+        self.on_end()
 
     def wait_for(self, pred: Callable[[list[Event]], bool], timeout: float) -> bool:
         with self.cond:
@@ -80,26 +92,43 @@ def scripted_app(
 ) -> list[Event]:
     """Run one app; ``until="done"`` returns once every request ended, ``"exit"`` on command.
 
-    Commands (``Child.send``): ("unload", id), ("loaded", id), ("cancel", id),
-    ("request", (id, size, prio)), ("exit",), ("die",) (exits at once, no close).
+    Every callback is announced to the test as it happens (``Child.expect``), and
+    ``("loaded", id)`` once npud took the loaded report. Commands (``Child.send``):
+    ("unload", id), ("loaded", id), ("cancel", id), ("request", (id, size, prio)),
+    ("exit",), ("die",) (exits at once, no close). ``run_for`` bounds the whole app.
     """
-    rec = Recorder(report_loaded=report_loaded, comply=comply)
+    rec = Recorder(report_loaded=report_loaded, comply=comply, announce=True)
     reqs: dict[int, ModelLoadRequest] = {}
     deadline = time.monotonic() + run_for
+    # Commands and "a request ended" both wake the loop: it waits on events, not a clock.
+    inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+    rec.on_end = lambda: inbox.put(("ended",))
+
+    def read_commands() -> None:
+        while True:
+            try:
+                cmd = procs.receive(timeout=None)
+            except EOFError:
+                inbox.put(("exit",))
+                return
+            inbox.put(cmd)
+
+    threading.Thread(target=read_commands, daemon=True).start()
     with NpuManager(runtime_dir) as mgr:
         for rid, size, prio in requests:
             reqs[rid] = ModelLoadRequest(rid, size, prio)
             mgr.request_can_load_model(reqs[rid], rec)
-        while time.monotonic() < deadline:
-            if until == "done" and reqs and set(reqs) <= rec.ended:
-                break
+        while True:
+            with rec.cond:
+                if until == "done" and reqs and set(reqs) <= rec.ended:
+                    break
             try:
-                cmd = procs.receive(timeout=0.02)
-            except TimeoutError:
-                continue
-            except EOFError:
+                cmd = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
                 break
             op = cmd[0]
+            if op == "ended":
+                continue
             if op == "exit":
                 break
             if op == "die":
@@ -122,8 +151,7 @@ def scripted_app(
                     mgr.cancel_model_load(reqs[rid])
             except Exception as exc:
                 rec._add(("error", rid, type(exc).__name__))
-        # Let callbacks already sent reach us before closing.
-        rec.wait_for(lambda ev: False, 0.05)
+    # Closing delivered every callback npud had sent before its last reply.
     return list(rec.events)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -52,30 +51,8 @@ def admin(npud: DaemonProcess, runtime_dir: Path) -> Iterator[NpuManager]:
         yield m
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def request_state(mgr: NpuManager, uid: int, rid: int) -> str | None:
     for r in mgr.dump()["requests"]:
         if r["uid"] == uid and r["request_id"] == rid:
             return str(r["state"])
     return None
-
-
-def wait_state(mgr: NpuManager, uid: int, rid: int, state: str | None,
-               timeout: float = 5.0) -> None:
-    try:
-        wait_until(lambda: request_state(mgr, uid, rid) == state, timeout,
-                   f"request {uid}:{rid} to be {state}")
-    except AssertionError as exc:
-        dump = mgr.dump()
-        raise AssertionError(f"{exc}; requests now: {dump['requests']}; "
-                             f"story: {mgr.story(uid, rid)}") from None

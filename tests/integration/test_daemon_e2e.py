@@ -30,7 +30,7 @@ from npumanager.testing.procs import spawn_as
 from npumanager.wire.framing import PROTOCOL_VERSION, REQUEST, encode
 
 from .apps import niced_app, scripted_app
-from .conftest import BG, FG, StartDaemon, wait_state, wait_until
+from .conftest import BG, FG, THIRD, StartDaemon, request_state
 
 
 def _npu(runtime_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -53,7 +53,7 @@ def test_socket_mode_and_ready_line(npud: DaemonProcess, runtime_dir: Path) -> N
 def test_malformed_frames_do_not_hurt_other_clients(admin: NpuManager, runtime_dir: Path,
                                                     garbage: bytes) -> None:
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, 0, 0)], until="exit") as app:
-        wait_state(admin, FG, 1, "loaded")
+        app.expect(("loaded", 1))
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(5)
         s.connect(str(runtime_dir / "npu.sock"))
@@ -74,7 +74,7 @@ def test_malformed_frames_do_not_hurt_other_clients(admin: NpuManager, runtime_d
         assert b"InvalidArgument" in data or b"ProtocolError" in data or b"FrameTooLarge" in data
         # Everyone else is still served and nothing was lost.
         assert admin.dump()["daemon"]["internal_errors"] == 0
-        wait_state(admin, FG, 1, "loaded")
+        assert request_state(admin, FG, 1) == "loaded"
         app.send(("exit",))
         assert app.wait() == [("can", 1, "CAN_LOAD_NOW")]
 
@@ -82,12 +82,13 @@ def test_malformed_frames_do_not_hurt_other_clients(admin: NpuManager, runtime_d
 def test_sigterm_ends_live_requests_and_calls_raise_service_unavailable(
         start_npud: StartDaemon, runtime_dir: Path) -> None:
     npud = start_npud()
-    ended = threading.Event()
+    loaded, ended = threading.Event(), threading.Event()
     outcomes: list[tuple[int, RequestStatus]] = []
 
     class CB(ModelLoadRequestCallback):
         def on_can_load_model(self, request, status, listener):  # type: ignore[no-untyped-def]
             listener.notify_model_loaded(request)
+            loaded.set()
 
         def on_model_load_request_complete(self, request, status):  # type: ignore[no-untyped-def]
             outcomes.append((request.id, status))
@@ -95,7 +96,7 @@ def test_sigterm_ends_live_requests_and_calls_raise_service_unavailable(
 
     with NpuManager(runtime_dir) as mgr:
         mgr.request_can_load_model(ModelLoadRequest(1, ModelSize.GREATER_THAN_2G), CB())
-        wait_until(lambda: mgr.dump()["counts"]["loaded"] == 1)
+        assert loaded.wait(5), "request 1 was never granted"
         assert npud.stop() == 0
         assert ended.wait(5), "live request never ended after npud went away"
         assert outcomes == [(1, RequestStatus.CANCELLED)]
@@ -117,7 +118,7 @@ def test_cli_status_policy_importance_thermal(admin: NpuManager, runtime_dir: Pa
     # Eight `npu` processes take ~10 s on a loaded 2-core machine: the app waits for "exit".
     with spawn_as(BG, None, scripted_app, runtime_dir, [(3, 2, 0)], until="exit",
                   run_for=60, timeout=90) as app:
-        wait_state(admin, BG, 3, "loaded")
+        app.expect(("loaded", 3))
         r = _npu(runtime_dir, "policy", "set", "budget", "--max-budget", "6", "--weight", "2=3")
         assert r.returncode == 0, r.stderr
         r = _npu(runtime_dir, "importance", "set", str(BG), "perceptible")
@@ -153,7 +154,7 @@ def test_importance_from_the_process_nice_value(start_npud: StartDaemon,
     start_npud(importance={"from_process": True, "recheck_interval_s": 0.1})
     with NpuManager(runtime_dir) as admin, \
             spawn_as(BG, None, niced_app, runtime_dir, 15, [(1, 0, 0)], until="exit") as app:
-        wait_state(admin, BG, 1, "loaded")
+        app.expect(("loaded", 1))
         imp = admin.dump()["uids"][str(BG)]["importance"]
         app.send(("exit",))
         app.wait()
@@ -165,22 +166,27 @@ def test_admin_importance_beats_the_process_provider(start_npud: StartDaemon,
                                                     runtime_dir: Path) -> None:
     """Precedence: admin API, then [[app]], then the process; re-checks never undo an admin."""
     start_npud(importance={"from_process": True, "recheck_interval_s": 0.05})
+    mid = int(ModelSize.BETWEEN_1GB_AND_2GB)
     with NpuManager(runtime_dir) as admin, \
             spawn_as(BG, None, niced_app, runtime_dir, 15, [(1, 0, 0)], until="exit") as app, \
-            spawn_as(FG, None, niced_app, runtime_dir, 15, [(2, 0, 0)], until="exit") as ctl:
-        wait_state(admin, BG, 1, "loaded")
-        wait_state(admin, FG, 2, "loaded")
-        admin.set_uid_importance(BG, Importance.FOREGROUND)
-        os.setpriority(os.PRIO_PROCESS, app.pid, 5)  # the provider now says SERVICE
-        os.setpriority(os.PRIO_PROCESS, ctl.pid, 5)  # and for the control app too
-        # A re-check pass covers every client: once the control app's importance follows
-        # its nice value, a pass has run since both changes (no guess at how long that is).
-        wait_until(lambda: importance(admin, FG) == int(Importance.SERVICE), 10,
-                   "a re-check of the process provider")
-        imp = importance(admin, BG)
-        for proc in (app, ctl):
-            proc.send(("exit",))
-            proc.wait()
+            spawn_as(THIRD, None, niced_app, runtime_dir, 15, [(3, mid, 0)]) as filler:
+        app.expect(("loaded", 1))
+        filler.expect(("loaded", 3))
+        # The control app (CACHED, like the filler) waits: 1 + 2 held, its 2 do not fit.
+        with spawn_as(FG, None, niced_app, runtime_dir, 15, [(2, mid, 0)],
+                      until="exit") as ctl:
+            ctl.expect(("can", 2, "NOT_PRIORITIZED"))
+            admin.set_uid_importance(BG, Importance.FOREGROUND)
+            os.setpriority(os.PRIO_PROCESS, app.pid, 5)  # the provider now says SERVICE
+            os.setpriority(os.PRIO_PROCESS, ctl.pid, 5)  # and for the control app too
+            # A re-check pass covers every client: once the control app is SERVICE it
+            # outranks the filler and gets its room, so a pass has run since both changes.
+            ctl.expect(("loaded", 2))
+            imp = importance(admin, BG)
+            for proc in (app, ctl):
+                proc.send(("exit",))
+                proc.wait()
+        assert ("unload", 3, "PREEMPTED") in filler.wait()
     assert imp == int(Importance.FOREGROUND)
 
 
@@ -213,7 +219,7 @@ def test_json_logs_carry_every_decision(start_npud: StartDaemon, runtime_dir: Pa
     npud = start_npud({"log_format": "json"})
     with NpuManager(runtime_dir) as mgr:
         listener = mgr.request_can_load_model(ModelLoadRequest(5), ModelLoadRequestCallback())
-        wait_until(lambda: listener.grant_id is not None)
+        assert listener.grant_id is not None  # npud pushes the answer before its reply
         listener.notify_model_unloaded(ModelLoadRequest(5))
     assert npud.stop() == 0
     records = [json.loads(x) for x in npud.lines if not x.startswith("npud ready")]

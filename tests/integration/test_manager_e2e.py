@@ -13,7 +13,7 @@ from npumanager.errors import InvalidArgument, PermissionDenied
 from npumanager.testing.procs import run_as, spawn_as
 
 from .apps import call_as_app, scripted_app
-from .conftest import BG, FG, THIRD, StartDaemon, request_state, wait_state
+from .conftest import BG, FG, THIRD, StartDaemon, request_state
 
 BIG = int(ModelSize.GREATER_THAN_2G)
 MID = int(ModelSize.BETWEEN_1GB_AND_2GB)
@@ -36,10 +36,10 @@ def test_foreground_preempts_loaded_background_holder(admin: NpuManager, runtime
                                                       ) -> None:
     _importances(admin, u50001=Importance.FOREGROUND, u50002=Importance.CACHED)
     with spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)]) as bg:
-        wait_state(admin, BG, 1, "loaded")
+        bg.expect(("loaded", 1))
         with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                       until="exit") as fg:
-            wait_state(admin, FG, 1, "loaded")
+            fg.expect(("loaded", 1))
             fg.send(("exit",))
             fg_events = fg.wait()
         bg_events = bg.wait()
@@ -52,10 +52,10 @@ def test_granted_but_not_loaded_victim_is_asked_to_unload(admin: NpuManager, run
     _importances(admin, u50001=Importance.FOREGROUND, u50002=Importance.CACHED)
     with spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                   report_loaded=False) as bg:
-        wait_state(admin, BG, 1, "granted")
+        bg.expect(("can", 1, "CAN_LOAD_NOW"))
         with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                       until="exit") as fg:
-            wait_state(admin, FG, 1, "loaded")
+            fg.expect(("loaded", 1))
             fg.send(("exit",))
             fg_events = fg.wait()
         bg_events = bg.wait()
@@ -69,18 +69,18 @@ def test_queued_requests_are_never_victims_and_are_served_in_rank_order(
     _importances(admin, u50001=Importance.FOREGROUND, u50002=Importance.SERVICE,
                  u50003=Importance.VISIBLE)
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)], until="exit") as fg:
-        wait_state(admin, FG, 1, "loaded")
+        fg.expect(("loaded", 1))
         with spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                       until="exit") as bg:
-            wait_state(admin, BG, 1, "queued")
+            bg.expect(("can", 1, "NOT_PRIORITIZED"))
             with spawn_as(THIRD, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                           until="exit") as third:
-                wait_state(admin, THIRD, 1, "queued")
+                third.expect(("can", 1, "NOT_PRIORITIZED"))
                 fg.send(("unload", 1))
-                wait_state(admin, THIRD, 1, "loaded")  # VISIBLE before SERVICE
+                third.expect(("loaded", 1))  # VISIBLE before SERVICE
                 assert request_state(admin, BG, 1) == "queued"
                 third.send(("unload", 1))
-                wait_state(admin, BG, 1, "loaded")
+                bg.expect(("loaded", 1))
                 third.send(("exit",))
                 third_events = third.wait()
             bg.send(("unload", 1))
@@ -97,12 +97,12 @@ def test_not_prioritized_request_is_queued_then_granted(admin: NpuManager, runti
                                                         ) -> None:
     _importances(admin, u50001=Importance.FOREGROUND, u50002=Importance.CACHED)
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)], until="exit") as fg:
-        wait_state(admin, FG, 1, "loaded")
+        fg.expect(("loaded", 1))
         with spawn_as(BG, None, scripted_app, runtime_dir, [(1, SMALL, NORMAL)],
                       until="exit") as bg:
-            wait_state(admin, BG, 1, "queued")
+            bg.expect(("can", 1, "NOT_PRIORITIZED"))
             fg.send(("unload", 1))
-            wait_state(admin, BG, 1, "loaded")
+            bg.expect(("loaded", 1))
             bg.send(("exit",))
             bg_events = bg.wait()
         fg.send(("exit",))
@@ -114,12 +114,12 @@ def test_not_prioritized_request_is_queued_then_granted(admin: NpuManager, runti
 def test_importance_drop_makes_the_holder_a_victim(admin: NpuManager, runtime_dir: Path) -> None:
     _importances(admin, u50001=Importance.VISIBLE, u50002=Importance.FOREGROUND)
     with spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)]) as bg:
-        wait_state(admin, BG, 1, "loaded")
+        bg.expect(("loaded", 1))
         with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                       until="exit") as fg:
-            wait_state(admin, FG, 1, "queued")
+            fg.expect(("can", 1, "NOT_PRIORITIZED"))
             admin.set_uid_importance(BG, Importance.CACHED)  # the app went to the background
-            wait_state(admin, FG, 1, "loaded")
+            fg.expect(("loaded", 1))
             fg.send(("exit",))
             fg_events = fg.wait()
         bg_events = bg.wait()
@@ -130,12 +130,12 @@ def test_importance_drop_makes_the_holder_a_victim(admin: NpuManager, runtime_di
 def test_holder_death_lets_the_waiter_in(admin: NpuManager, runtime_dir: Path) -> None:
     _importances(admin, u50001=Importance.FOREGROUND, u50002=Importance.CACHED)
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)], until="exit") as fg:
-        wait_state(admin, FG, 1, "loaded")
+        fg.expect(("loaded", 1))
         with spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                       until="exit") as bg:
-            wait_state(admin, BG, 1, "queued")
+            bg.expect(("can", 1, "NOT_PRIORITIZED"))
             fg.kill()  # SIGKILL: the connection closing is the death notification
-            wait_state(admin, BG, 1, "loaded")
+            bg.expect(("loaded", 1))
             assert request_state(admin, FG, 1) is None
             bg.send(("exit",))
             bg_events = bg.wait()
@@ -145,12 +145,12 @@ def test_holder_death_lets_the_waiter_in(admin: NpuManager, runtime_dir: Path) -
 def test_turn_taking_one_holder_at_a_time(admin: NpuManager, runtime_dir: Path) -> None:
     admin.set_policy(Policy.TURN_TAKING)
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, SMALL, NORMAL)], until="exit") as a:
-        wait_state(admin, FG, 1, "loaded")
+        a.expect(("loaded", 1))
         with spawn_as(BG, None, scripted_app, runtime_dir, [(1, SMALL, NORMAL)],
                       until="exit") as b:
-            wait_state(admin, BG, 1, "queued")
+            b.expect(("can", 1, "NOT_PRIORITIZED"))
             a.send(("unload", 1))
-            wait_state(admin, BG, 1, "loaded")
+            b.expect(("loaded", 1))
             b.send(("exit",))
             b_events = b.wait()
         a.send(("exit",))
@@ -166,11 +166,14 @@ def test_weights_decide_what_fits(admin: NpuManager, runtime_dir: Path) -> None:
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)], until="exit") as a, \
             spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                      until="exit") as b:
-        wait_state(admin, FG, 1, "loaded")
-        wait_state(admin, BG, 1, "loaded")  # 2 + 2 fits in 4
-        events = run_as(THIRD, None, scripted_app, runtime_dir, [(1, SMALL, NORMAL)],
-                        until="exit", run_for=0.5)
-        dump = admin.dump()
+        a.expect(("loaded", 1))
+        b.expect(("loaded", 1))  # 2 + 2 fits in 4
+        with spawn_as(THIRD, None, scripted_app, runtime_dir, [(1, SMALL, NORMAL)],
+                      until="exit") as third:
+            third.expect(QUEUED)
+            dump = admin.dump()
+            third.send(("exit",))
+            events = third.wait()
         a.send(("exit",))
         b.send(("exit",))
         a.wait()
@@ -217,8 +220,8 @@ def test_same_id_from_two_uids_is_two_requests(admin: NpuManager, runtime_dir: P
     with spawn_as(FG, None, scripted_app, runtime_dir, [(7, SMALL, NORMAL)], until="exit") as a, \
             spawn_as(BG, None, scripted_app, runtime_dir, [(7, SMALL, NORMAL)],
                      until="exit") as b:
-        wait_state(admin, FG, 7, "loaded")
-        wait_state(admin, BG, 7, "loaded")
+        a.expect(("loaded", 7))
+        b.expect(("loaded", 7))
         keys = sorted((r["uid"], r["request_id"]) for r in admin.dump()["requests"])
         a.send(("exit",))
         b.send(("exit",))
@@ -229,9 +232,9 @@ def test_same_id_from_two_uids_is_two_requests(admin: NpuManager, runtime_dir: P
 
 def test_reused_id_is_refused(admin: NpuManager, runtime_dir: Path) -> None:
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, SMALL, NORMAL)], until="exit") as a:
-        wait_state(admin, FG, 1, "loaded")
+        a.expect(("loaded", 1))
         a.send(("unload", 1))
-        wait_state(admin, FG, 1, None)  # type: ignore[arg-type]
+        a.expect(("complete", 1, "COMPLETE"))
         a.send(("request", (1, SMALL, NORMAL)))  # same id again on this connection
         a.send(("exit",))
         events = a.wait()
@@ -243,19 +246,19 @@ def test_opportunistic_never_preempts_and_is_the_first_victim(admin: NpuManager,
     _importances(admin, u50001=Importance.CACHED, u50002=Importance.FOREGROUND,
                  u50003=Importance.CACHED)
     with spawn_as(FG, None, scripted_app, runtime_dir, [(1, MID, NORMAL)], until="exit") as low:
-        wait_state(admin, FG, 1, "loaded")
+        low.expect(("loaded", 1))
         # A foreground app's opportunistic load does not push the cached app out...
         with spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, OPPORTUNISTIC)],
                       until="exit") as opp:
-            wait_state(admin, BG, 1, "queued")
+            opp.expect(("can", 1, "NOT_PRIORITIZED"))
             assert request_state(admin, FG, 1) == "loaded"
             opp.send(("cancel", 1))
             opp.send(("request", (2, SMALL, OPPORTUNISTIC)))
-            wait_state(admin, BG, 2, "loaded")  # 2 + 1 fits
+            opp.expect(("loaded", 2))  # 2 + 1 fits
             # ...and is the first victim when a normal request needs room.
             with spawn_as(THIRD, None, scripted_app, runtime_dir, [(1, MID, NORMAL)],
                           until="exit") as normal:
-                wait_state(admin, THIRD, 1, "loaded")
+                normal.expect(("loaded", 1))
                 normal.send(("exit",))
                 normal_events = normal.wait()
             opp.send(("exit",))
@@ -276,10 +279,10 @@ def test_stubborn_holder_is_revoked_after_the_deadline(start_npud: StartDaemon,
         _importances(admin, u50001=Importance.FOREGROUND, u50002=Importance.CACHED)
         with spawn_as(BG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                       comply=False) as bg:
-            wait_state(admin, BG, 1, "loaded")
+            bg.expect(("loaded", 1))
             with spawn_as(FG, None, scripted_app, runtime_dir, [(1, BIG, NORMAL)],
                           until="exit") as fg:
-                wait_state(admin, FG, 1, "loaded")
+                fg.expect(("loaded", 1))
                 fg.send(("exit",))
                 fg_events = fg.wait()
             bg_events = bg.wait()
