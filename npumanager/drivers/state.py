@@ -401,8 +401,7 @@ class DriverState:
         job.reported = self._debounce.begin(uid) and self.listening
         if job.reported:
             self._out.append(ev.ReportWork(_REQUESTED, info, 0))
-        self._log.append((now, e.stimulus_id, "work", info.id, "admitted",
-                          {"model": e.model_id, "eff": eff, "steps": steps}))
+        self._decide("work", info.id, "admitted", model=e.model_id, eff=eff, steps=steps)
         self._queue.push(job)
         self._dispatch()
 
@@ -526,8 +525,7 @@ class DriverState:
         if self._debounce.end(job.info.uid, info, reason, e.now, listening):
             self._out.append(ev.ReportWork(_ENDED, info, int(reason)))
         self._out.append(ev.FinishJob(job.ticket, job_id, reason, job.step, error, job.revoked))
-        self._log.append((e.now, e.stimulus_id, "work", job_id, "ended",
-                          {"reason": reason.name, "steps": job.step}))
+        self._decide("work", job_id, "ended", reason=reason.name, steps=job.step)
         if model is not None and not model.jobs and model.model_id in self._releasing:
             del self._releasing[model.model_id]
             self._out.append(ev.ReleaseModel(model.model_id))

@@ -42,6 +42,7 @@ def test_driver_state_invariants(ops: list[tuple[object, ...]], channels: int,
     h.handle(h.mk(ev.ManagerAttached, enforce_admission=True))
     h.configs(SchedulingConfig(uid=1, app_priority=100), SchedulingConfig(uid=2, app_priority=600))
     models: dict[int, int] = {}  # uid -> its model on its current connection
+    grant_of: dict[int, str] = {}  # uid -> the grant its current model was prepared under
     conn_of = {uid: uid for uid in UIDS}  # a reconnecting uid gets a new connection
     grants = 0
 
@@ -51,6 +52,7 @@ def test_driver_state_invariants(ops: list[tuple[object, ...]], channels: int,
             grants += 1
             gid = f"g{grants}"
             h.grant(gid, uid)
+            grant_of[uid] = gid
             if conn_of[uid] not in h._uids:
                 h.connect(conn_of[uid], uid)
             models[uid] = h.prepare(conn_of[uid], grant=gid)
@@ -77,8 +79,7 @@ def test_driver_state_invariants(ops: list[tuple[object, ...]], channels: int,
             del models[op[1]]  # type: ignore[arg-type]
             conn_of[op[1]] += 100  # type: ignore[index]
         elif kind == "revoke" and op[1] in models:
-            h.end_grant(next(g for g in h.state.grant_ids()
-                             if h.state._grants[g].uid == op[1]))
+            h.end_grant(grant_of[op[1]])  # type: ignore[index]
             del models[int(op[1])]  # type: ignore[call-overload]
         elif kind == "thermal":
             h.thermal(ThermalStatus(op[1]))  # type: ignore[call-overload]

@@ -169,7 +169,10 @@ def check_effective_priority_ordering_and_thermal_hold_back(s: Session) -> None:
         s.admin.call("hal.set_thermal_status", pb.ThermalStatusMsg(status=ThermalStatus.NONE))
         for th in threads:
             th.join(30)
-    starts = [i.job_priority for k, i, _ in s.log.snapshot() if k == "started"]
+    # The starts reach the callback connection, not the one the executions answered on:
+    # wait for them rather than read what has arrived so far.
+    events = s.log.wait_for(_count_at_least("started", 2))
+    starts = [i.job_priority for k, i, _ in events if k == "started"]
     assert starts == [100, 500], f"the more important job must start first: {starts}"
 
 
