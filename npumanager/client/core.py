@@ -15,8 +15,10 @@ no I/O and starts nothing; an adapter gives it
 
 then feeds it what the transport hears: :meth:`on_push`,
 :meth:`connection_lost`, and :meth:`reported` after a loaded/unloaded call
-succeeded. The blocking API calls in from the caller's thread and its reader
-thread, so the table sits behind a lock (uncontended on an event loop).
+succeeded. The core itself is single-threaded: the async API calls it from its
+loop only, the blocking API (caller's thread, reader thread) under one lock of
+its own. It starts nothing and takes no lock, so it can decide without I/O, as
+the other cores do (a contract in ``pyproject.toml``).
 
 Lost connection: every live request ends with
 ``on_model_load_request_complete(request, CANCELLED)``, logged as a warning
@@ -37,7 +39,6 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -168,7 +169,6 @@ class ClientCore(Generic[L]):
     def __init__(self, deliver: Deliver, make_listener: Callable[[ModelLoadRequest], L]) -> None:
         self._deliver = deliver
         self._make_listener = make_listener
-        self._lock = threading.Lock()
         self._live: dict[int, LiveRequest[L]] = {}
         self.phase = Phase.CONNECTED
         self.lost_reason: BaseException | None = None
@@ -192,35 +192,31 @@ class ClientCore(Generic[L]):
         if not isinstance(request, ModelLoadRequest):
             raise InvalidArgument(f"expected a ModelLoadRequest, got {type(request).__name__}")
         live = LiveRequest(request, callback, executor, self._make_listener(request))
-        with self._lock:
-            if self.phase is not Phase.CONNECTED:
-                raise self.unavailable()
-            if request.id in self._live:
-                raise InvalidArgument(
-                    f"request {request.id} is already live on this connection; "
-                    f"a request may be submitted once"
-                )
-            self._live[request.id] = live
+        if self.phase is not Phase.CONNECTED:
+            raise self.unavailable()
+        if request.id in self._live:
+            raise InvalidArgument(
+                f"request {request.id} is already live on this connection; "
+                f"a request may be submitted once"
+            )
+        self._live[request.id] = live
         return live
 
     def withdraw(self, live: LiveRequest[L]) -> None:
         """The request call failed: npud never took the request."""
-        with self._lock:
-            if self._live.get(live.request.id) is live:
-                del self._live[live.request.id]
+        if self._live.get(live.request.id) is live:
+            del self._live[live.request.id]
 
     def reported(self, method: str, request_id: int) -> None:
         """The app's ``loaded`` call succeeded (``unloaded`` ends with npud's COMPLETE)."""
         if method != "loaded":
             return
-        with self._lock:
-            live = self._live.get(request_id)
-            if live is not None and live.state is LiveState.GRANTED:
-                live.state = LiveState.LOADED
+        live = self._live.get(request_id)
+        if live is not None and live.state is LiveState.GRANTED:
+            live.state = LiveState.LOADED
 
     def live_requests(self) -> list[LiveView]:
-        with self._lock:
-            return [LiveView(x.request, x.state, x.grant_id) for x in self._live.values()]
+        return [LiveView(x.request, x.state, x.grant_id) for x in self._live.values()]
 
     def unavailable(self) -> ServiceUnavailable:
         why = f": {self.lost_reason}" if self.lost_reason is not None else ""
@@ -228,9 +224,8 @@ class ClientCore(Generic[L]):
 
     def close(self) -> None:
         """The app closes the connection: drop every live request without callbacks."""
-        with self._lock:
-            self.phase = Phase.CLOSED
-            self._live.clear()
+        self.phase = Phase.CLOSED
+        self._live.clear()
 
     # --- what the transport hears -------------------------------------------------
 
@@ -253,13 +248,12 @@ class ClientCore(Generic[L]):
         status = _LOAD_STATUS.get(m.status)
         if status is None:
             raise _unknown("load status", m.status)
-        with self._lock:
-            live = self._live.get(m.request_id)
-            if live is None:
-                return
-            if status is LoadStatus.CAN_LOAD_NOW:
-                live.state = LiveState.GRANTED
-                live.grant_id = live.listener.grant_id = m.grant_id or None
+        live = self._live.get(m.request_id)
+        if live is None:
+            return
+        if status is LoadStatus.CAN_LOAD_NOW:
+            live.state = LiveState.GRANTED
+            live.grant_id = live.listener.grant_id = m.grant_id or None
         self._deliver(live.executor, live.callback.on_can_load_model, live.request, status,
                       live.listener)
 
@@ -268,11 +262,10 @@ class ClientCore(Generic[L]):
         reason = _UNLOAD_REASON.get(m.reason)
         if reason is None:
             raise _unknown("unload reason", m.reason)
-        with self._lock:
-            live = self._live.get(m.request_id)
-            if live is None:
-                return
-            live.state = LiveState.UNLOAD_REQUESTED
+        live = self._live.get(m.request_id)
+        if live is None:
+            return
+        live.state = LiveState.UNLOAD_REQUESTED
         self._deliver(live.executor, live.callback.on_request_unload_model, live.request,
                       reason)
 
@@ -281,21 +274,19 @@ class ClientCore(Generic[L]):
         status = _REQUEST_STATUS.get(m.status)
         if status is None:
             raise _unknown("request status", m.status)
-        with self._lock:
-            live = self._live.pop(m.request_id, None)
+        live = self._live.pop(m.request_id, None)
         if live is not None:
             self._deliver(live.executor, live.callback.on_model_load_request_complete,
                           live.request, status)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         """The connection dropped (not closed by the app): end every live request CANCELLED."""
-        with self._lock:
-            if self.phase is not Phase.CONNECTED:
-                return
-            self.phase = Phase.LOST
-            self.lost_reason = exc
-            ended = list(self._live.values())
-            self._live.clear()
+        if self.phase is not Phase.CONNECTED:
+            return
+        self.phase = Phase.LOST
+        self.lost_reason = exc
+        ended = list(self._live.values())
+        self._live.clear()
         for live in ended:
             log.warning("connection to npud lost (%s): request %d ends CANCELLED",
                         exc or "closed", live.request.id)

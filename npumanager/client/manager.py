@@ -93,12 +93,14 @@ class NpuManager:
                  client_name: str = "", call_timeout: float | None = None) -> None:
         self.path = str(manager_socket(runtime_dir))
         self._dispatcher = CallbackDispatcher()
+        # The core is single-threaded; the caller's thread and the reader thread take turns.
+        self._lock = threading.Lock()
         self._core: ClientCore[ModelLoadStatusListener] = ClientCore(
             self._dispatcher.post, functools.partial(ModelLoadStatusListener, report=self._report))
         try:
             self._rpc = SyncRpcClient(
                 self.path, "manager", client_name=client_name or f"pid{os.getpid()}",
-                on_push=self._core.on_push, on_close=self._core.connection_lost,
+                on_push=self._on_push, on_close=self._on_lost,
                 threaded=True, call_timeout=call_timeout,
             )
         except BaseException:
@@ -140,7 +142,8 @@ class NpuManager:
 
     def _report(self, method: str, request_id: int) -> None:
         self._do(calls.request_ref(method, request_id))
-        self._core.reported(method, request_id)
+        with self._lock:
+            self._core.reported(method, request_id)
 
     def request_can_load_model(self, request: ModelLoadRequest,
                                callback: ModelLoadRequestCallback,
@@ -148,11 +151,13 @@ class NpuManager:
         """Ask npud whether ``request`` may load; the answer comes to ``callback``.
 
         Returns the request's listener (the same object the callbacks get)."""
-        live = self._core.register(request, callback, executor)
+        with self._lock:
+            live = self._core.register(request, callback, executor)
         try:
             self._do(calls.request(request))
         except BaseException:
-            self._core.withdraw(live)
+            with self._lock:
+                self._core.withdraw(live)
             raise
         return live.listener
 
@@ -191,6 +196,17 @@ class NpuManager:
 
     def close(self) -> None:
         """Close the connection; npud drops this client's requests (no callbacks)."""
-        self._core.close()
+        with self._lock:
+            self._core.close()
         self._rpc.close()
         self._dispatcher.stop()
+
+    # --- the transport's reader thread ---------------------------------------------
+
+    def _on_push(self, method: str, payload: bytes, fds: list[int]) -> None:
+        with self._lock:
+            self._core.on_push(method, payload, fds)
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        with self._lock:
+            self._core.connection_lost(exc)
