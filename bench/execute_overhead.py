@@ -1,32 +1,45 @@
-"""Execute overhead: a model run through the driver host vs ONNX Runtime in-process.
+"""Execute overhead: models run through the driver host vs ONNX Runtime in-process.
 
 Starts a real reference driver host (``npu driver reference``, admission off)
-and runs the same model both ways, interleaved in rounds so machine noise
-hits both alike:
+and runs the same models every way listed in ``MODES``, interleaved in rounds
+so machine noise hits every mode alike. The first mode, ONNX Runtime
+in-process with the driver's session options, is the baseline each other
+mode is compared with (added µs and ratio, p50 and p99).
 
-- tiny: y = x + 1 on [1, 4] — the added latency per inference (target: <= 100 µs
-  at p50);
-- ~2 ms: a MatMul/Tanh chain sized to ~2 ms in-process (target: <= 5% added);
+Cases (``CASES``), all built here with ``onnx.helper``:
+
+- tiny: y = x + 1 on [1, 4], the pure overhead (target: <= +100 µs at p50,
+  back to back);
+- gru step: one step of a voice-activity detector (512-sample frame, GRU 128);
+- small cnn: a text-direction-classifier-sized CNN (3x48x192);
+- cnn 224: a ~15-30 ms CNN (3x224x224), paced at 30 Hz only;
+- ~2 ms: a MatMul/Tanh chain sized to ~2 ms in-process (target: <= +5% paced);
 - 16 MiB: relu over a 16 MiB float32 tensor through shared memory, staged
-  input buffers and output views (target: >= 80% of in-process throughput);
-  plus the same with the convenient copying API, for reference.
+  input buffers and output views (target: >= 80% of in-process throughput),
+  plus the convenient copying API for reference; back to back only.
 
-Tight-loop rows call back to back. Paced rows sleep the same think time
-between calls on both sides (1 ms for 1 kHz, 33 ms for 30 Hz), as a camera
-or control loop would: on this kind of VM the same ONNX Runtime call is up
+Paces: "tight" calls back to back. A paced row runs one call per tick of a
+30 Hz, 100 Hz or 1 kHz clock (sleep until the next tick, as a camera, audio
+or control loop does; a late call starts at once and the ticks restart from
+it), on every side alike. On this kind of VM the same ONNX Runtime call is up
 to 2x slower after the process idles, and every managed call idles while it
-waits for its reply, so only paced rows compare like with like.
+waits for its reply, so the paced rows compare like with like. A case is
+paced only at rates it can keep (see ``Case.paces``).
 
-Same-run baselines: ORT in-process with identical session options, a raw Unix
-socket round trip, and the transport's own RPC round trip (echo). Prints a
-table with ratios. Usage: python bench/execute_overhead.py [--n N] [--rounds R]
-[--paced N]
+To add an execution mode (a burst, say), append a ``Mode`` whose ``bind``
+returns the call to time, or None where the mode does not apply; anything it
+opens goes on ``Bound.stack`` and is closed after the case.
+
+Same-run baselines: a raw Unix socket round trip and the transport's own RPC
+round trip (echo). Usage: python bench/execute_overhead.py [--rounds R]
+[--n N] [--paced-s S] [--quick] [--only tiny,gru,...] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -35,17 +48,28 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npumanager import nn
-from npumanager.drivers.base import CompileOptions
+from npumanager.drivers.base import CompileOptions, PreparedModel
 from npumanager.drivers.reference import ReferenceDriver
 from npumanager.testing.driver_host import running_driver
-from npumanager.testing.onnx_models import add_model, matmul_model, relu_model
+from npumanager.testing.onnx_models import (
+    add_model,
+    cnn_model,
+    gru_step_model,
+    matmul_model,
+    relu_model,
+)
+
+US = 1e6
 
 
 def pct(ts: list[float], q: float) -> float:
@@ -53,21 +77,145 @@ def pct(ts: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-def timed(fn: Callable[[], object], n: int, think: float = 0.0) -> list[float]:
-    """``n`` calls of ``fn``; with ``think`` > 0 the caller sleeps that long between calls."""
+def tight(fn: Callable[[], object], n: int) -> list[float]:
+    """``n`` calls of ``fn`` back to back; the time of each."""
     out = []
     clock = time.perf_counter
     for _ in range(n):
         t = clock()
         fn()
         out.append(clock() - t)
-        if think:
-            time.sleep(think)
     return out
 
 
-#: Paced rows: (label, think time between calls).
-PACES = (("1 kHz", 0.001), ("30 Hz", 1 / 30))
+def paced(fn: Callable[[], object], n: int, hz: float) -> list[float]:
+    """``n`` calls of ``fn``, one per tick of an ``hz`` clock: sleep until the next tick,
+    call, and measure the call alone. A call that ends past its next tick makes the next
+    start at once and the ticks restart from there (no catch-up burst)."""
+    out = []
+    clock = time.perf_counter
+    period = 1.0 / hz
+    tick = clock()
+    for _ in range(n):
+        wait = tick - clock()
+        if wait > 0:
+            time.sleep(wait)
+        t = clock()
+        fn()
+        end = clock()
+        out.append(end - t)
+        tick += period
+        if tick < end:
+            tick = end
+    return out
+
+
+# --- what runs: cases and execution modes ----------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    onnx: bytes
+    inputs: dict[str, np.ndarray]
+    n: int  # back-to-back calls per round (per mode)
+    paces: tuple[float, ...] = (30.0, 100.0, 1000.0)  # Hz; () = back to back only
+    shm: bool = False  # large tensors: the driver modes stage inputs in shared memory
+
+
+@dataclass
+class Bound:
+    """One case made ready for the modes: compiled in-process, prepared in the driver."""
+
+    case: Case
+    local: PreparedModel
+    remote: nn.Model
+    stack: ExitStack = field(default_factory=ExitStack)
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    #: The call to time for a case, or None where this mode does not apply.
+    bind: Callable[[Bound], Callable[[], object] | None]
+    paced: bool = True  # False: back-to-back rows only
+
+
+def _in_process(b: Bound) -> Callable[[], object]:
+    local, x = b.local, b.case.inputs
+    return lambda: local.run(x)
+
+
+def _driver(b: Bound) -> Callable[[], object]:
+    remote, x = b.remote, b.case.inputs
+    if b.case.shm:
+        bufs = remote.input_buffers()
+        for k, v in x.items():
+            bufs[k][...] = v
+        return lambda: remote.execute(bufs, copy_outputs=False)
+    return lambda: remote.execute(x)
+
+
+def _driver_copying(b: Bound) -> Callable[[], object] | None:
+    remote, x = b.remote, b.case.inputs
+    return (lambda: remote.execute(x)) if b.case.shm else None
+
+
+#: The first mode is the baseline the others are compared with.
+MODES: list[Mode] = [
+    Mode("in-process", _in_process),
+    Mode("driver", _driver),
+    Mode("driver, copying API", _driver_copying, paced=False),
+]
+
+
+def sized_matmul(drv: ReferenceDriver, target_ms: float) -> tuple[bytes, dict[str, np.ndarray]]:
+    batch = 16
+    for dim in (128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024):
+        onnx = matmul_model(dim=dim, depth=4, batch=batch)
+        m = drv.compile(onnx, CompileOptions())
+        x = {"x": np.ones((batch, dim), np.float32)}
+        tight(lambda m=m, x=x: m.run(x), 5)  # type: ignore[misc]
+        t = pct(tight(lambda m=m, x=x: m.run(x), 30), 0.5) * 1e3  # type: ignore[misc]
+        m.release()
+        if t >= target_ms:
+            break
+    return onnx, x
+
+
+def build_cases(drv: ReferenceDriver, n: int, keep: Callable[[str], bool]) -> list[Case]:
+    """The cases whose names ``keep`` accepts (only those are built and sized)."""
+    rng = np.random.default_rng(0)
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    makers: list[tuple[str, Callable[[], Case]]] = [
+        ("tiny", lambda: Case("tiny [1,4] add", add_model(4),
+                              {"x": np.ones((1, 4), np.float32)}, n)),
+        ("gru", lambda: Case("gru step (VAD)", gru_step_model(),
+                             {"frame": rand(1, 512), "h": np.zeros((1, 1, 128), np.float32)},
+                             n // 2)),
+        ("small cnn", lambda: Case("small cnn 48x192", cnn_model(48, 192),
+                                   {"image": rand(1, 3, 48, 192)}, max(50, n // 10),
+                                   paces=(30.0, 100.0))),
+        ("cnn 224", lambda: Case("cnn 224x224", cnn_model(224, 224, (16, 32, 64, 96, 128)),
+                                 {"image": rand(1, 3, 224, 224)}, max(10, n // 100),
+                                 paces=(30.0,))),
+        ("matmul", lambda: matmul_case(drv, max(50, n // 10))),
+        ("16 MiB", lambda: Case("16 MiB relu", relu_model((4096, 1024)),
+                                {"x": rand(4096, 1024)}, 40, paces=(), shm=True)),
+    ]
+    return [make() for key, make in makers if keep(key)]
+
+
+def matmul_case(drv: ReferenceDriver, n: int) -> Case:
+    onnx, x = sized_matmul(drv, 2.0)
+    batch, dim = x["x"].shape
+    return Case(f"matmul {batch}x{dim} (~2 ms)", onnx, x, n, paces=(30.0, 100.0))
+
+
+# --- same-run transport baselines --------------------------------------------------------
 
 
 def raw_socket_rtt(n: int) -> list[float]:
@@ -82,7 +230,7 @@ def raw_socket_rtt(n: int) -> list[float]:
             b.sendall(d)
     b.close()
     msg = b"x" * 64
-    ts = timed(lambda: (a.sendall(msg), a.recv(4096)), n)
+    ts = tight(lambda: (a.sendall(msg), a.recv(4096)), n)
     a.close()
     os.waitpid(pid, 0)
     return ts
@@ -94,13 +242,11 @@ def rpc_echo_rtt(n: int, rt: Path) -> list[float]:
 
     path = str(rt / "echo.sock")
     ready = threading.Event()
-    stop: list[asyncio.AbstractEventLoop] = []
 
     def serve() -> None:
         async def main() -> None:
             srv = RpcServer(path, "echo", {"echo": lambda ctx, p: p})
             await srv.start()
-            stop.append(asyncio.get_running_loop())
             ready.set()
             await asyncio.sleep(3600)
 
@@ -113,130 +259,170 @@ def rpc_echo_rtt(n: int, rt: Path) -> list[float]:
     if pid == 0:
         serve()
         os._exit(0)
+    # The child's socket file appearing is the only signal a forked server can give.
     deadline = time.monotonic() + 10
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.01)
     c = SyncRpcClient(path, "echo", threaded=False)
-    ts = timed(lambda: c.call("echo", b"x" * 64), n)
+    ts = tight(lambda: c.call("echo", b"x" * 64), n)
     c.close()
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     return ts
 
 
-def sized_matmul(target_ms: float) -> tuple[bytes, dict[str, np.ndarray]]:
-    drv = ReferenceDriver({})
-    batch = 16
-    for dim in (128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024):
-        onnx = matmul_model(dim=dim, depth=4, batch=batch)
-        m = drv.compile(onnx, CompileOptions())
-        x = {"x": np.ones((batch, dim), np.float32)}
-        for _ in range(5):
-            m.run(x)
-        t = pct(timed(lambda m=m, x=x: m.run(x), 30), 0.5) * 1e3  # type: ignore[misc]
-        if t >= target_ms:
-            return onnx, x
-    return onnx, x
+# --- running and reporting ----------------------------------------------------------------
+
+
+def pace_label(hz: float | None) -> str:
+    if hz is None:
+        return "tight"
+    return f"{hz / 1000:g} kHz" if hz >= 1000 else f"{hz:g} Hz"
+
+
+def run_case(b: Bound, rounds: int, paced_s: float) -> dict[tuple[str, str], list[float]]:
+    """Times of every (mode, pace) for one case, the modes interleaved round by round."""
+    fns = {m.name: (m, fn) for m in MODES if (fn := m.bind(b)) is not None}
+    # Outputs must agree before any timing counts.
+    ref = MODES[0].name
+    want = fns[ref][1]()
+    for name, (_, fn) in fns.items():
+        got = fn()
+        assert isinstance(got, dict) and isinstance(want, dict)
+        for k, v in want.items():
+            if not np.allclose(np.asarray(got[k]), np.asarray(v), rtol=1e-4, atol=1e-5):
+                raise SystemExit(f"{b.case.name}: {name} output {k!r} differs from {ref}")
+    for _, fn in fns.values():
+        tight(fn, max(5, b.case.n // 20))  # warm up
+    res: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        for name, (_, fn) in fns.items():
+            res.setdefault((name, "tight"), []).extend(tight(fn, b.case.n))
+        for hz in b.case.paces:
+            calls = max(5, int(paced_s * hz))
+            for name, (mode, fn) in fns.items():
+                if mode.paced:
+                    res.setdefault((name, pace_label(hz)), []).extend(paced(fn, calls, hz))
+    return res
+
+
+def fmt_t(s: float) -> str:
+    return f"{s * US:.1f} µs" if s < 1e-3 else f"{s * 1e3:.3f} ms"
+
+
+def table(results: dict[str, dict[tuple[str, str], list[float]]]) -> list[tuple[str, ...]]:
+    """One row per (case, pace, mode); each mode after the first compared with it."""
+    rows: list[tuple[str, ...]] = []
+    base = MODES[0].name
+    for case, res in results.items():
+        paces = list(dict.fromkeys(p for _, p in res))
+        shown_case = case
+        for pace in paces:
+            ref = res.get((base, pace))
+            shown_pace = pace
+            for mode in MODES:
+                ts = res.get((mode.name, pace))
+                if ts is None:
+                    continue
+                p50, p99 = pct(ts, 0.5), pct(ts, 0.99)
+                added = ratio = added99 = ""
+                if mode.name != base and ref is not None:
+                    a50, a99 = pct(ref, 0.5), pct(ref, 0.99)
+                    added = f"{(p50 - a50) * US:+.0f} µs"
+                    ratio = f"{p50 / a50:.2f}x"
+                    added99 = f"{(p99 - a99) * US:+.0f} µs"
+                rows.append((shown_case, shown_pace, mode.name, str(len(ts)), fmt_t(p50),
+                             fmt_t(p99), added, ratio, added99))
+                shown_case = shown_pace = ""  # printed once per group
+    return rows
+
+
+def targets(results: dict[str, dict[tuple[str, str], list[float]]]) -> list[str]:
+    out = []
+
+    def p50(case: str, mode: str, pace: str) -> float | None:
+        for name, res in results.items():
+            if name.startswith(case) and (mode, pace) in res:
+                return pct(res[(mode, pace)], 0.5)
+        return None
+
+    a, b = p50("tiny", "in-process", "tight"), p50("tiny", "driver", "tight")
+    if a and b:
+        d = (b - a) * US
+        out.append(f"tiny added p50, tight: {d:+.1f} µs (target <= +100 µs) "
+                   f"{'PASS' if d <= 100 else 'FAIL'}")
+    for pace in ("30 Hz", "100 Hz"):
+        a, b = p50("matmul", "in-process", pace), p50("matmul", "driver", pace)
+        if a and b:
+            r = (b / a - 1) * 100
+            out.append(f"~2 ms matmul added p50 at {pace}: {r:+.1f}% (target <= +5%) "
+                       f"{'PASS' if r <= 5 else 'FAIL'}")
+    a, b = p50("16 MiB", "in-process", "tight"), p50("16 MiB", "driver", "tight")
+    if a and b:
+        out.append(f"16 MiB through shared memory: {a / b * 100:.0f}% of in-process "
+                   f"throughput (target >= 80%) {'PASS' if a / b >= 0.8 else 'FAIL'}")
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=2000, help="tiny-model calls per round")
+    ap.add_argument("--n", type=int, default=2000, help="tiny-model back-to-back calls per round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--paced", type=int, default=90,
-                    help="paced calls per round and pace at 30 Hz (10x that at 1 kHz)")
+    ap.add_argument("--paced-s", type=float, default=1.0,
+                    help="seconds of paced calls per pace, mode and round")
+    ap.add_argument("--quick", action="store_true", help="a few calls of everything (smoke)")
+    ap.add_argument("--only", default="", help="comma-separated case name prefixes")
+    ap.add_argument("--json", type=Path, help="also write every p50/p99 here")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.rounds, args.paced_s = 100, 1, 0.1
     rt = Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
     st = Path(tempfile.mkdtemp(prefix="npu-bench-st-", dir="/tmp"))
-    rows: list[tuple[str, str, str, str, str, str]] = []
+    started = time.monotonic()
     try:
         raw = raw_socket_rtt(args.n)
         echo = rpc_echo_rtt(args.n, rt)
         drv = ReferenceDriver({})
-        mm_onnx, mm_x = sized_matmul(2.0)
-        big_shape = (4096, 1024)  # 16 MiB of float32
-        big_x = np.random.default_rng(0).standard_normal(big_shape).astype(np.float32)
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        cases = build_cases(drv, args.n,
+                            lambda key: not wanted or any(key.startswith(w) for w in wanted))
+        if args.quick:
+            for c in cases:
+                c.n = min(c.n, 20)
+        results: dict[str, dict[tuple[str, str], list[float]]] = {}
         with running_driver("reference", rt, st, args=["--no-enforce-admission"]):
             dev = nn.device("reference", rt)
-            cases = {
-                "tiny": (add_model(4), {"x": np.ones((1, 4), np.float32)}, args.n),
-                "~2 ms": (mm_onnx, mm_x, max(200, args.n // 10)),
-                "16 MiB": (relu_model(big_shape), {"x": big_x}, 40),
-            }
-            results: dict[str, dict[str, list[float]]] = {}
-            for name, (onnx, x, n) in cases.items():
-                local = drv.compile(onnx, CompileOptions())
-                remote = dev.prepare_model(onnx)
-                if name == "16 MiB":
-                    bufs = remote.input_buffers()
-                    bufs["x"][...] = x["x"]
-                    variants: dict[str, Callable[[], object]] = {
-                        "in-process": lambda local=local, x=x: local.run(x),
-                        "driver": lambda r=remote, b=bufs: r.execute(b, copy_outputs=False),
-                        "driver, copying API": lambda r=remote, x=x: r.execute(x),
-                    }
-                else:
-                    variants = {"in-process": lambda local=local, x=x: local.run(x),
-                                "driver": lambda r=remote, x=x: r.execute(x)}
-                for fn in variants.values():
-                    timed(fn, max(5, n // 20))  # warm up
-                res: dict[str, list[float]] = {k: [] for k in variants}
-                paces = PACES if name != "16 MiB" else ()
-                for pace, _ in paces:
-                    res |= {f"{k} @{pace}": [] for k in ("in-process", "driver")}
-                for _ in range(args.rounds):
-                    for k, fn in variants.items():
-                        res[k] += timed(fn, n)
-                    for pace, think in paces:
-                        m = args.paced * (10 if think < 0.01 else 1) // args.rounds
-                        for k in ("in-process", "driver"):
-                            res[f"{k} @{pace}"] += timed(variants[k], max(10, m), think)
-                results[name] = res
-                remote.release()
-                local.release()
+            for case in cases:
+                b = Bound(case, drv.compile(case.onnx, CompileOptions()),
+                          dev.prepare_model(case.onnx))
+                try:
+                    with b.stack:
+                        results[case.name] = run_case(b, args.rounds, args.paced_s)
+                finally:
+                    b.remote.release()
+                    b.local.release()
             dev.close()
-        us = 1e6
-        tiny = results["tiny"]
-        a, b = pct(tiny["in-process"], 0.5), pct(tiny["driver"], 0.5)
-        rows.append(("tiny [1,4] add", f"{a * us:.1f} µs", f"{b * us:.1f} µs",
-                     f"+{(b - a) * us:.1f} µs", "<= +100 µs",
-                     "PASS" if (b - a) * us <= 100 else "FAIL"))
-        a99, b99 = pct(tiny["in-process"], 0.99), pct(tiny["driver"], 0.99)
-        rows.append(("tiny p99", f"{a99 * us:.1f} µs", f"{b99 * us:.1f} µs",
-                     f"+{(b99 - a99) * us:.1f} µs", "", ""))
-        for pace, _ in PACES:
-            a = pct(tiny[f"in-process @{pace}"], 0.5)
-            b = pct(tiny[f"driver @{pace}"], 0.5)
-            rows.append((f"tiny, paced {pace}", f"{a * us:.1f} µs", f"{b * us:.1f} µs",
-                         f"+{(b - a) * us:.1f} µs", "", ""))
-        mm = results["~2 ms"]
-        a, b = pct(mm["in-process"], 0.5), pct(mm["driver"], 0.5)
-        rows.append((f"matmul {mm_x['x'].shape}", f"{a * 1e3:.3f} ms", f"{b * 1e3:.3f} ms",
-                     f"{(b / a - 1) * 100:+.1f}%", "", ""))
-        for pace, _ in PACES:
-            a = pct(mm[f"in-process @{pace}"], 0.5)
-            b = pct(mm[f"driver @{pace}"], 0.5)
-            rows.append((f"matmul, paced {pace}", f"{a * 1e3:.3f} ms", f"{b * 1e3:.3f} ms",
-                         f"{(b / a - 1) * 100:+.1f}%", "<= +5%",
-                         "PASS" if b / a - 1 <= 0.05 else "FAIL"))
-        big = results["16 MiB"]
-        mib = big_x.nbytes / (1 << 20)
-        a = pct(big["in-process"], 0.5)
-        for k in ("driver", "driver, copying API"):
-            b = pct(big[k], 0.5)
-            rows.append((f"16 MiB relu ({k})", f"{mib / a:.0f} MiB/s", f"{mib / b:.0f} MiB/s",
-                         f"{a / b * 100:.0f}% of in-process",
-                         ">= 80%" if k == "driver" else "",
-                         ("PASS" if a / b >= 0.8 else "FAIL") if k == "driver" else ""))
-        print(f"\nexecute overhead ({args.rounds} rounds, interleaved; load "
-              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs)")
-        print(f"baselines: raw Unix socket round trip p50 {pct(raw, 0.5) * us:.1f} µs; "
-              f"transport RPC echo p50 {pct(echo, 0.5) * us:.1f} µs "
-              f"(p99 {pct(echo, 0.99) * us:.1f} µs)")
-        header = ("case", "in-process", "via driver", "added", "target", "")
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(6)]
+        print(f"\nexecute overhead ({args.rounds} rounds, modes interleaved; "
+              f"{time.monotonic() - started:.0f} s; load {os.getloadavg()[0]:.2f} "
+              f"on {os.cpu_count()} CPUs)")
+        print(f"baselines: raw Unix socket round trip p50 {pct(raw, 0.5) * US:.1f} µs; "
+              f"transport RPC echo p50 {pct(echo, 0.5) * US:.1f} µs "
+              f"(p99 {pct(echo, 0.99) * US:.1f} µs)")
+        header = ("case", "pace", "mode", "calls", "p50", "p99", "added p50", "ratio",
+                  "added p99")
+        rows = table(results)
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for r in [header, *rows]:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        for line in targets(results):
+            print(line)
+        if args.json:
+            doc: dict[str, Any] = {
+                case: {f"{mode} @ {pace}": {"p50_us": pct(ts, 0.5) * US,
+                                            "p99_us": pct(ts, 0.99) * US, "n": len(ts)}
+                       for (mode, pace), ts in res.items()}
+                for case, res in results.items()}
+            args.json.write_text(json.dumps(doc, indent=1))
     finally:
         shutil.rmtree(rt, ignore_errors=True)
         shutil.rmtree(st, ignore_errors=True)

@@ -99,6 +99,80 @@ def step_model(n: int = 4, work_dim: int = 0, work_depth: int = 1) -> bytes:
     return _model(g)
 
 
+def gru_step_model(frame: int = 512, features: int = 64, hidden: int = 128,
+                   seed: int = 0) -> bytes:
+    """One step of a voice-activity detector: a 512-sample audio frame goes through a
+    learned filterbank (MatMul + Relu) into a GRU cell (PyTorch's layout,
+    linear_before_reset) and a sigmoid head. Inputs ``frame`` float32 [1, frame] and
+    ``h`` [1, 1, hidden]; outputs ``prob`` [1, 1] and ``h_out`` (feed it back as ``h``)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+
+    def w(name: str, *shape: int) -> Any:
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32), name)
+
+    inits = [w("fb", frame, features), w("W", 1, 3 * hidden, features),
+             w("R", 1, 3 * hidden, hidden), w("B", 1, 6 * hidden), w("head", hidden, 1),
+             numpy_helper.from_array(np.array([1, 1, features], np.int64), "seq_shape"),
+             numpy_helper.from_array(np.array([1, hidden], np.int64), "h_shape")]
+    nodes = [
+        helper.make_node("MatMul", ["frame", "fb"], ["bands"]),
+        helper.make_node("Relu", ["bands"], ["energy"]),
+        helper.make_node("Reshape", ["energy", "seq_shape"], ["xs"]),
+        helper.make_node("GRU", ["xs", "W", "R", "B", "", "h"], ["", "h_out"],
+                         hidden_size=hidden, linear_before_reset=1),
+        helper.make_node("Reshape", ["h_out", "h_shape"], ["h_flat"]),
+        helper.make_node("MatMul", ["h_flat", "head"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["prob"]),
+    ]
+    g = helper.make_graph(
+        nodes, "gru_step",
+        [helper.make_tensor_value_info("frame", TensorProto.FLOAT, [1, frame]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, hidden])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 1]),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [1, 1, hidden])],
+        inits)
+    return _model(g)
+
+
+def cnn_model(height: int = 48, width: int = 192, channels: tuple[int, ...] = (16, 32, 64, 128),
+              classes: int = 2, seed: int = 0) -> bytes:
+    """A small image classifier (3x3 convolutions + Relu, stride 2 while the image is
+    larger than 8 pixels high, global average pool, Gemm, Softmax), like a text-direction
+    classifier at its default size. Input ``image`` float32 [1, 3, height, width]; output
+    ``probs`` [1, classes]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    prev, cin, h = "image", 3, height
+    for i, cout in enumerate(channels):
+        stride = 2 if h > 8 else 1
+        h = (h + stride - 1) // stride
+        wt = rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)
+        inits += [numpy_helper.from_array(wt.astype(np.float32), f"k{i}"),
+                  numpy_helper.from_array(np.zeros(cout, np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [prev, f"k{i}", f"b{i}"], [f"c{i}"],
+                                   kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                   strides=[stride, stride]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        prev, cin = f"r{i}", cout
+    fc = (rng.standard_normal((cin, classes)) / np.sqrt(cin)).astype(np.float32)
+    inits += [numpy_helper.from_array(fc, "fc"),
+              numpy_helper.from_array(np.zeros(classes, np.float32), "fc_b")]
+    nodes += [helper.make_node("GlobalAveragePool", [prev], ["pooled"]),
+              helper.make_node("Flatten", ["pooled"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "fc", "fc_b"], ["logits"]),
+              helper.make_node("Softmax", ["logits"], ["probs"], axis=1)]
+    g = helper.make_graph(
+        nodes, "cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, height, width])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, classes])], inits)
+    return _model(g)
+
+
 def reshape_model() -> bytes:
     """y = reshape(x [1, 4], shape): a bad ``shape`` input makes ONNX Runtime fail at run time
     (the FAILED path)."""

@@ -1,0 +1,31 @@
+"""bench/execute_overhead.py keeps working: a quick run against a real driver host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "execute_overhead.py"
+
+
+@pytest.mark.slow
+def test_quick_run_times_every_mode_tight_and_paced(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    p = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--only", "tiny,gru", "--json", str(out)],
+        capture_output=True, text=True, timeout=180,
+    )
+    # The run checks every mode's outputs against in-process ONNX Runtime before timing.
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "added p50" in p.stdout and "tiny added p50, tight" in p.stdout, p.stdout
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"tiny [1,4] add", "gru step (VAD)"}
+    for rows in doc.values():
+        for mode in ("in-process", "driver"):
+            for pace in ("tight", "30 Hz", "100 Hz", "1 kHz"):
+                row = rows[f"{mode} @ {pace}"]
+                assert row["n"] > 0 and 0 < row["p50_us"] <= row["p99_us"], (mode, pace, row)
