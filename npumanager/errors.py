@@ -78,6 +78,11 @@ class DeviceUnavailable(DeviceError):
     transient = True
 
 
+class NoManagerAttached(DeviceUnavailable):
+    """The driver's manager (npud) went away: it loads nothing new until one attaches again;
+    models already loaded keep running for a grace period."""
+
+
 class GeneralFailure(DeviceError):
     """The driver could not do it (NNAPI GENERAL_FAILURE), e.g. a modified cache."""
 

@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-enforce-admission", action="store_true",
                    help="prepare without a grant from npud (testing, standalone use)")
     p.add_argument("--exit-with-manager", action="store_true",
-                   help="once the npud that attached is gone, exit when the last client leaves "
-                   "(npud passes this to the hosts it supervises)")
+                   help="exit once the npud that attached is gone and no manager attached again "
+                   "within [manager] orphan_grace_s (npud passes this to the hosts it starts)")
     # npud passes the resolved driver entry so overrides it was started with carry over.
     p.add_argument("--host-config-json", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=main)
@@ -94,16 +94,12 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 async def _exit_when_orphaned(host: DriverHost, stop: asyncio.Event) -> None:
-    """npud died: keep serving the clients already connected (their running inference
-    survives npud), then exit once they have all left. A restarted npud starts a host of
-    its own on the same socket path, so without this the old one would idle forever."""
-    await host.manager_lost.wait()
-    server = host.server
-    n = len(server.connections) if server is not None else 0
-    log.warning("npud went away; serving the %d connected client(s) until they leave, "
-                "then exiting", n)
-    await host.no_clients.wait()
-    log.warning("no clients left and no npud: exiting")
+    """npud died: its loaded models keep running for the orphan grace (inference survives
+    a daemon restart), but nothing new is loaded; if no manager attaches again by then,
+    the host has released them all and exits. A restarted npud starts a host of its own
+    on the same socket path, so an orphan must not linger."""
+    await host.orphan_expired.wait()
+    log.warning("no manager attached again within %g s: exiting", host.hc.orphan_grace_s)
     stop.set()
 
 

@@ -115,8 +115,27 @@ class ThermalSet(Event):
 
 
 @dataclass(kw_only=True, slots=True)
+class PrepareBegun(Event):
+    """A prepare (or prepare from cache) of ``conn`` is about to read ``nbytes`` (its
+    model memfd, external data and cache files, each by its size): refused while no
+    manager is attached (after one was) or when the uid is at a bound."""
+
+    conn: int
+    prepare_id: int
+    nbytes: int
+
+
+@dataclass(kw_only=True, slots=True)
+class PrepareEnded(Event):
+    """The prepare is over, whatever its outcome (its bytes are no longer charged)."""
+
+    prepare_id: int
+
+
+@dataclass(kw_only=True, slots=True)
 class ModelPrepared(Event):
-    """The shell compiled (or loaded from cache) a model for ``conn`` under ``grant_id``."""
+    """The shell compiled (or loaded from cache) a model for ``conn`` under ``grant_id``
+    (``prepare_id``: the PrepareBegun it completes; 0 for none)."""
 
     conn: int
     grant_id: str | None
@@ -125,6 +144,7 @@ class ModelPrepared(Event):
     outputs: frozenset[str]
     #: The inputs' ONNX types (what executes are checked against); none: names only.
     input_specs: tuple[TensorSpec, ...] = ()
+    prepare_id: int = 0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -270,6 +290,14 @@ class PoolReady(Instruction):
 @dataclass(slots=True)
 class ClosePool(Instruction):
     pool_id: int
+
+
+@dataclass(slots=True)
+class GraceExpired(Instruction):
+    """No manager came back within the orphan grace: every model was released (the
+    shell of a host npud started exits now)."""
+
+    models: int
 
 
 @dataclass(slots=True)

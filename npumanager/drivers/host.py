@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -115,12 +116,12 @@ class DriverHost:
             ev.ClosePool: self._close_pool,
             ev.ArmTimer: self._arm_timer,
             ev.CancelTimer: self._cancel_timer,
+            ev.GraceExpired: self._grace_expired,
         }
-        #: Set when the npud that attached goes away (``npu driver --exit-with-manager``).
-        self.manager_lost = asyncio.Event()
-        #: Set while no connection is open.
-        self.no_clients = asyncio.Event()
-        self.no_clients.set()
+        self._prepare_ids = itertools.count(1)
+        #: Set once npud went away and no manager attached again within the orphan grace
+        #: (every model is released then; ``npu driver --exit-with-manager`` exits).
+        self.orphan_expired = asyncio.Event()
 
     def __repr__(self) -> str:
         return f"<DriverHost {self.hc.name}: {len(self._clients)} connections | {self.state!r}>"
@@ -208,7 +209,6 @@ class DriverHost:
     def _connected(self, conn: RpcConnection) -> None:
         client = ClientConn(next(self._cids), conn)
         self._clients[conn] = client
-        self.no_clients.clear()
         self._submit_quietly(ev.ClientConnected(
             stimulus_id=self._stimulus("connect"), now=self.clock.now(), conn=client.cid,
             uid=conn.peer.uid, pid=max(conn.peer.pid, 0)))
@@ -223,13 +223,14 @@ class DriverHost:
             self.manager_conn = None
             self._submit_quietly(ev.ManagerGone(stimulus_id=self._stimulus("manager-gone"),
                                                 now=now))
-            self.manager_lost.set()
+            if self.state.orphaned_at is not None:
+                log.warning("npud went away: loading nothing new; %d loaded model(s) keep "
+                            "running for %g s unless a manager attaches again",
+                            len(self.state.model_ids()), self.hc.orphan_grace_s)
         client = self._clients.pop(conn, None)
         if client is not None:
             self._submit_quietly(ev.ClientGone(stimulus_id=self._stimulus("gone"), now=now,
                                                conn=client.cid))
-        if not self._clients:
-            self.no_clients.set()
 
     def _on_timer(self, key: str) -> None:
         self._timers.pop(key, None)
@@ -331,6 +332,11 @@ class DriverHost:
             client, pool = owned
             del client.pools[ins.pool_id]
             pool.close()
+
+    def _grace_expired(self, ins: ev.GraceExpired) -> None:
+        log.warning("no manager attached again within %g s: released %d model(s)",
+                    self.hc.orphan_grace_s, ins.models)
+        self.orphan_expired.set()
 
     def _arm_timer(self, ins: ev.ArmTimer) -> None:
         self._cancel_timer(ev.CancelTimer(ins.key))
@@ -479,39 +485,70 @@ class DriverHost:
             finally:
                 timer.cancel()
 
+    def _begin_prepare(self, ctx: CallContext, fds: list[int], inline_bytes: int) -> int:
+        """Charge the bytes this prepare will read (every fd by its size, sparse or not) to
+        the caller's uid; refused at a bound or while no manager is attached."""
+        nbytes = inline_bytes
+        for fd in fds:
+            try:
+                nbytes += os.fstat(fd).st_size
+            except OSError:
+                pass
+        client = self._clients.get(ctx.conn)
+        if client is None:
+            raise InvalidArgument("the connection closed")
+        prepare_id = next(self._prepare_ids)
+        self._submit(ev.PrepareBegun(stimulus_id=self._stimulus("prepare"), now=self.clock.now(),
+                                     conn=client.cid, prepare_id=prepare_id, nbytes=nbytes))
+        return prepare_id
+
+    def _end_prepare(self, prepare_id: int) -> None:
+        if prepare_id:
+            self._submit_quietly(ev.PrepareEnded(stimulus_id=self._stimulus("prepared"),
+                                                 now=self.clock.now(), prepare_id=prepare_id))
+
     async def _prepare_model(self, ctx: CallContext, payload: bytes) -> pb.PreparedModelMsg:
         fds, ctx.fds = ctx.fds, []
+        prepare_id = 0
         try:
             msg = pb.PrepareModel.FromString(payload)
             self.preparer.check_prepare(msg, fds)
+            n_cache = msg.n_model_cache + msg.n_data_cache  # written, not read
+            prepare_id = self._begin_prepare(ctx, fds[n_cache:], len(msg.onnx))
             grant = await self._admit(ctx, msg.grant_id)
             done = await self.preparer.prepare_model(msg, fds)
+            return self._model_ready(ctx, done, grant, prepare_id)
         finally:
             close_fds(fds)
-        return self._model_ready(ctx, done, grant)
+            self._end_prepare(prepare_id)
 
     async def _prepare_from_cache(self, ctx: CallContext, payload: bytes
                                   ) -> pb.PreparedModelMsg:
         fds, ctx.fds = ctx.fds, []
+        prepare_id = 0
         try:
-            msg = pb.PrepareModelFromCache.FromString(payload)
-            self.preparer.check_from_cache(msg, fds)
-            grant = await self._admit(ctx, msg.grant_id)
-            done = await self.preparer.prepare_from_cache(msg, fds)
-        except (GeneralFailure, InvalidArgument):
-            self._cache_result(b"rejected")  # the client falls back to a full compile
-            raise
+            try:
+                msg = pb.PrepareModelFromCache.FromString(payload)
+                self.preparer.check_from_cache(msg, fds)
+                prepare_id = self._begin_prepare(ctx, fds, 0)
+                grant = await self._admit(ctx, msg.grant_id)
+                done = await self.preparer.prepare_from_cache(msg, fds)
+            except (GeneralFailure, InvalidArgument):
+                self._cache_result(b"rejected")  # the client falls back to a full compile
+                raise
+            finally:
+                close_fds(fds)
+            return self._model_ready(ctx, done, grant, prepare_id)
         finally:
-            close_fds(fds)
-        return self._model_ready(ctx, done, grant)
+            self._end_prepare(prepare_id)
 
     def _cache_result(self, result: bytes) -> None:
         """Tell npud how a cache load went (its npu_cache_loads_total metric)."""
         if self.manager_conn is not None:
             self.manager_conn.push("hal.cache_result", result)
 
-    def _model_ready(self, ctx: CallContext, done: Prepared, grant: str | None
-                     ) -> pb.PreparedModelMsg:
+    def _model_ready(self, ctx: CallContext, done: Prepared, grant: str | None,
+                     prepare_id: int = 0) -> pb.PreparedModelMsg:
         prepared = done.model
         client = self._clients.get(ctx.conn)
         try:
@@ -522,7 +559,7 @@ class DriverHost:
                 grant_id=grant, memory_bytes=prepared.memory_bytes,
                 inputs=frozenset(i.name for i in prepared.inputs),
                 outputs=frozenset(o.name for o in prepared.outputs),
-                input_specs=tuple(prepared.inputs)))
+                input_specs=tuple(prepared.inputs), prepare_id=prepare_id))
         except BaseException:
             prepared.release()
             raise
@@ -551,13 +588,16 @@ class DriverHost:
             if len(fds) != 1:
                 raise InvalidArgument(f"register_pool takes one memfd, got {len(fds)} fds")
             pool = tensorio.MappedPool(fds[0], msg.size)
+            # Charged by the memfd's size, which sealing fixes: a sparse pool costs its
+            # sender nothing but can make the driver touch every page of it.
+            size = os.fstat(fds[0]).st_size
         finally:
             close_fds(fds)
         client = self._clients[ctx.conn]
         try:
             out = self.state.handle(ev.PoolRegistered(stimulus_id=self._stimulus("pool"),
                                                       now=self.clock.now(), conn=client.cid,
-                                                      size=pool.size))
+                                                      size=size))
         except BaseException:
             pool.close()
             raise

@@ -13,6 +13,7 @@ from typing import Any
 
 from npumanager import tensorio
 from npumanager.drivers import events as ev
+from npumanager.drivers.bounds import Limits
 from npumanager.drivers.prepare import Prepared
 from npumanager.drivers.records import DriverParams
 from npumanager.drivers.steps import Execution
@@ -42,7 +43,8 @@ def params_from(hc: HostConfig) -> DriverParams:
     return DriverParams(name=hc.name, channels=hc.channels, thermal_cutoff=hc.thermal_cutoff,
                         inline_run_us=hc.inline_run_us,
                         inline_idle_run_us=hc.inline_idle_run_us,
-                        enforce_admission=hc.enforce_admission)
+                        enforce_admission=hc.enforce_admission,
+                        limits=Limits(**hc.limits), orphan_grace_s=hc.orphan_grace_s)
 
 
 def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:

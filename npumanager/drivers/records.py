@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from npumanager.drivers.bounds import Limits
 from npumanager.drivers.runqueue import Job
 from npumanager.tensorio.specs import InputCheck
 
@@ -28,6 +29,10 @@ class DriverParams:
     #: Ended grants and released models remembered to say why a later call fails.
     tombstones: int = 4096
     decision_log_size: int = 4096
+    #: What one uid / connection may make the host hold (:mod:`.bounds`).
+    limits: Limits = field(default_factory=Limits)
+    #: Seconds loaded models keep running after the manager went away (then released).
+    orphan_grace_s: float = 10.0
 
 
 class GrantCheck(Enum):
@@ -46,6 +51,16 @@ class ClientRecord:
     models: set[int] = field(default_factory=set)
     pools: dict[int, int] = field(default_factory=dict)  # pool id -> size
     jobs: set[Job] = field(default_factory=set)
+
+
+@dataclass(eq=False, slots=True)
+class PrepareRecord:
+    """A prepare in progress: the bytes it reads, charged to its uid until it ends."""
+
+    prepare_id: int
+    conn: int
+    uid: int
+    nbytes: int
 
 
 @dataclass(eq=False, slots=True)

@@ -12,9 +12,11 @@ What it owns, and how it decides (ARCHITECTURE "The HAL and the driver"):
   runs first, FIFO on ties. Work is refused for a uid without direct access
   and for attribution to another uid without the right.
 * Multi-step jobs give their channel back after every step and re-enter the
-  queue in their original place; more important queued work takes the
-  channel and the job is PAUSED, later RESUMED. A step is never interrupted
-  by other work; a cancelled job's running step is asked to abort.
+  queue behind the work of equal effective priority waiting then (round
+  robin: nobody waits behind an equal's endless job) but ahead of less
+  important work; queued work that takes the channel PAUSEs the job, later it
+  is RESUMED. A step is never interrupted by other work; a cancelled job's
+  running step is asked to abort. A job asks for at most ``max_steps`` steps.
 * Thermal hold-back: from CRITICAL, work whose effective priority lies above
   the cutoff stays queued (multi-step jobs pause between steps).
 * Lifecycle reports with AOSP's debouncing per uid (:mod:`.debounce`), only
@@ -25,7 +27,14 @@ What it owns, and how it decides (ARCHITECTURE "The HAL and the driver"):
   the shell carries out after ``handle`` returns, never by calling back in.
 * Enforced admission: grants npud issued, models prepared under them, and
   their release when a grant ends (revoked work ends CANCELLED_SYSTEM and its
-  client learns why; a later call on the model says why too: tombstones).
+  client learns why; a later call on the model says why too: tombstones). A
+  connection uses only the models it prepared and the pools it registered;
+  another connection's ids get the same answer as ids that never existed.
+* Bounds per uid and per connection (:mod:`.bounds`): jobs, models, model
+  bytes, bytes being read by prepares, pools and their bytes: LimitExceeded.
+* The manager link: once npud has attached and then gone away, nothing new is
+  loaded (NoManagerAttached) and after ``orphan_grace_s`` every model is
+  released, unless a manager attaches again first.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from typing import Any
 
 from npumanager.constants import ThermalStatus
 from npumanager.drivers import events as ev
+from npumanager.drivers.bounds import Holdings, Ledger
 from npumanager.drivers.debounce import Debouncer
 from npumanager.drivers.events import JobState, WorkKind
 from npumanager.drivers.records import (
@@ -45,6 +55,7 @@ from npumanager.drivers.records import (
     Grant,
     GrantCheck,
     ModelRecord,
+    PrepareRecord,
     WorkStats,
 )
 from npumanager.drivers.runqueue import Job, RunQueue
@@ -54,6 +65,7 @@ from npumanager.errors import (
     GrantRequired,
     GrantRevoked,
     InvalidArgument,
+    NoManagerAttached,
 )
 from npumanager.hal.types import (
     DEBOUNCE_DURATION_MS,
@@ -69,6 +81,7 @@ from npumanager.tensorio.specs import InputCheck
 __all__ = ["DriverParams", "DriverState", "GrantCheck"]
 
 DEBOUNCE_TIMER = "debounce"
+ORPHAN_TIMER = "orphan"
 _QUEUED, _RUNNING, _PAUSED = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED
 _REQUESTED, _STARTED, _ENDED = WorkKind.REQUESTED, WorkKind.STARTED, WorkKind.ENDED
 
@@ -82,6 +95,8 @@ class DriverState:
         self.thermal = ThermalStatus.NONE
         self.listening = False
         self.manager_attached = False
+        #: When the manager that had attached went away (None: attached, or never was).
+        self.orphaned_at: float | None = None
         self.configs: dict[int, SchedulingConfig] = {}
         self.stats = WorkStats()
         self._queue = RunQueue(p.channels)
@@ -91,6 +106,9 @@ class DriverState:
         #: Models dropped while a step of theirs still runs: released when it ends.
         self._releasing: dict[int, ModelRecord] = {}
         self._grants: dict[str, Grant] = {}
+        self._prepares: dict[int, PrepareRecord] = {}
+        #: What each uid holds, against the bounds.
+        self.ledger = Ledger(p.limits, p.name)
         self._ended_grants: OrderedDict[str, bool] = OrderedDict()
         self._tombstones: OrderedDict[int, tuple[int, str]] = OrderedDict()
         self._jobs: dict[int, Job] = {}  # ticket -> job
@@ -115,6 +133,8 @@ class DriverState:
             ev.ManagerGone: self._on_manager_gone,
             ev.GrantIssued: self._on_grant_issued,
             ev.GrantEnded: self._on_grant_ended,
+            ev.PrepareBegun: self._on_prepare_begun,
+            ev.PrepareEnded: self._on_prepare_ended,
             ev.ThermalSet: self._on_thermal,
             ev.ModelPrepared: self._on_model_prepared,
             ev.ModelReleased: self._on_model_released,
@@ -190,6 +210,10 @@ class DriverState:
     def jobs(self) -> list[Job]:
         return list(self._jobs.values())
 
+    def holdings(self, uid: int) -> Holdings:
+        """What ``uid`` holds now (a copy)."""
+        return self.ledger.of(uid)
+
     def model_ids(self) -> list[int]:
         return sorted(self._models)
 
@@ -243,7 +267,7 @@ class DriverState:
         for model_id in sorted(client.models):
             self._drop_model(self._models[model_id], None)
         for pool_id in sorted(client.pools):
-            self._out.append(ev.ClosePool(pool_id))
+            self._close_pool(client, pool_id)
 
     def _on_configs(self, e: ev.ConfigsSet) -> None:
         validate_configs(list(e.configs))
@@ -263,9 +287,38 @@ class DriverState:
     def _on_manager_attached(self, e: ev.ManagerAttached) -> None:
         self.manager_attached = True
         self.enforce_admission = e.enforce_admission
+        if self.orphaned_at is not None:
+            self._decide("driver", self.params.name, "manager back",
+                         after_s=round(e.now - self.orphaned_at, 3))
+            self.orphaned_at = None
+            self._out.append(ev.CancelTimer(ORPHAN_TIMER))
 
     def _on_manager_gone(self, e: ev.ManagerGone) -> None:
+        if not self.manager_attached:
+            return
         self.manager_attached = False
+        self.orphaned_at = e.now
+        grace = self.params.orphan_grace_s
+        self._decide("driver", self.params.name, "manager gone", grace_s=grace,
+                     models=len(self._models))
+        self._out.append(ev.ArmTimer(ORPHAN_TIMER, e.now + grace))
+
+    def _orphan_grace_over(self) -> None:
+        """Nobody re-attached in time: nothing runs outside a manager's budget any more."""
+        e = self._ev
+        assert e is not None and self.orphaned_at is not None
+        grace = self.params.orphan_grace_s
+        why = (f"npud went away and no manager attached again within {grace:g} s; "
+               "the model was released")
+        models = sorted(self._models)
+        self._decide("driver", self.params.name, "orphan grace over", models=len(models))
+        for grant_id in sorted(self._grants):
+            self._grants[grant_id].models.clear()
+            del self._grants[grant_id]
+            self._end_grant_record(grant_id, True)
+        for model_id in models:
+            self._drop_model(self._models[model_id], why)
+        self._out.append(ev.GraceExpired(len(models)))
 
     # --- grants and models ---------------------------------------------------------------
 
@@ -275,12 +328,15 @@ class DriverState:
             self._ended_grants.pop(e.grant_id, None)
             self._decide("grant", e.grant_id, "issued", uid=e.uid, request_id=e.request_id)
 
-    def _on_grant_ended(self, e: ev.GrantEnded) -> None:
-        grant = self._grants.pop(e.grant_id, None)
-        self._ended_grants[e.grant_id] = e.revoked
-        self._ended_grants.move_to_end(e.grant_id)
+    def _end_grant_record(self, grant_id: str, revoked: bool) -> None:
+        self._ended_grants[grant_id] = revoked
+        self._ended_grants.move_to_end(grant_id)
         while len(self._ended_grants) > self.params.tombstones:
             self._ended_grants.popitem(last=False)
+
+    def _on_grant_ended(self, e: ev.GrantEnded) -> None:
+        grant = self._grants.pop(e.grant_id, None)
+        self._end_grant_record(e.grant_id, e.revoked)
         if grant is None:
             return
         self._decide("grant", e.grant_id, "revoked" if e.revoked else "ended",
@@ -291,16 +347,51 @@ class DriverState:
         for model_id in sorted(grant.models):
             self._drop_model(self._models[model_id], why)
 
+    def _on_prepare_begun(self, e: ev.PrepareBegun) -> None:
+        client = self._client(e.conn)
+        if self.orphaned_at is not None:
+            raise NoManagerAttached(
+                f"driver {self.params.name} has no manager attached (npud went away "
+                f"{e.now - self.orphaned_at:.1f} s ago): it loads nothing new until npud is "
+                "back")
+        if e.prepare_id in self._prepares:
+            raise InvalidArgument(f"prepare {e.prepare_id} is already in progress")
+        if e.nbytes < 0:
+            raise InvalidArgument(f"a prepare cannot read {e.nbytes} bytes")
+        uid = client.uid
+        self.ledger.check_prepare(uid, e.nbytes)
+        self._prepares[e.prepare_id] = PrepareRecord(e.prepare_id, e.conn, uid, e.nbytes)
+        self.ledger.add_prepare(uid, e.nbytes)
+
+    def _on_prepare_ended(self, e: ev.PrepareEnded) -> None:
+        self._end_prepare(e.prepare_id)
+
+    def _end_prepare(self, prepare_id: int) -> None:
+        rec = self._prepares.pop(prepare_id, None)
+        if rec is not None:
+            self.ledger.drop_prepare(rec.uid, rec.nbytes)
+
     def _on_model_prepared(self, e: ev.ModelPrepared) -> None:
         client = self._client(e.conn)
+        uid = client.uid
         grant = None
         if e.grant_id is not None:
             grant = self._grants.get(e.grant_id)
             if grant is None:
                 raise GrantRevoked(f"grant {e.grant_id[:8]}… ended while the model was prepared")
+            if grant.uid != uid:
+                raise GrantRequired(f"that grant was not issued to uid {uid}")
+        if e.memory_bytes < 0:
+            raise InvalidArgument(f"a model cannot hold {e.memory_bytes} bytes")
+        begun = self._prepares.get(e.prepare_id) if e.prepare_id else None
+        self.ledger.check_model(uid, e.memory_bytes,
+                                counted=begun is not None and begun.uid == uid)
+        # Admitted: nothing below raises.
+        self._end_prepare(e.prepare_id)
+        self.ledger.add_model(uid, e.memory_bytes)
         model_id = next(self._model_ids)
         check = InputCheck(list(e.input_specs)) if e.input_specs else None
-        self._models[model_id] = ModelRecord(model_id, e.conn, client.uid, e.grant_id,
+        self._models[model_id] = ModelRecord(model_id, e.conn, uid, e.grant_id,
                                              e.memory_bytes, e.inputs, e.outputs, check)
         client.models.add(model_id)
         self._out.append(ev.ModelReady(e.conn, model_id))
@@ -320,6 +411,7 @@ class DriverState:
         """Take the model out of service: its work is cancelled (CANCELLED_SYSTEM when
         its grant ended) and it is released once no step of it runs any more."""
         del self._models[model.model_id]
+        self.ledger.drop_model(model.uid, model.memory_bytes)
         client = self._clients.get(model.conn)
         if client is not None:
             client.models.discard(model.model_id)
@@ -349,14 +441,20 @@ class DriverState:
         client = self._client(e.conn)
         if e.size <= 0:
             raise InvalidArgument(f"a pool needs a positive size, not {e.size}")
+        self.ledger.check_pool(client.uid, len(client.pools), e.size)
+        self.ledger.add_pool(client.uid, e.size)
         pool_id = next(self._pool_ids)
         client.pools[pool_id] = e.size
         self._out.append(ev.PoolReady(e.conn, pool_id))
 
     def _on_pool_unregistered(self, e: ev.PoolUnregistered) -> None:
         client = self._clients.get(e.conn)
-        if client is not None and client.pools.pop(e.pool_id, None) is not None:
-            self._out.append(ev.ClosePool(e.pool_id))
+        if client is not None and e.pool_id in client.pools:
+            self._close_pool(client, e.pool_id)
+
+    def _close_pool(self, client: ClientRecord, pool_id: int) -> None:
+        self.ledger.drop_pool(client.uid, client.pools.pop(pool_id))
+        self._out.append(ev.ClosePool(pool_id))
 
     # --- work -----------------------------------------------------------------------------
 
@@ -377,6 +475,10 @@ class DriverState:
                 raise InvalidArgument(f"model takes inputs {sorted(model.inputs)}, got "
                                       f"{sorted(names)}")
         steps = max(1, e.steps)
+        lim, name = self.params.limits, self.params.name
+        if 0 < lim.max_steps < steps:
+            raise InvalidArgument(f"an execution may run at most {lim.max_steps} steps on "
+                                  f"driver {name}, not {steps}")
         if steps > 1:
             for out_name, in_name in e.feedback:
                 if out_name not in model.outputs or in_name not in model.inputs:
@@ -386,7 +488,9 @@ class DriverState:
             raise InvalidArgument(f"execution ticket {e.ticket} is already in use")
         uid = client.uid
         eff = self.effective_priority(uid, e.original_uid, e.job_priority)
+        self.ledger.check_job(uid, len(client.jobs))
         # Admitted: nothing below raises.
+        self.ledger.add_job(uid)
         now = e.now
         info = WorkInfo(next(self._work_ids), e.group_id, uid, client.pid,
                         uid if e.original_uid is None else e.original_uid, e.feature_id,
@@ -441,9 +545,11 @@ class DriverState:
         elif job.step >= job.steps:
             self._finish(job, EndReason.COMPLETED)
         else:
-            # Back into the queue in its original place: it keeps its channel unless
-            # more important (or equally important, earlier) work is waiting.
+            # Back into the queue behind the equally important work waiting now (round
+            # robin among equals: an endless job cannot starve them) and ahead of less
+            # important work: it keeps its channel unless such work is waiting.
             job.state = _QUEUED
+            job.seq = next(self._seq)
             self._queue.push(job)
             self._dispatch(yielding=job)
             return
@@ -456,6 +562,10 @@ class DriverState:
         self._dispatch()
 
     def _on_timer(self, e: ev.TimerFired) -> None:
+        if e.key == ORPHAN_TIMER:
+            if self.orphaned_at is not None:
+                self._orphan_grace_over()
+            return
         if e.key != DEBOUNCE_TIMER:
             return
         self._timer_at = None
@@ -504,6 +614,7 @@ class DriverState:
         e = self._ev
         assert e is not None
         del self._jobs[job.ticket]
+        self.ledger.drop_job(job.info.uid)
         job_id = job.info.id
         client = self._clients.get(job.conn)
         if client is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from npumanager.constants import ThermalStatus
+from npumanager.drivers.bounds import Holdings
 from npumanager.drivers.events import JobState
 
 if TYPE_CHECKING:
@@ -90,3 +91,38 @@ def validate_driver_state(s: DriverState) -> None:
         assert s.listening, "an end is pending while nobody listens"
         assert s._timer_at is not None and s._timer_at <= deadline, (
             f"no timer armed for the debounce deadline {deadline}")
+    # Bounds: the ledger says exactly what the records hold, and nobody is past a bound.
+    want: dict[int, Holdings] = {}
+    for job in s._jobs.values():
+        want.setdefault(job.info.uid, Holdings()).jobs += 1
+    for model in s._models.values():
+        h = want.setdefault(model.uid, Holdings())
+        h.models += 1
+        h.model_bytes += model.memory_bytes
+    for rec in s._prepares.values():
+        h = want.setdefault(rec.uid, Holdings())
+        h.prepares += 1
+        h.prepare_bytes += rec.nbytes
+    for client in s._clients.values():
+        for size in client.pools.values():
+            h = want.setdefault(client.uid, Holdings())
+            h.pools += 1
+            h.pool_bytes += size
+    held = s.ledger.held()
+    assert held == want, f"ledger {held} != records {want}"
+    lim = s.params.limits
+    for uid, h in held.items():
+        for have, bound in ((h.jobs, lim.max_jobs_per_uid), (h.pools, lim.max_pools_per_uid),
+                            (h.models + h.prepares, lim.max_models_per_uid),
+                            (h.pool_bytes, lim.max_pool_bytes_per_uid),
+                            (h.model_bytes, lim.max_model_bytes_per_uid),
+                            (h.prepare_bytes, lim.max_prepare_bytes_per_uid)):
+            assert bound <= 0 or have <= bound, f"uid {uid} is past a bound: {h}"
+    per_conn_jobs, per_conn_pools = lim.max_jobs_per_connection, lim.max_pools_per_connection
+    for client in s._clients.values():
+        assert per_conn_jobs <= 0 or len(client.jobs) <= per_conn_jobs, client
+        assert per_conn_pools <= 0 or len(client.pools) <= per_conn_pools, client
+    for job in s._jobs.values():
+        assert lim.max_steps <= 0 or job.steps <= lim.max_steps, job
+    # The manager link: orphaned only while no manager is attached.
+    assert s.orphaned_at is None or not s.manager_attached, "orphaned with a manager"

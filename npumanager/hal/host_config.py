@@ -14,6 +14,12 @@ from npumanager.config import Config
 
 #: Tensors above this many bytes go through a shared-memory pool when the client has one.
 DEFAULT_INLINE_LIMIT = 64 * 1024
+#: The [manager] keys that bound what one uid may make a driver host hold
+#: (npumanager.drivers.bounds.Limits has a field of each name).
+DRIVER_LIMIT_KEYS = ("max_steps", "max_jobs_per_uid", "max_jobs_per_connection",
+                     "max_models_per_uid", "max_model_bytes_per_uid",
+                     "max_prepare_bytes_per_uid", "max_pools_per_uid",
+                     "max_pools_per_connection", "max_pool_bytes_per_uid")
 
 
 @dataclass
@@ -34,6 +40,9 @@ class HostConfig:
     admin_group: str | int | None = None
     max_frame: int = 1 << 20
     cache_max_entries: int = 4096
+    #: [manager] bounds (DRIVER_LIMIT_KEYS) that differ from the built-in defaults.
+    limits: dict[str, int] = field(default_factory=dict)
+    orphan_grace_s: float = 10.0
     options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -60,5 +69,7 @@ class HostConfig:
             admin_group=mgr.get("admin_group") or None,
             max_frame=int(mgr.get("max_frame", 1 << 20)),
             cache_max_entries=int(cfg.section("cache").get("max_entries", 4096)),
+            limits={k: int(mgr[k]) for k in DRIVER_LIMIT_KEYS if k in mgr},
+            orphan_grace_s=float(mgr.get("orphan_grace_s", 10.0)),
             options=dict(d.get("options", {})),
         )

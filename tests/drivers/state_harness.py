@@ -97,7 +97,8 @@ class StreamChecker:
             assert self.pools.get(ins.pool_id) == "ready", f"{ins}: not a live pool"
             self.pools[ins.pool_id] = "closed"
         else:
-            assert isinstance(ins, ev.ArmTimer | ev.CancelTimer | ev.ReportModelMemory), ins
+            assert isinstance(ins, ev.ArmTimer | ev.CancelTimer | ev.ReportModelMemory
+                              | ev.GraceExpired), ins
 
     def _report(self, ins: ev.ReportWork) -> None:
         info = ins.info

@@ -246,14 +246,32 @@ def test_multi_step_job_pauses_for_more_important_work_and_resumes() -> None:
     assert h.finish_of(bg) == ev.FinishJob(bg, 1, C, 3)
 
 
-def test_equal_priority_later_work_does_not_preempt() -> None:
+def test_equal_priority_work_takes_the_channel_at_the_next_step_boundary() -> None:
     h = Harness(debounce_ms=0)
     a, b = h.prepare(1), h.prepare(2)
     bg, _ = h.execute(1, a, steps=2)
     other, _ = h.execute(2, b)  # same effective priority (unknown uids, job 0)
-    assert h.step_done(bg) == [run_step(bg, 1, last=True)]
+    assert h.running() == [bg]  # a step is never interrupted
+    out = h.step_done(bg)  # round robin: the equal waiting goes first
+    assert reports(out) == [("ended", 1, PAUSED), ("started", 2, INITIAL)]
+    assert out[-1] == run_step(other)
+    out = h.step_done(other)
+    assert reports(out) == [("ended", 2, COMPLETED), ("started", 1, RESUMED)]
+    assert out[-1] == run_step(bg, 1, last=True)
     h.step_done(bg)
-    assert h.running() == [other]
+    assert h.finish_of(bg) == ev.FinishJob(bg, 1, C, 2)
+
+
+def test_less_important_work_waits_for_a_multi_step_job() -> None:
+    h = Harness(debounce_ms=0)
+    h.priorities(u1=100, u2=400)
+    a, b = h.prepare(1), h.prepare(2)
+    job, _ = h.execute(1, a, steps=3)
+    low, _ = h.execute(2, b)
+    assert h.step_done(job) == [run_step(job, 1, last=False)]  # keeps its channel
+    assert h.step_done(job) == [run_step(job, 2, last=True)]
+    h.step_done(job)
+    assert h.running() == [low]
 
 
 # --- cancel, fail, revoke -------------------------------------------------------------

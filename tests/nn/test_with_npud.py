@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from npumanager import LoadStatus, ModelLoadRequest, ModelLoadRequestCallback, NpuManager, nn
-from npumanager.errors import DeviceUnavailable
+from npumanager.errors import DeviceUnavailable, NoManagerAttached
 from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.onnx_models import add_model, matmul_model
 
@@ -127,24 +127,41 @@ def _wait_gone(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
-def test_driver_host_outlives_a_killed_npud_only_while_clients_use_it(
-        npud: DaemonProcess, runtime_dir: Path) -> None:
-    """npud dying does not kill running inference, but its orphaned host exits once the last
-    client leaves (a restarted npud starts its own host on the same socket path)."""
-    drv = _driver_pid(runtime_dir)
-    cb = Granted()
-    with NpuManager(runtime_dir) as mgr:
-        mgr.request_can_load_model(ModelLoadRequest(1), cb)
-        assert cb.event.wait(10)
-        dev = nn.device("reference", runtime_dir)
-        model = dev.prepare_model(add_model(), grant=cb.listener)
-        npud.proc.kill()  # type: ignore[union-attr]
-        npud.proc.wait(10)  # type: ignore[union-attr]
-        x = np.ones((1, 4), np.float32)
-        for _ in range(3):  # the connected client keeps being served
-            out = model.execute({"x": x})
-            np.testing.assert_allclose(out["y"], x + 1.0)
-        assert _alive(drv)
-        model.release()
-        dev.close()
-    assert _wait_gone(drv, 10), "the orphaned driver host did not exit after its last client"
+def test_a_killed_npuds_driver_runs_loaded_models_loads_nothing_new_then_exits(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """npud dying does not kill running inference: loaded models keep running for the
+    orphan grace. Nothing new is loaded without a manager (the dead npud's grants would
+    act outside any budget), and once the grace is over the host releases everything and
+    exits (a restarted npud starts its own host on the same socket path)."""
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    npud = DaemonProcess(runtime_dir, {"manager": {"orphan_grace_s": 3.0}}, drivers=True,
+                         env=env, ready_timeout=60).start()
+    try:
+        drv = _driver_pid(runtime_dir)
+        cb = Granted()
+        with NpuManager(runtime_dir) as mgr:
+            mgr.request_can_load_model(ModelLoadRequest(1), cb)
+            assert cb.event.wait(10)
+            dev = nn.device("reference", runtime_dir)
+            model = dev.prepare_model(add_model(), grant=cb.listener)
+            npud.proc.kill()  # type: ignore[union-attr]
+            npud.proc.wait(10)  # type: ignore[union-attr]
+            killed = time.monotonic()
+            x = np.ones((1, 4), np.float32)
+            for _ in range(3):  # the connected client keeps being served
+                np.testing.assert_allclose(model.execute({"x": x})["y"], x + 1.0)
+            while True:  # as soon as the driver has seen npud's connection close
+                try:
+                    dev.prepare_model(add_model(), grant=cb.listener).release()
+                except NoManagerAttached as exc:
+                    assert "loads nothing new until npud is back" in str(exc)
+                    break
+                assert time.monotonic() - killed < 2.0, "a prepare was served without npud"
+            assert _alive(drv)
+            assert _wait_gone(drv, 20), "the orphaned driver host did not exit"
+            assert time.monotonic() - killed >= 3.0, "it exited before the grace was over"
+            with pytest.raises(DeviceUnavailable):
+                model.execute({"x": x})
+            dev.close()
+    finally:
+        npud.stop()
