@@ -172,7 +172,7 @@ def bench_model(name: str, repeat: int, work: Path, state: Path) -> dict[str, fl
             fds = open_cache_files(m_paths + d_paths, create=True)
             assert fds is not None
             try:
-                assert cache.save(token, fds[:1], fds[1:], mb, db)
+                assert cache.save(token, fds[:1], fds[1:], mb, db, uid=os.getuid())
             finally:
                 close_fds(fds)
             return len(mb[0]) + len(db[0])
@@ -183,7 +183,7 @@ def bench_model(name: str, repeat: int, work: Path, state: Path) -> dict[str, fl
             fds = open_cache_files(m_paths + d_paths, create=False)
             assert fds is not None
             try:
-                m, d = cache.load(token, fds[:1], fds[1:])
+                m, d = cache.load(token, fds[:1], fds[1:], uid=os.getuid())
             finally:
                 close_fds(fds)
             return session_from_artifacts(m, d)
@@ -203,7 +203,7 @@ def bench_model(name: str, repeat: int, work: Path, state: Path) -> dict[str, fl
 
         t_read, bufs = timed(read, repeat)
         key = os.urandom(32)
-        t_hash, _ = timed(lambda: compute_tag(key, token, bufs[:1], bufs[1:]), repeat)
+        t_hash, _ = timed(lambda: compute_tag(key, os.getuid(), token, bufs[:1], bufs[1:]), repeat)
         t_copy, _ = timed(lambda: [bytearray(b) for b in bufs], repeat)
 
         import blake3
@@ -276,7 +276,8 @@ def backend_row(kind: str, repeat: int, work: Path) -> dict[str, Any]:
         fds = open_cache_files(m_paths + d_paths, create=True)
         assert fds is not None
         try:
-            assert cache.save(token, fds[:n_model], fds[n_model:], m_blobs, d_blobs)
+            assert cache.save(token, fds[:n_model], fds[n_model:], m_blobs, d_blobs,
+                              uid=os.getuid())
         finally:
             close_fds(fds)
 
@@ -284,7 +285,7 @@ def backend_row(kind: str, repeat: int, work: Path) -> dict[str, Any]:
             fds = open_cache_files(m_paths + d_paths, create=False)
             assert fds is not None
             try:
-                m, d = cache.load(token, fds[:n_model], fds[n_model:])
+                m, d = cache.load(token, fds[:n_model], fds[n_model:], uid=os.getuid())
             finally:
                 close_fds(fds)
             return driver.load_artifacts(m, d, opts)
@@ -292,7 +293,7 @@ def backend_row(kind: str, repeat: int, work: Path) -> dict[str, Any]:
         t_load, loaded = timed(load, repeat)
         assert model.matches(loaded.run(model.inputs)), f"{kind}: cached model is wrong"
         key = os.urandom(32)
-        t_hash, _ = timed(lambda: compute_tag(key, token, m_blobs, d_blobs), repeat)
+        t_hash, _ = timed(lambda: compute_tag(key, os.getuid(), token, m_blobs, d_blobs), repeat)
         nbytes = sum(len(b) for b in [*m_blobs, *d_blobs])
     finally:
         cache.close()

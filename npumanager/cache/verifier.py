@@ -5,17 +5,25 @@ change them. Before a driver deserializes (and then runs) what it read, it
 checks a keyed BLAKE3 tag computed over the *in-memory* buffers it read (never
 over the files again) against the tag it recorded when it wrote them.
 
+The map is keyed by (uid, token), the uid being the kernel-verified uid of the
+app's connection: the tag answers "is this what *this app* compiled", not "what
+anyone compiled". An app cannot make another app load its files (uid B
+compiling under uid A's token and swapping its files into A's directory only
+records an entry of B's), and it cannot touch another uid's entries at all.
+
 The map is SQLite in the driver's private state dir (0700, DB file 0600), in
 WAL mode with a busy timeout, so several driver processes can share it. It
-holds a random 32-byte key, the driver+backend version string, and per token:
-the tag, the file counts and sizes, timestamps and hit counts. When the version
-string changes, every entry is dropped and a new key is drawn, so old tags can
-no longer verify anything. Past ``max_entries`` the least recently used entries
-are evicted.
+holds a random 32-byte key, the driver+backend version string, and per (uid,
+token): the tag, the file counts and sizes, timestamps and hit counts. When the
+version string changes, every entry is dropped and a new key is drawn, so old
+tags can no longer verify anything. Eviction is least recently used within one
+uid's share: past ``max_entries_per_uid`` a uid's record evicts that uid's own
+oldest entries, and when the whole map is at ``max_entries`` it evicts its own
+again (or records nothing); one uid never evicts another's entries.
 
-The tag frames every buffer with its kind, index and length, so bytes cannot be
-shifted between files, nor files between model and data cache, nor an entry
-moved to another token.
+The tag frames the uid and every buffer with its kind, index and length, so
+bytes cannot be shifted between files, nor files between model and data cache,
+nor an entry moved to another token or another uid.
 """
 
 from __future__ import annotations
@@ -40,9 +48,10 @@ from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.paths import default_state_dir, ensure_private_dir
 
 DB_NAME = "cache-map.sqlite3"
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 KEY_SIZE = 32
-_DOMAIN = b"npumanager/cache-entry/v1\x00"
+_DOMAIN = b"npumanager/cache-entry/v2\x00"
+_UID = struct.Struct("<Q")
 _COUNTS = struct.Struct("<II")
 _FRAME = struct.Struct("<BIQ")  # kind (1 model, 2 data), index, length
 #: Inputs at least this large are hashed with BLAKE3's multi-threaded mode.
@@ -60,7 +69,8 @@ def verifier_dir(driver_name: str, state_root: Path | None = None) -> Path:
 
 
 def compute_tag(
-    key: bytes, token: bytes, model_bufs: Sequence[Buffer], data_bufs: Sequence[Buffer]
+    key: bytes, uid: int, token: bytes, model_bufs: Sequence[Buffer],
+    data_bufs: Sequence[Buffer]
 ) -> bytes:
     """Keyed BLAKE3 over the framed buffers, multi-threaded for large inputs."""
     views = [
@@ -71,6 +81,7 @@ def compute_tag(
     # Threads pay off only on large inputs (measured: slower below a few MiB).
     threads = blake3.blake3.AUTO if total >= MULTITHREAD_MIN_BYTES else 1
     h = blake3.blake3(_DOMAIN, key=key, max_threads=threads)
+    h.update(_UID.pack(uid))
     h.update(token)
     h.update(_COUNTS.pack(len(model_bufs), len(data_bufs)))
     for kind, vs in ((1, views[0]), (2, views[1])):
@@ -84,6 +95,7 @@ def compute_tag(
 class CacheEntry:
     """One row of the map, as ``npu cache ls`` shows it."""
 
+    uid: int
     token: bytes
     n_model: int
     n_data: int
@@ -101,7 +113,8 @@ class CacheEntry:
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
-    token BLOB PRIMARY KEY,
+    uid INTEGER NOT NULL,
+    token BLOB NOT NULL,
     tag BLOB NOT NULL,
     n_model INTEGER NOT NULL,
     n_data INTEGER NOT NULL,
@@ -109,9 +122,11 @@ CREATE TABLE IF NOT EXISTS entries (
     data_bytes INTEGER NOT NULL,
     created REAL NOT NULL,
     last_used REAL NOT NULL,
-    hits INTEGER NOT NULL DEFAULT 0
+    hits INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (uid, token)
 );
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used);
+CREATE INDEX IF NOT EXISTS entries_uid_last_used ON entries (uid, last_used);
 """
 
 
@@ -124,13 +139,14 @@ class CacheVerifier:
         driver_version: str | None,
         max_entries: int = 4096,
         *,
+        max_entries_per_uid: int = 512,
         now: Callable[[], float] = time.time,
         busy_timeout_s: float = 30.0,
     ) -> None:
         """``driver_version=None`` opens an existing map for administration (the CLI):
         it adopts the stored version and key and never resets the map."""
-        if max_entries < 1:
-            raise InvalidArgument("max_entries must be at least 1")
+        if max_entries < 1 or max_entries_per_uid < 1:
+            raise InvalidArgument("max_entries and max_entries_per_uid must be at least 1")
         self.admin = driver_version is None
         if self.admin and not (Path(state_dir) / DB_NAME).is_file():
             raise GeneralFailure(f"no cache map in {state_dir}")
@@ -138,6 +154,7 @@ class CacheVerifier:
         self.path = self.state_dir / DB_NAME
         self.driver_version = driver_version or ""
         self.max_entries = max_entries
+        self.max_entries_per_uid = max_entries_per_uid
         self._now = now
         self._lock = threading.Lock()
         # Create the file ourselves so it is 0600 from the start; SQLite gives
@@ -161,6 +178,13 @@ class CacheVerifier:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
             with self._write():
+                if self._meta_if_any("schema") not in (None, SCHEMA_VERSION):
+                    if self.admin:
+                        raise GeneralFailure(
+                            f"the cache map in {state_dir} has an older layout; its driver "
+                            "starts it afresh when it next starts")
+                    # An older layout (keyed by token alone): start over, with a new key.
+                    self._db.execute("DROP TABLE IF EXISTS entries")
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
@@ -169,6 +193,9 @@ class CacheVerifier:
                     self.driver_version = stored if isinstance(stored, str) else ""
                 else:
                     self._check_version_locked()
+        except GeneralFailure:
+            self._db.close()
+            raise
         except sqlite3.Error as exc:
             self._db.close()
             raise GeneralFailure(f"cannot initialise cache map {self.path}: {exc}") from exc
@@ -186,6 +213,13 @@ class CacheVerifier:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+    def _meta_if_any(self, k: str) -> bytes | str | None:
+        """Like _meta, on a database that may not have the meta table yet."""
+        try:
+            return self._meta(k)
+        except sqlite3.OperationalError:
+            return None
 
     def _meta(self, k: str) -> bytes | str | None:
         row = self._db.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()
@@ -226,16 +260,18 @@ class CacheVerifier:
     # --- the driver's calls -------------------------------------------------
 
     def record(
-        self, token: bytes, model_bufs: Sequence[Buffer], data_bufs: Sequence[Buffer]
+        self, token: bytes, model_bufs: Sequence[Buffer], data_bufs: Sequence[Buffer], *,
+        uid: int
     ) -> None:
-        """Remember the tag of what was just written (files fully written and synced)."""
+        """Remember the tag of what ``uid`` just wrote (files fully written and synced).
+        GeneralFailure if the map has no room left in ``uid``'s share."""
         if self.admin:
             raise GeneralFailure("a map opened for administration does not record")
         token = check_token(token)
         with self._lock:
             key = self._key_for_hashing()
         # Hash outside the lock: other threads keep using the map meanwhile.
-        tag = compute_tag(key, token, model_bufs, data_bufs)
+        tag = compute_tag(key, uid, token, model_bufs, data_bufs)
         now = self._now()
         with self._lock:
             try:
@@ -244,13 +280,14 @@ class CacheVerifier:
                     if self._check_version_locked() != key:
                         raise GeneralFailure("the cache map was reset while recording")
                     db.execute(
-                        "INSERT INTO entries (token, tag, n_model, n_data, model_bytes,"
-                        " data_bytes, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)"
-                        " ON CONFLICT(token) DO UPDATE SET tag=excluded.tag,"
+                        "INSERT INTO entries (uid, token, tag, n_model, n_data, model_bytes,"
+                        " data_bytes, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,?,0)"
+                        " ON CONFLICT(uid, token) DO UPDATE SET tag=excluded.tag,"
                         " n_model=excluded.n_model, n_data=excluded.n_data,"
                         " model_bytes=excluded.model_bytes, data_bytes=excluded.data_bytes,"
                         " created=excluded.created, last_used=excluded.last_used",
                         (
+                            uid,
                             token,
                             tag,
                             len(model_bufs),
@@ -261,9 +298,31 @@ class CacheVerifier:
                             now,
                         ),
                     )
-                    self._evict_locked(self.max_entries)
+                    if not self._evict_own_locked(uid, token):
+                        raise GeneralFailure(
+                            f"the cache map is full ({self.max_entries} entries) with other "
+                            f"uids' entries; uid {uid}'s compilation was not cached")
             except sqlite3.Error as exc:
                 raise GeneralFailure(f"cannot record cache entry: {exc}") from exc
+
+    def _evict_own_locked(self, uid: int, token: bytes) -> bool:
+        """Evict ``uid``'s least recently used entries past its share, and while the map is
+        over its bound; never another uid's. False if that evicted ``token`` itself."""
+        db = self._db
+        db.execute(
+            "DELETE FROM entries WHERE uid = ? AND token NOT IN (SELECT token FROM entries"
+            " WHERE uid = ? ORDER BY last_used DESC, created DESC LIMIT ?)",
+            (uid, uid, self.max_entries_per_uid))
+        (total,) = db.execute("SELECT count(*) FROM entries").fetchone()
+        over = int(total) - self.max_entries
+        if over > 0:
+            db.execute(
+                "DELETE FROM entries WHERE uid = ? AND token IN (SELECT token FROM entries"
+                " WHERE uid = ? ORDER BY last_used ASC, created ASC LIMIT ?)",
+                (uid, uid, over))
+        row = db.execute("SELECT 1 FROM entries WHERE uid = ? AND token = ?",
+                         (uid, token)).fetchone()
+        return row is not None
 
     def _key_for_hashing(self) -> bytes:
         try:
@@ -281,9 +340,10 @@ class CacheVerifier:
         model_bufs: Sequence[Buffer],
         data_bufs: Sequence[Buffer],
         *,
+        uid: int,
         touch: bool = True,
     ) -> bool:
-        """Whether these buffers are exactly what was recorded for ``token``.
+        """Whether these buffers are exactly what ``uid`` recorded for ``token``.
 
         On a match (and ``touch``), counts a hit and refreshes the LRU time.
         Any map error counts as a mismatch: the caller then compiles afresh.
@@ -296,14 +356,14 @@ class CacheVerifier:
             try:
                 key = self._current_key()
                 row = self._db.execute(
-                    "SELECT tag FROM entries WHERE token = ?", (token,)
+                    "SELECT tag FROM entries WHERE uid = ? AND token = ?", (uid, token)
                 ).fetchone()
             except sqlite3.Error:
                 return False
         if key is None or row is None:
             return False
         expected = bytes(row[0])
-        tag = compute_tag(key, token, model_bufs, data_bufs)  # outside the lock
+        tag = compute_tag(key, uid, token, model_bufs, data_bufs)  # outside the lock
         if not hmac.compare_digest(tag, expected):
             return False
         with self._lock:
@@ -312,8 +372,8 @@ class CacheVerifier:
                     with self._write() as db:
                         db.execute(
                             "UPDATE entries SET hits = hits + 1, last_used = ?"
-                            " WHERE token = ? AND tag = ?",
-                            (self._now(), token, expected),
+                            " WHERE uid = ? AND token = ? AND tag = ?",
+                            (self._now(), uid, token, expected),
                         )
                 except sqlite3.Error:
                     pass  # a hit we could not count is still a hit
@@ -321,10 +381,10 @@ class CacheVerifier:
 
     # --- administration (CLI) -------------------------------------------------
 
-    def lookup(self, token: bytes) -> CacheEntry | None:
+    def lookup(self, token: bytes, *, uid: int) -> CacheEntry | None:
         with self._lock:
             row = self._db.execute(
-                f"SELECT {_COLS} FROM entries WHERE token = ?", (bytes(token),)
+                f"SELECT {_COLS} FROM entries WHERE uid = ? AND token = ?", (uid, bytes(token))
             ).fetchone()
         return None if row is None else _entry(row)
 
@@ -347,7 +407,8 @@ class CacheVerifier:
                     return problems
                 bad = self._db.execute(
                     "SELECT hex(token) FROM entries WHERE length(token) != 32 OR n_model < 0"
-                    " OR n_data < 0 OR model_bytes < 0 OR data_bytes < 0").fetchall()
+                    " OR n_data < 0 OR model_bytes < 0 OR data_bytes < 0 OR uid < 0"
+                    ).fetchall()
             except sqlite3.Error as exc:
                 return [f"cannot read the map: {exc}"]
         key = self._meta("key")
@@ -356,9 +417,10 @@ class CacheVerifier:
             out.append("the hashing key is missing or malformed")
         return out
 
-    def remove(self, token: bytes) -> bool:
+    def remove(self, token: bytes, *, uid: int) -> bool:
         with self._lock, self._write() as db:
-            cur = db.execute("DELETE FROM entries WHERE token = ?", (bytes(token),))
+            cur = db.execute("DELETE FROM entries WHERE uid = ? AND token = ?",
+                             (uid, bytes(token)))
             return cur.rowcount > 0
 
     def clear(self) -> int:
@@ -375,9 +437,10 @@ class CacheVerifier:
             return self._evict_locked(bound)
 
     def _evict_locked(self, bound: int) -> int:
+        """The administrator's bound over every uid (``npu cache gc``)."""
         return self._db.execute(
-            "DELETE FROM entries WHERE token NOT IN"
-            " (SELECT token FROM entries ORDER BY last_used DESC, created DESC LIMIT ?)",
+            "DELETE FROM entries WHERE rowid NOT IN"
+            " (SELECT rowid FROM entries ORDER BY last_used DESC, created DESC LIMIT ?)",
             (bound,),
         ).rowcount
 
@@ -395,12 +458,13 @@ class CacheVerifier:
         return f"CacheVerifier({str(self.path)!r}, {self.driver_version!r})"
 
 
-_COLS = "token, n_model, n_data, model_bytes, data_bytes, created, last_used, hits"
+_COLS = "uid, token, n_model, n_data, model_bytes, data_bytes, created, last_used, hits"
 
 
 def _entry(row: Any) -> CacheEntry:
-    token, n_model, n_data, mb, db, created, last_used, hits = row
+    uid, token, n_model, n_data, mb, db, created, last_used, hits = row
     return CacheEntry(
+        uid=int(uid),
         token=bytes(token),
         n_model=int(n_model),
         n_data=int(n_data),

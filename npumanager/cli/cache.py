@@ -1,10 +1,11 @@
 """`npu cache ls|verify|gc|clear`: inspect and maintain a driver's compilation-cache map.
 
-The map (token -> keyed hash, sizes, times, hits) lives in the driver's private
-state dir (``STATE/cache/DRIVER``); the cache files live in apps' directories.
-``verify`` checks the map itself (SQLite integrity, well-formed entries); with
-``--dir`` it also re-reads the files of every mapped entry found in DIR and
-re-hashes them with the map's key; ``gc`` applies the entry bound (and with
+The map ((uid, token) -> keyed hash, sizes, times, hits) lives in the driver's
+private state dir (``STATE/cache/DRIVER``); the cache files live in apps'
+directories. ``verify`` checks the map itself (SQLite integrity, well-formed
+entries); with ``--dir`` it also re-reads the files in DIR of every mapped
+entry (files owned by the entry's uid: an app writes its own) and re-hashes
+them with the map's key; ``gc`` applies the entry bound (and with
 ``--dir`` removes files there that no entry vouches for any more); ``clear``
 empties the map (and with ``--dir`` removes that directory's cache files).
 The map is opened for administration: its version and key are never changed.
@@ -118,6 +119,13 @@ def _files_in(directory: Path) -> dict[bytes, list[Path]]:
     return out
 
 
+def _owner(path: str | Path) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
+
+
 def _remove(paths: list[Path]) -> int:
     n = 0
     for p in paths:
@@ -141,6 +149,7 @@ def cmd_ls(args: argparse.Namespace, v: Any) -> int:
                     "map": str(v.path),
                     "entries": [
                         {
+                            "uid": e.uid,
                             "token": e.token.hex(),
                             "model_files": e.n_model,
                             "data_files": e.n_data,
@@ -159,6 +168,7 @@ def cmd_ls(args: argparse.Namespace, v: Any) -> int:
         return 0
     rows = [
         [
+            str(e.uid),
             e.token.hex()[:16],
             f"{e.n_model}+{e.n_data}",
             _size(e.model_bytes),
@@ -171,7 +181,7 @@ def cmd_ls(args: argparse.Namespace, v: Any) -> int:
     ]
     _table(
         f"{args.driver} ({v.driver_version}): {len(entries)} entries in {v.path}",
-        ["token", "files", "model", "data", "age", "last used", "hits"],
+        ["uid", "token", "files", "model", "data", "age", "last used", "hits"],
         rows,
     )
     return 0
@@ -197,12 +207,13 @@ def cmd_verify(args: argparse.Namespace, v: Any) -> int:
             print(f"{args.driver}: the map {v.path} is sound ({n} entries). The cache files "
                   f"live in apps' directories: add --dir DIR to re-hash those in DIR.")
         return 1 if problems else 0
-    results: list[tuple[str, str, str]] = []
+    results: list[tuple[int, str, str, str]] = []
     damaged = 0
     for e in v.entries():
         model, data = cache_file_names(args.dir, e.token, e.n_model, e.n_data)
         paths = model + data
-        if not any(os.path.exists(p) for p in paths):
+        owners = {_owner(p) for p in paths} - {None}
+        if not owners or e.uid not in owners:
             continue  # this entry's files live in another app's directory
         fds: list[int] = []
         status, detail = "ok", ""
@@ -210,7 +221,8 @@ def cmd_verify(args: argparse.Namespace, v: Any) -> int:
             for p in paths:
                 fds.append(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
             bufs = read_cache_files(fds, 1 << 40)
-            if not v.verify(e.token, bufs[: e.n_model], bufs[e.n_model :], touch=False):
+            if not v.verify(e.token, bufs[: e.n_model], bufs[e.n_model :], uid=e.uid,
+                            touch=False):
                 status, detail = "DAMAGED", "hash mismatch"
         except FileNotFoundError as exc:
             status, detail = "DAMAGED", f"missing {os.path.basename(str(exc.filename))}"
@@ -219,14 +231,15 @@ def cmd_verify(args: argparse.Namespace, v: Any) -> int:
         finally:
             close_fds(fds)
         damaged += status != "ok"
-        results.append((e.token.hex()[:16], status, detail))
+        results.append((e.uid, e.token.hex()[:16], status, detail))
     if args.json:
-        print(json.dumps([{"token": t, "status": s, "detail": d} for t, s, d in results]))
+        print(json.dumps([{"uid": u, "token": t, "status": s, "detail": d}
+                          for u, t, s, d in results]))
     else:
         _table(
             f"{args.driver}: {len(results)} entries with files in {args.dir}, {damaged} damaged",
-            ["token", "status", "detail"],
-            [list(r) for r in results],
+            ["uid", "token", "status", "detail"],
+            [[str(u), t, s, d] for u, t, s, d in results],
         )
     return 1 if damaged else 0
 
@@ -240,9 +253,9 @@ def cmd_gc(args: argparse.Namespace, v: Any) -> int:
     evicted = v.gc(bound)
     removed = 0
     if args.dir:
-        known = {e.token for e in v.entries()}
+        known = {(e.uid, e.token) for e in v.entries()}
         for token, paths in _files_in(Path(args.dir)).items():
-            if token not in known:
+            if not any((_owner(p), token) in known for p in paths):
                 removed += _remove(paths)
     if args.json:
         print(json.dumps({"evicted": evicted, "files_removed": removed, "bound": bound}))

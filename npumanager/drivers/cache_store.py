@@ -4,6 +4,9 @@
 persistent verifier map (:class:`npumanager.cache.verifier.CacheVerifier`)
 together in the only safe order:
 
+Every entry belongs to a uid: the kernel-verified uid of the app whose
+connection sent the fds. A load verifies against that uid's entry only.
+
 - ``save``: lock every file of the entry exclusively, truncate and write each
   blob, fsync, then record the tag of the blobs *as written from memory*, then
   unlock. Recording under the lock means two writers cannot leave one's files
@@ -51,6 +54,7 @@ class DriverCache:
         state_root: Path | None = None,
         state_dir: Path | None = None,
         max_entries: int = 4096,
+        max_entries_per_uid: int = 512,
         max_bytes: int = DEFAULT_MAX_BYTES,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
     ) -> None:
@@ -63,7 +67,8 @@ class DriverCache:
         self.max_bytes = max_bytes
         self.lock_timeout_s = lock_timeout_s
         directory = state_dir if state_dir is not None else verifier_dir(driver_name, state_root)
-        self.verifier = CacheVerifier(directory, driver_version, max_entries)
+        self.verifier = CacheVerifier(directory, driver_version, max_entries,
+                                      max_entries_per_uid=max_entries_per_uid)
 
     @property
     def enabled(self) -> bool:
@@ -85,8 +90,11 @@ class DriverCache:
         data_fds: Sequence[int],
         model_blobs: Sequence[bytes],
         data_blobs: Sequence[bytes],
+        *,
+        uid: int,
     ) -> bool:
-        """Write and record one entry; False (logged) on any failure, never raises."""
+        """Write and record one entry of ``uid``; False (logged) on any failure, never
+        raises."""
         try:
             raw = self.check_args(token, model_fds, data_fds)
             if len(model_blobs) != self.n_model or len(data_blobs) != self.n_data:
@@ -94,16 +102,16 @@ class DriverCache:
             fds = [*model_fds, *data_fds]
             with locked(fds, exclusive=True, timeout_s=self.lock_timeout_s):
                 write_cache_files(fds, [*model_blobs, *data_blobs], lock=False)
-                self.verifier.record(raw, list(model_blobs), list(data_blobs))
+                self.verifier.record(raw, list(model_blobs), list(data_blobs), uid=uid)
         except Exception as exc:  # a failed save never changes the prepare result
             log.warning("compilation cache not saved: %s", exc)
             return False
         return True
 
     def load(
-        self, token: bytes, model_fds: Sequence[int], data_fds: Sequence[int]
+        self, token: bytes, model_fds: Sequence[int], data_fds: Sequence[int], *, uid: int
     ) -> tuple[list[bytes], list[bytes]]:
-        """The verified model and data cache buffers of ``token``.
+        """The verified model and data cache buffers of ``uid``'s entry for ``token``.
 
         InvalidArgument: bad token, wrong counts, a write-only or unreadable fd.
         GeneralFailure: caching unsupported, too large, or not what was recorded.
@@ -119,7 +127,7 @@ class DriverCache:
         with locked(fds, exclusive=False, timeout_s=self.lock_timeout_s):
             bufs = read_cache_files(fds, self.max_bytes, lock=False)
             model_bufs, data_bufs = bufs[: self.n_model], bufs[self.n_model :]
-            ok = self.verifier.verify(raw, model_bufs, data_bufs)
+            ok = self.verifier.verify(raw, model_bufs, data_bufs, uid=uid)
         if not ok:
             raise GeneralFailure("the compilation cache does not match what this driver wrote")
         return model_bufs, data_bufs

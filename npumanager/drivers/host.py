@@ -516,7 +516,7 @@ class DriverHost:
             n_cache = msg.n_model_cache + msg.n_data_cache  # written, not read
             prepare_id = self._begin_prepare(ctx, fds[n_cache:], len(msg.onnx))
             grant = await self._admit(ctx, msg.grant_id)
-            done = await self.preparer.prepare_model(msg, fds)
+            done = await self.preparer.prepare_model(msg, fds, ctx.peer.uid)
             return self._model_ready(ctx, done, grant, prepare_id)
         finally:
             close_fds(fds)
@@ -532,7 +532,7 @@ class DriverHost:
                 self.preparer.check_from_cache(msg, fds)
                 prepare_id = self._begin_prepare(ctx, fds, 0)
                 grant = await self._admit(ctx, msg.grant_id)
-                done = await self.preparer.prepare_from_cache(msg, fds)
+                done = await self.preparer.prepare_from_cache(msg, fds, ctx.peer.uid)
             except (GeneralFailure, InvalidArgument):
                 self._cache_result(b"rejected")  # the client falls back to a full compile
                 raise

@@ -101,8 +101,9 @@ class Preparer:
 
     # --- prepare ------------------------------------------------------------------
 
-    async def prepare_model(self, msg: pb.PrepareModel, fds: list[int]) -> Prepared:
-        """Compile (after :meth:`check_prepare`); write the cache files when asked."""
+    async def prepare_model(self, msg: pb.PrepareModel, fds: list[int], uid: int) -> Prepared:
+        """Compile (after :meth:`check_prepare`); write the cache files when asked, as an
+        entry of ``uid`` (the caller's kernel-verified uid)."""
         loop = asyncio.get_running_loop()
         if msg.onnx_in_memfd:
             onnx = await loop.run_in_executor(
@@ -127,17 +128,18 @@ class Preparer:
             model_fds, data_fds = fds[:n_model], fds[n_model:n_model + msg.n_data_cache]
             token = bytes(msg.token)
             written = await loop.run_in_executor(
-                self.cache_pool, self._save, prepared, token, model_fds, data_fds)
-            self._attach_rewriter(prepared, token, model_fds, data_fds)
+                self.cache_pool, self._save, prepared, token, model_fds, data_fds, uid)
+            self._attach_rewriter(prepared, token, model_fds, data_fds, uid)
         return Prepared(prepared, from_cache=False, cache_written=written)
 
-    async def prepare_from_cache(self, msg: pb.PrepareModelFromCache, fds: list[int]
-                                 ) -> Prepared:
-        """Load verified cache files (after :meth:`check_from_cache`)."""
+    async def prepare_from_cache(self, msg: pb.PrepareModelFromCache, fds: list[int],
+                                 uid: int) -> Prepared:
+        """Load cache files verified against ``uid``'s entry (after
+        :meth:`check_from_cache`)."""
         loop = asyncio.get_running_loop()
         model_fds, data_fds = fds[: msg.n_model_cache], fds[msg.n_model_cache :]
         model_bufs, data_bufs = await loop.run_in_executor(
-            self.cache_pool, self._load, bytes(msg.token), model_fds, data_fds)
+            self.cache_pool, self._load, bytes(msg.token), model_fds, data_fds, uid)
         opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100)
         try:
             prepared = await loop.run_in_executor(
@@ -158,22 +160,23 @@ class Preparer:
             self._cache = DriverCache(
                 self.hc.name, str(self.driver.version), n_model, n_data,
                 state_root=self.state_dir, max_entries=self.hc.cache_max_entries,
+                max_entries_per_uid=self.hc.cache_max_entries_per_uid,
                 max_bytes=self.hc.max_model_bytes,
             )
         return self._cache
 
     def _save(self, prepared: PreparedModel, token: bytes, model_fds: list[int],
-              data_fds: list[int]) -> bool:
+              data_fds: list[int], uid: int) -> bool:
         try:
             model_blobs, data_blobs = prepared.artifacts()
             return self._driver_cache().save(token, model_fds, data_fds, model_blobs,
-                                             data_blobs)
+                                             data_blobs, uid=uid)
         except Exception as exc:  # NNAPI: a failed save never changes the prepare result
             log.warning("%s: compilation cache not saved: %s", self.hc.name, exc)
             return False
 
     def _attach_rewriter(self, prepared: PreparedModel, token: bytes, model_fds: list[int],
-                         data_fds: list[int]) -> None:
+                         data_fds: list[int], uid: int) -> None:
         """JIT / multi-stage models rewrite the cache later (drivers/staged.py): hand them
         dups of the cache fds and a save that runs on the cache thread."""
         attach = getattr(prepared, "attach_cache", None)
@@ -182,13 +185,14 @@ class Preparer:
         pool = self.cache_pool
 
         def save(tok: bytes, m: list[int], d: list[int], mb: list[bytes], db: list[bytes]) -> bool:
-            return pool.submit(lambda: self._driver_cache().save(tok, m, d, mb, db)).result()
+            return pool.submit(
+                lambda: self._driver_cache().save(tok, m, d, mb, db, uid=uid)).result()
 
         try:
             attach(CacheRewriter(save, token, model_fds, data_fds))
         except Exception as exc:  # caching is best effort
             log.warning("%s: cache rewrites disabled: %s", self.hc.name, exc)
 
-    def _load(self, token: bytes, model_fds: list[int], data_fds: list[int]
+    def _load(self, token: bytes, model_fds: list[int], data_fds: list[int], uid: int
               ) -> tuple[list[bytes], list[bytes]]:
-        return self._driver_cache().load(token, model_fds, data_fds)
+        return self._driver_cache().load(token, model_fds, data_fds, uid=uid)

@@ -40,6 +40,7 @@ class HostConfig:
     admin_group: str | int | None = None
     max_frame: int = 1 << 20
     cache_max_entries: int = 4096
+    cache_max_entries_per_uid: int = 512
     #: [manager] bounds (DRIVER_LIMIT_KEYS) that differ from the built-in defaults.
     limits: dict[str, int] = field(default_factory=dict)
     orphan_grace_s: float = 10.0
@@ -69,6 +70,7 @@ class HostConfig:
             admin_group=mgr.get("admin_group") or None,
             max_frame=int(mgr.get("max_frame", 1 << 20)),
             cache_max_entries=int(cfg.section("cache").get("max_entries", 4096)),
+            cache_max_entries_per_uid=int(cfg.section("cache").get("max_entries_per_uid", 512)),
             limits={k: int(mgr[k]) for k in DRIVER_LIMIT_KEYS if k in mgr},
             orphan_grace_s=float(mgr.get("orphan_grace_s", 10.0)),
             options=dict(d.get("options", {})),

@@ -2,6 +2,7 @@
 
 Load from cache first (files opened without O_CREAT); any failure falls back to
 a full compile that rewrites the files; only a failed compile reaches the caller.
+Every entry belongs to the app's uid (``uid``, :data:`APP_UID` unless told).
 This is what the client and the driver host do, run in one process so a test
 can tamper with the files between the steps.
 """
@@ -18,6 +19,8 @@ from npumanager.fds import close_fds
 from npumanager.nn.cache_files import cache_file_names, open_cache_files
 
 OPTS = CompileOptions()
+#: The uid of the app these flows play (the driver host takes it from SO_PEERCRED).
+APP_UID = 1001
 
 
 def entry_paths(cache: DriverCache, app: str | os.PathLike[str], token: bytes
@@ -27,13 +30,14 @@ def entry_paths(cache: DriverCache, app: str | os.PathLike[str], token: bytes
 
 
 def try_load(driver: Driver, cache: DriverCache, token: bytes,
-             cache_dir: str | os.PathLike[str]) -> PreparedModel | None:
+             cache_dir: str | os.PathLike[str], *, uid: int = APP_UID
+             ) -> PreparedModel | None:
     model_paths, data_paths = entry_paths(cache, cache_dir, token)
     fds = open_cache_files(model_paths + data_paths, create=False)
     if fds is None:
         return None
     try:
-        m, d = cache.load(token, fds[: cache.n_model], fds[cache.n_model :])
+        m, d = cache.load(token, fds[: cache.n_model], fds[cache.n_model :], uid=uid)
         return driver.load_artifacts(m, d, OPTS)
     except (GeneralFailure, InvalidArgument):
         return None
@@ -42,7 +46,8 @@ def try_load(driver: Driver, cache: DriverCache, token: bytes,
 
 
 def compile_and_save(driver: Driver, cache: DriverCache, model: bytes, token: bytes,
-                     cache_dir: str | os.PathLike[str]) -> tuple[PreparedModel, bool]:
+                     cache_dir: str | os.PathLike[str], *, uid: int = APP_UID
+                     ) -> tuple[PreparedModel, bool]:
     # As the host does: one compile that also yields the artifacts, when the driver can.
     compile_fn = getattr(driver, "compile_with_artifacts", None) or driver.compile
     prepared = compile_fn(model, OPTS)
@@ -53,19 +58,19 @@ def compile_and_save(driver: Driver, cache: DriverCache, model: bytes, token: by
         try:
             blobs_m, blobs_d = prepared.artifacts()
             saved = cache.save(token, fds[: cache.n_model], fds[cache.n_model :], blobs_m,
-                               blobs_d)
+                               blobs_d, uid=uid)
         finally:
             close_fds(fds)
     return prepared, saved
 
 
 def prepare(driver: Driver, cache: DriverCache, model: bytes, token: bytes,
-            cache_dir: Path | str) -> tuple[PreparedModel, bool]:
-    """(model, loaded_from_cache)."""
-    loaded = try_load(driver, cache, token, cache_dir)
+            cache_dir: Path | str, *, uid: int = APP_UID) -> tuple[PreparedModel, bool]:
+    """(model, loaded_from_cache) for the app of ``uid``."""
+    loaded = try_load(driver, cache, token, cache_dir, uid=uid)
     if loaded is not None:
         return loaded, True
-    return compile_and_save(driver, cache, model, token, cache_dir)[0], False
+    return compile_and_save(driver, cache, model, token, cache_dir, uid=uid)[0], False
 
 
-__all__ = ["OPTS", "compile_and_save", "entry_paths", "prepare", "try_load"]
+__all__ = ["APP_UID", "OPTS", "compile_and_save", "entry_paths", "prepare", "try_load"]

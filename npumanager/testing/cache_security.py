@@ -17,8 +17,10 @@ Every case checks the outputs against the model's reference. The attacks:
 flipped bits, appended and truncated bytes, emptied files, files swapped within
 an entry, another model's files copied over, the same files under another
 token, wrong fd counts and modes, stale offsets and sizes, a concurrent
-rewriter, several processes at once, restarts and backend updates. (Files of
-another uid arrive with the per-uid map: add them as one more method here.)
+rewriter, several processes at once, restarts and backend updates, and another
+uid: its files (compiled under this app's token and swapped into its directory)
+never load for this app, and its records never evict or replace this app's
+entries (the map is keyed by (uid, token), with a per-uid share of its bound).
 """
 
 from __future__ import annotations
@@ -40,10 +42,19 @@ from npumanager.errors import InvalidArgument
 from npumanager.fds import close_fds
 from npumanager.nn.cache_files import open_cache_files
 from npumanager.testing.backend_models import BuiltModel
-from npumanager.testing.cache_flow import OPTS, compile_and_save, entry_paths, prepare, try_load
+from npumanager.testing.cache_flow import (
+    APP_UID,
+    OPTS,
+    compile_and_save,
+    entry_paths,
+    prepare,
+    try_load,
+)
 
 TA = bytes(range(32))
 TB = bytes(range(1, 33))
+#: Another app's uid (the suite's own app is cache_flow.APP_UID).
+OTHER_UID = APP_UID + 1
 
 DriverFactory = Callable[[dict[str, Any]], Driver]
 
@@ -75,6 +86,7 @@ class Setup:
     cache: DriverCache
     app: Path
     state: Path
+    other_app: Path
 
     @property
     def a(self) -> BuiltModel:
@@ -84,13 +96,14 @@ class Setup:
     def b(self) -> BuiltModel:
         return self.backend.model_b
 
-    def paths(self, token: bytes = TA) -> list[str]:
-        model, data = entry_paths(self.cache, self.app, token)
+    def paths(self, token: bytes = TA, app: Path | None = None) -> list[str]:
+        model, data = entry_paths(self.cache, app or self.app, token)
         return model + data
 
-    def prepare(self, model: BuiltModel | None = None, token: bytes = TA
-                ) -> tuple[PreparedModel, bool]:
-        return prepare(self.driver, self.cache, (model or self.a).data, token, self.app)
+    def prepare(self, model: BuiltModel | None = None, token: bytes = TA, *,
+                uid: int = APP_UID, app: Path | None = None) -> tuple[PreparedModel, bool]:
+        return prepare(self.driver, self.cache, (model or self.a).data, token,
+                       app or self.app, uid=uid)
 
     def runs_a(self, m: PreparedModel) -> bool:
         return self.a.matches(m.run(self.a.inputs))
@@ -164,7 +177,7 @@ def _proc_rounds(make_driver: DriverFactory, options: dict[str, Any], name: str,
                 fds = open_cache_files(model_paths + data_paths, create=True)
                 assert fds is not None
                 try:
-                    cache.save(TA, fds[:n_model], fds[n_model:], *blobs)
+                    cache.save(TA, fds[:n_model], fds[n_model:], *blobs, uid=APP_UID)
                 finally:
                     close_fds(fds)
             m, hit = prepare(driver, cache, model.data, TA, app)
@@ -207,8 +220,10 @@ class CacheSecuritySuite:
                             state_root=state, lock_timeout_s=0.5)
         app = tmp_path / "app-cache"
         app.mkdir()
+        other = tmp_path / "other-app-cache"
+        other.mkdir()
         try:
-            yield Setup(cache_backend, cache_driver, cache, app, state)
+            yield Setup(cache_backend, cache_driver, cache, app, state, other)
         finally:
             cache.close()
 
@@ -283,6 +298,61 @@ class CacheSecuritySuite:
         m, hit = setup.prepare(token=flipped)
         assert not hit and setup.runs_a(m)
 
+    def test_other_uids_files_under_this_apps_token_never_load(self, setup: Setup) -> None:
+        """uid B compiles its own model under A's token and swaps its (genuine) files into
+        A's directory: A's prepare misses and compiles A, it never runs B's model."""
+        mb, hit = setup.prepare(setup.b, TA, uid=OTHER_UID, app=setup.other_app)
+        assert not hit and setup.b.matches(mb.run(setup.b.inputs))
+        for src, dst in zip(setup.paths(TA, setup.other_app), setup.paths(TA), strict=True):
+            shutil.copyfile(src, dst)
+        assert try_load(setup.driver, setup.cache, TA, setup.app) is None  # A has no entry
+        m, hit = setup.prepare()
+        out = m.run(setup.a.inputs)
+        assert not hit and setup.a.matches(out) and not setup.b.matches(out)
+        # With an entry of A's own, B's files swapped in again still do not load.
+        for src, dst in zip(setup.paths(TA, setup.other_app), setup.paths(TA), strict=True):
+            shutil.copyfile(src, dst)
+        assert try_load(setup.driver, setup.cache, TA, setup.app) is None
+        m, hit = setup.prepare()
+        assert not hit and setup.runs_a(m)
+        # Each uid's entry for the same token stands: both load their own model.
+        m, hit = setup.prepare()
+        assert hit and setup.runs_a(m)
+        mb, hit = setup.prepare(setup.b, TA, uid=OTHER_UID, app=setup.other_app)
+        assert hit and setup.b.matches(mb.run(setup.b.inputs))
+        assert {(e.uid, e.token) for e in setup.cache.verifier.entries()} == {
+            (APP_UID, TA), (OTHER_UID, TA)}
+
+    def test_another_uid_recording_many_tokens_evicts_only_its_own(
+            self, cache_backend: CacheBackend, cache_driver: Driver, tmp_path: Path) -> None:
+        n_model, n_data = cache_driver.get_number_of_cache_files_needed()
+        cache = DriverCache(cache_backend.name, cache_driver.version, n_model, n_data,
+                            state_root=tmp_path / "state", max_entries=4,
+                            max_entries_per_uid=2)
+        app, other = tmp_path / "app", tmp_path / "other"
+        app.mkdir()
+        other.mkdir()
+        a, b = cache_backend.model_a, cache_backend.model_b
+        try:
+            prepare(cache_driver, cache, a.data, TA, app)
+            blobs = cache_driver.compile(b.data, OPTS).artifacts()
+            flood = [bytes([0xB0, i]) + bytes(30) for i in range(12)]
+            for token in flood:  # B floods the map with tokens of its own
+                model_paths, data_paths = entry_paths(cache, other, token)
+                fds = open_cache_files(model_paths + data_paths, create=True)
+                assert fds is not None
+                try:
+                    assert cache.save(token, fds[:n_model], fds[n_model:], *blobs,
+                                      uid=OTHER_UID)
+                finally:
+                    close_fds(fds)
+            owners = [e.uid for e in cache.verifier.entries()]
+            assert owners.count(OTHER_UID) == 2 and owners.count(APP_UID) == 1
+            m, hit = prepare(cache_driver, cache, a.data, TA, app)
+            assert hit and a.matches(m.run(a.inputs))  # A's entry survived the flood
+        finally:
+            cache.close()
+
     def _open(self, setup: Setup, flags: int) -> tuple[list[int], list[int]]:
         fds = [os.open(p, flags) for p in setup.paths()]
         return fds[: setup.cache.n_model], fds[setup.cache.n_model :]
@@ -294,11 +364,12 @@ class CacheSecuritySuite:
         try:
             for mm, dd in ((m[:-1], d), (m + d[:1] + m[:1], d), ([], []), (m, d + m)):
                 with pytest.raises(InvalidArgument):
-                    cache.load(TA, mm, dd)
-            assert not cache.save(TA, m[:-1], d, [b""] * (len(m) - 1), [b""] * len(d))
-            assert cache.load(TA, m, d)  # the failed save changed nothing
+                    cache.load(TA, mm, dd, uid=APP_UID)
+            assert not cache.save(TA, m[:-1], d, [b""] * (len(m) - 1), [b""] * len(d),
+                                  uid=APP_UID)
+            assert cache.load(TA, m, d, uid=APP_UID)  # the failed save changed nothing
             with pytest.raises(InvalidArgument):
-                cache.load(TA[:31], m, d)
+                cache.load(TA[:31], m, d, uid=APP_UID)
         finally:
             close_fds(m + d)
 
@@ -306,12 +377,12 @@ class CacheSecuritySuite:
         setup.prepare()
         m, d = self._open(setup, os.O_RDONLY)
         try:
-            mb, db = setup.cache.load(TA, m, d)
+            mb, db = setup.cache.load(TA, m, d, uid=APP_UID)
             assert setup.runs_a(setup.driver.load_artifacts(mb, db, OPTS))
             model = setup.driver.compile(setup.b.data, OPTS)
-            assert not setup.cache.save(TA, m, d, *model.artifacts())  # fails quietly
+            assert not setup.cache.save(TA, m, d, *model.artifacts(), uid=APP_UID)  # fails
             assert setup.b.matches(model.run(setup.b.inputs))
-            assert setup.cache.load(TA, m, d)  # A's entry is intact
+            assert setup.cache.load(TA, m, d, uid=APP_UID)  # A's entry is intact
         finally:
             close_fds(m + d)
 
@@ -320,7 +391,7 @@ class CacheSecuritySuite:
         m, d = self._open(setup, os.O_WRONLY)
         try:
             with pytest.raises(InvalidArgument):
-                setup.cache.load(TA, m, d)
+                setup.cache.load(TA, m, d, uid=APP_UID)
         finally:
             close_fds(m + d)
 
@@ -336,10 +407,10 @@ class CacheSecuritySuite:
         try:
             for i, fd in enumerate(fds):
                 os.lseek(fd, 1234 + i, os.SEEK_SET)
-            assert setup.cache.save(TA, fds[:n], fds[n:], blobs_m, blobs_d)
+            assert setup.cache.save(TA, fds[:n], fds[n:], blobs_m, blobs_d, uid=APP_UID)
             for i, fd in enumerate(fds):
                 os.lseek(fd, 77 * (i + 1), os.SEEK_SET)
-            mb, db = setup.cache.load(TA, fds[:n], fds[n:])
+            mb, db = setup.cache.load(TA, fds[:n], fds[n:], uid=APP_UID)
             assert setup.runs_a(setup.driver.load_artifacts(mb, db, OPTS))
         finally:
             close_fds(fds)
@@ -407,4 +478,5 @@ class CacheSecuritySuite:
         assert hit and setup.runs_a(m)
 
 
-__all__ = ["TA", "TAMPERS", "TB", "CacheBackend", "CacheSecuritySuite", "Rewriter", "Setup"]
+__all__ = ["OTHER_UID", "TA", "TAMPERS", "TB", "CacheBackend", "CacheSecuritySuite",
+           "Rewriter", "Setup"]

@@ -26,7 +26,7 @@ def try_load(
     if fds is None:
         return None
     try:
-        m, d = cache.load(token, fds[: cache.n_model], fds[cache.n_model :])
+        m, d = cache.load(token, fds[: cache.n_model], fds[cache.n_model :], uid=1001)
         return driver.load_artifacts(m, d, OPTS)
     except (GeneralFailure, InvalidArgument):
         return None
@@ -50,7 +50,8 @@ def compile_and_save(
     if fds is not None:
         try:
             blobs_m, blobs_d = model.artifacts()
-            saved = cache.save(token, fds[: cache.n_model], fds[cache.n_model :], blobs_m, blobs_d)
+            saved = cache.save(token, fds[: cache.n_model], fds[cache.n_model :], blobs_m, blobs_d,
+                               uid=1001)
         finally:
             close_fds(fds)
     return model, saved

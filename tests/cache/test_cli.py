@@ -25,7 +25,10 @@ def populated(state_dir: Path, tmp_path: Path) -> Path:
         m, d = cache_file_names(app, t, 1, 1)
         fds = open_cache_files(m + d, create=True)
         assert fds is not None
-        assert cache.save(t, fds[:1], fds[1:], [b"model%d" % i], [b"weights" * (i + 1)])
+        # The files are this process's, so the entries are its uid's (as the driver records
+        # an app's entries under the uid that opened them).
+        assert cache.save(t, fds[:1], fds[1:], [b"model%d" % i], [b"weights" * (i + 1)],
+                          uid=os.getuid())
         close_fds(fds)
     cache.close()
     (app / "unrelated.txt").write_text("keep me")

@@ -50,7 +50,7 @@ def test_load_on_caching_disabled_driver(state_dir: Path) -> None:
     cache = DriverCache("reference", "v", 0, 0, state_root=state_dir)
     try:
         with pytest.raises(GeneralFailure):
-            cache.load(TA, [], [])
+            cache.load(TA, [], [], uid=1001)
     finally:
         cache.close()
 

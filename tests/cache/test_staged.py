@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def attach(model: StagedModel, cache: DriverCache, app: Path) -> CacheRewriter:
     """What the host does after a prepare with cache fds: dup them, then close its own."""
     m, d = entry_fds(app)
     try:
-        rw = CacheRewriter(cache.save, TA, m, d)
+        rw = CacheRewriter(partial(cache.save, uid=1001), TA, m, d)
         model.attach_cache(rw)
     finally:
         close_fds(m + d)
@@ -92,7 +93,8 @@ def test_multistage_recompiles_after_n_runs_and_rewrites(
     driver, model = staged("multistage", recompile_after=3)
     assert model.stage == 1
     m, d = entry_fds(tmp_path)
-    assert cache.save(TA, m, d, *model.artifacts())  # the host's save at prepare: stage 1
+    # The host's save at prepare: stage 1.
+    assert cache.save(TA, m, d, *model.artifacts(), uid=1001)
     close_fds(m + d)
     rw = attach(model, cache, tmp_path)
     stage1_created = cache.verifier.entries()[0].created
@@ -130,8 +132,8 @@ def test_rewrites_never_expose_a_half_written_entry(cache: DriverCache, tmp_path
     stage2 = artifacts_from_onnx(A.onnx_bytes, "all")  # fused into Gemm
     assert stage1 != stage2
     m, d = entry_fds(tmp_path)
-    assert cache.save(TA, m, d, *stage1)
-    writers = [CacheRewriter(cache.save, TA, m, d) for _ in range(2)]
+    assert cache.save(TA, m, d, *stage1, uid=1001)
+    writers = [CacheRewriter(partial(cache.save, uid=1001), TA, m, d) for _ in range(2)]
     close_fds(m + d)
     stop = threading.Event()
     failures: list[BaseException] = []
@@ -148,7 +150,7 @@ def test_rewrites_never_expose_a_half_written_entry(cache: DriverCache, tmp_path
         while not stop.is_set():
             mm, dd = entry_fds(tmp_path, create=False)
             try:
-                bufs = cache.load(TA, mm, dd)
+                bufs = cache.load(TA, mm, dd, uid=1001)
                 loads += 1
                 if not A.matches(driver.load_artifacts(*bufs, OPTS).run({"x": A.x})):
                     failures.append(AssertionError("wrong outputs"))
