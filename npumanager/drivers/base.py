@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
@@ -52,10 +53,17 @@ class DriverCapabilities:
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """What prepare_model passes on: NNAPI preference (0..2) and priority (90/100/110)."""
+    """What prepare_model passes on: NNAPI preference (0..2) and priority (90/100/110),
+    and the model's external data (``external_data``: location -> its bytes, uint8).
+
+    The host has bound every external reference of an ONNX model to the files its client
+    sent (:mod:`npumanager.drivers.external_data`): what is left in the model names only
+    locations in ``external_data``. A driver resolves them there and nowhere else; one
+    whose class leaves ``Driver.accepts_external_data`` False never sees any."""
 
     preference: int = 1
     priority: int = 100
+    external_data: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 class PreparedModel(ABC):
@@ -101,6 +109,9 @@ class Driver(ABC):
 
     #: The HAL version this driver implements; must equal npud's.
     HAL_VERSION: ClassVar[int] = HAL_VERSION
+    #: Whether ``compile`` resolves ONNX external data from ``CompileOptions.external_data``
+    #: (models that have some are refused with InvalidArgument otherwise).
+    accepts_external_data: ClassVar[bool] = False
     name: str = "driver"
     version: str = "0"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from npumanager.drivers.reference_cache import artifacts_from_onnx, session_from_artifacts
+from npumanager.drivers.reference_external import ort_binding
 from npumanager.errors import GeneralFailure, InvalidArgument
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ def reference_compile_with_artifacts(
     driver: ReferenceDriver, onnx_bytes: bytes, options: CompileOptions
 ) -> PreparedModel:
     """Compile once, keeping the cache blobs for the ``artifacts()`` call that follows."""
-    from npumanager.drivers.reference import OrtModel
     from npumanager.drivers.reference_cache import compile_with_artifacts
 
     if str(driver.options.get("compile_mode", "eager")) != "eager":
@@ -41,10 +41,13 @@ def reference_compile_with_artifacts(
     if counts[0] < 1:
         return driver.compile(onnx_bytes, options)
     level = driver.session_options(options).graph_optimization_level
+    binding = ort_binding(onnx_bytes, options.external_data)
     session, m, d = compile_with_artifacts(
-        onnx_bytes, level, *counts, intra_op_threads=int(driver.intra_op_threads)
+        onnx_bytes, level, *counts, intra_op_threads=int(driver.intra_op_threads),
+        binding=binding,
     )
-    model = OrtModel(session, driver._estimate_memory(onnx_bytes, session), onnx_bytes)
+    binding.session_created()
+    model = driver.prepared(session, onnx_bytes, binding)
     model.cache_counts = counts
     model._cache_blobs = (m, d)  # type: ignore[attr-defined]
     return model
@@ -62,7 +65,7 @@ def reference_artifacts(model: OrtModel) -> tuple[list[bytes], list[bytes]]:
         raise GeneralFailure("this model has no source to cache (loaded from cache or released)")
     level = session.get_session_options().graph_optimization_level
     n_model, n_data = getattr(model, "cache_counts", (1, 1))
-    return artifacts_from_onnx(onnx_bytes, level, n_model, n_data)
+    return artifacts_from_onnx(onnx_bytes, level, n_model, n_data, binding=model.binding)
 
 
 def reference_load(
@@ -95,13 +98,15 @@ def reference_staged(
     default 8). JIT compiles at the level the preference asks for; multi-stage
     starts at "basic" and ends there too.
     """
-    from npumanager.drivers.reference import OrtModel
     from npumanager.drivers.reference_cache import base_session_options, compile_with_artifacts
     from npumanager.drivers.staged import DEFAULT_RECOMPILE_AFTER, StagedModel, onnx_signature
 
     threads = int(getattr(driver, "intra_op_threads", 1))
     counts = (int(driver.n_model_cache), int(driver.n_data_cache))
     full = "basic" if options.preference == 0 else "all"
+    # Checked now (a reference the host did not bind fails the prepare, not a later
+    # execution) and kept for every later compile.
+    binding = ort_binding(onnx_bytes, options.external_data)
 
     def compile_fn(
         level: str, want: bool
@@ -111,19 +116,19 @@ def reference_staged(
         blobs: tuple[list[bytes], list[bytes]] | None = None
         if want and counts[0] > 0:
             session, m, d = compile_with_artifacts(
-                onnx_bytes, level, *counts, intra_op_threads=threads
+                onnx_bytes, level, *counts, intra_op_threads=threads, binding=binding
             )
             blobs = (m, d)
         else:
+            so = base_session_options(level, threads)
+            binding.apply(so)
             try:
                 session = ort.InferenceSession(
-                    onnx_bytes,
-                    sess_options=base_session_options(level, threads),
-                    providers=["CPUExecutionProvider"],
+                    binding.onnx, sess_options=so, providers=["CPUExecutionProvider"],
                 )
             except Exception as exc:
                 raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
-        model = OrtModel(session, driver._estimate_memory(onnx_bytes, session), onnx_bytes)
+        model = driver.prepared(session, onnx_bytes, binding)
         model.cache_counts = counts
         return model, blobs
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,12 @@ from npumanager.drivers.base import (
     PreparedModel,
     TensorInfo,
 )
-from npumanager.drivers.openvino_ir import check_onnx_self_contained, is_ir_bundle, unpack_ir
+from npumanager.drivers.openvino_ir import (
+    check_onnx_self_contained,
+    is_ir_bundle,
+    unpack_ir,
+    with_external_inline,
+)
 from npumanager.errors import GeneralFailure, InvalidArgument
 
 log = logging.getLogger("npumanager.drivers.openvino")
@@ -179,6 +185,7 @@ class OvModel(PreparedModel):
 
 class OpenVinoDriver(Driver):
     name = "openvino"
+    accepts_external_data = True
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
@@ -252,11 +259,14 @@ class OpenVinoDriver(Driver):
         cfg.update(priority_config(self.supported, options.priority))
         return cfg
 
-    def read_model(self, model_bytes: bytes) -> Any:
-        """An ov.Model from ONNX bytes or an IR bundle (InvalidArgument otherwise)."""
+    def read_model(self, model_bytes: bytes, external: Mapping[str, Any] | None = None) -> Any:
+        """An ov.Model from ONNX bytes (with the external data the host bound for it) or an
+        IR bundle (InvalidArgument otherwise)."""
         import openvino as ov
 
         try:
+            if external:
+                model_bytes = with_external_inline(model_bytes, external)
             if is_ir_bundle(model_bytes):
                 xml, weights = unpack_ir(model_bytes)
                 tensor = ov.Tensor(np.frombuffer(weights, np.uint8).copy())
@@ -269,7 +279,7 @@ class OpenVinoDriver(Driver):
             raise InvalidArgument(f"OpenVINO cannot read this model: {exc}") from None
 
     def compile(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
-        model = self.read_model(onnx_bytes)
+        model = self.read_model(onnx_bytes, options.external_data)
         cfg = self.compile_config(options)
         try:
             compiled = self.core.compile_model(model, self.device, cfg)

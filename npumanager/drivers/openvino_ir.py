@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from npumanager.drivers.external_data import inline
 from npumanager.errors import InvalidArgument
+from npumanager.tensorio.onnx_external import external_refs, parse_onnx
 
 IR_MAGIC = b"NPUOVIR1"
 _HEADER = struct.Struct("<8sQQ")
@@ -63,51 +65,47 @@ def unpack_ir(data: bytes) -> tuple[memoryview, memoryview]:
     return xml, view[_HEADER.size + n_xml :]
 
 
-def _graphs(graph: Any) -> Iterator[Any]:
-    import onnx
-
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
-
-
 def check_onnx_self_contained(onnx_bytes: bytes) -> None:
     """InvalidArgument unless ``onnx_bytes`` parse as ONNX and name no external data.
 
     OpenVINO's ONNX reader would resolve an external-data location against
     the driver's own working directory: a path chosen by the app, opened with
-    the driver's rights. Refused before OpenVINO sees the model.
+    the driver's rights. Refused before OpenVINO sees the model (the host binds
+    a model's external data to the files its client sent, and the driver puts
+    those bytes inline first: :func:`with_external_inline`).
     """
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(onnx_bytes)
-    except (DecodeError, ValueError) as exc:
-        raise InvalidArgument(f"not an ONNX model: {exc}") from None
+    model = parse_onnx(onnx_bytes)
+    if model is None:
+        raise InvalidArgument("not an ONNX model")
     if not model.graph.node and not model.graph.output:
         raise InvalidArgument("not an ONNX model (no graph)")
-    for g in _graphs(model.graph):
-        tensors = [*g.initializer, *(sp.values for sp in g.sparse_initializer)]
-        for node in g.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
-                    tensors.append(attr.t)
-                elif attr.type == onnx.AttributeProto.TENSORS:
-                    tensors.extend(attr.tensors)
-        for t in tensors:
-            if t.data_location == onnx.TensorProto.EXTERNAL or t.external_data:
-                where = {e.key: e.value for e in t.external_data}.get("location", "?")
-                raise InvalidArgument(
-                    f"tensor {t.name!r} refers to external data {where!r}: a driver never "
-                    "opens a path named inside a model; pass a self-contained model"
-                )
+    try:
+        refs = external_refs(model)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    for ref in refs:
+        raise InvalidArgument(
+            f"tensor {ref.name!r} refers to external data {ref.location!r}: a driver never "
+            "opens a path named inside a model; prepare it from its path "
+            "(nn.Device.prepare_model(path)), which sends the files it names"
+        )
+
+
+def with_external_inline(onnx_bytes: bytes, external: Mapping[str, Any]) -> bytes:
+    """The model with the external data the host bound put inline (OpenVINO reads ONNX
+    from one buffer only, so such a model must stay under protobuf's 2 GiB: a larger
+    one comes as an IR)."""
+    if not external:
+        return onnx_bytes
+    model = parse_onnx(onnx_bytes)
+    if model is None:
+        raise InvalidArgument("external data files go with an ONNX model; this is not one")
+    inline(model, external)
+    try:
+        return bytes(model.SerializeToString())
+    except (ValueError, RuntimeError):
+        raise InvalidArgument("with its external data inline this model passes protobuf's "
+                              "2 GiB; give OpenVINO an IR (xml + bin) instead") from None
 
 
 __all__ = [
@@ -117,4 +115,5 @@ __all__ = [
     "is_ir_bundle",
     "pack_ir",
     "unpack_ir",
+    "with_external_inline",
 ]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check_prepared_model
 from npumanager.drivers.cache_store import DriverCache
+from npumanager.drivers.external_data import bind, sent_files
 from npumanager.drivers.staged import CacheRewriter
 from npumanager.errors import DriverRefused, GeneralFailure, InvalidArgument
 from npumanager.hal.host_config import HostConfig
@@ -72,10 +73,12 @@ class Preparer:
 
     def check_prepare(self, msg: pb.PrepareModel, fds: list[int]) -> None:
         n_cache = msg.n_model_cache + msg.n_data_cache
-        if len(fds) != n_cache + (1 if msg.onnx_in_memfd else 0):
+        n_ext = len(msg.external_locations)
+        if len(fds) != n_cache + (1 if msg.onnx_in_memfd else 0) + n_ext:
             raise InvalidArgument(
                 f"prepare_model announced {n_cache} cache fds"
-                f"{' and a model memfd' if msg.onnx_in_memfd else ''}; {len(fds)} fds arrived"
+                f"{', a model memfd' if msg.onnx_in_memfd else ''} and {n_ext} external data "
+                f"files; {len(fds)} fds arrived"
             )
         if msg.token and len(msg.token) != 32:
             raise InvalidArgument(f"a cache token has 32 bytes, not {len(msg.token)}")
@@ -105,14 +108,25 @@ class Preparer:
         """Compile (after :meth:`check_prepare`); write the cache files when asked, as an
         entry of ``uid`` (the caller's kernel-verified uid)."""
         loop = asyncio.get_running_loop()
+        n_cache = msg.n_model_cache + msg.n_data_cache
+        n_memfd = 1 if msg.onnx_in_memfd else 0
+        files = sent_files(list(msg.external_locations), fds[n_cache + n_memfd :])
         if msg.onnx_in_memfd:
             onnx = await loop.run_in_executor(
-                self.compile_pool, _read_memfd, fds[-1], msg.onnx_size, self.hc.max_model_bytes)
+                self.compile_pool, _read_memfd, fds[n_cache], msg.onnx_size,
+                self.hc.max_model_bytes)
         else:
             onnx = msg.onnx
         if not onnx:
             raise InvalidArgument("prepare_model needs the model's ONNX bytes")
-        opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100)
+        # Every external-data reference resolved against the files the client sent, and
+        # nothing else (the driver never opens a path an app named).
+        onnx, external = await loop.run_in_executor(
+            self.compile_pool, lambda: bind(
+                onnx, files, max_bytes=self.hc.max_model_bytes,
+                accepts=type(self.driver).accepts_external_data, driver=self.hc.name))
+        opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
+                              external_data=external)
         caching = self._caching(msg)
         # A driver may produce its cache artifacts in the same compile (optional hook).
         compile_fn = getattr(self.driver, "compile_with_artifacts", None) if caching else None

@@ -23,6 +23,7 @@ from npumanager.drivers.base import (
     PreparedModel,
 )
 from npumanager.drivers.onnx_types import Specs, graph_specs, onnx_specs, session_specs
+from npumanager.drivers.reference_external import OrtBinding, ort_binding
 from npumanager.errors import InvalidArgument
 from npumanager.tensorio.dtypes import ONNX_TO_NUMPY
 
@@ -91,8 +92,11 @@ class OrtModel(PreparedModel):
     cache_counts: tuple[int, int] = (1, 1)
 
     def __init__(self, session: Any, memory_bytes: int, serialized: bytes | None,
-                 specs: Specs | None = None) -> None:
+                 specs: Specs | None = None, binding: OrtBinding | None = None) -> None:
         self.session = session
+        #: The model's external data as the host bound it (kept while ONNX Runtime may
+        #: read it; the artifacts of a later cache save are compiled from it too).
+        self.binding = binding
         if specs is None:
             # The graph's types when the source is at hand (a scalar and an unknown rank
             # look alike in ONNX Runtime's NodeArg), else the session's.
@@ -161,6 +165,7 @@ class OrtModel(PreparedModel):
     def release(self) -> None:
         self.session = None
         self._serialized = None
+        self.binding = None
 
     def artifacts(self) -> tuple[list[bytes], list[bytes]]:
         from npumanager.drivers import cache_artifacts  # written by the cache engineer
@@ -170,6 +175,7 @@ class OrtModel(PreparedModel):
 
 class ReferenceDriver(Driver):
     name = "reference"
+    accepts_external_data = True
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
@@ -225,17 +231,23 @@ class ReferenceDriver(Driver):
             from npumanager.drivers import cache_artifacts
 
             return cache_artifacts.reference_staged(self, onnx_bytes, options, mode)
+        # One parse: external data checked against what the host bound (nothing else is
+        # looked for), weights and the graph's types.
+        binding = ort_binding(onnx_bytes, options.external_data)
+        so = self.session_options(options)
+        binding.apply(so)
         try:
-            session = ort.InferenceSession(
-                onnx_bytes, sess_options=self.session_options(options),
-                providers=["CPUExecutionProvider"],
-            )
+            session = ort.InferenceSession(binding.onnx, sess_options=so,
+                                           providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
-        weights, specs = _onnx_facts(onnx_bytes)
-        if specs is None:
-            specs = session_specs(session)
-        model = OrtModel(session, _memory(weights, specs), onnx_bytes, specs)
+        binding.session_created()
+        return self.prepared(session, onnx_bytes, binding)
+
+    def prepared(self, session: Any, onnx_bytes: bytes, binding: OrtBinding) -> OrtModel:
+        """The prepared model of a session compiled from ``binding``."""
+        specs = binding.specs or session_specs(session)
+        model = OrtModel(session, _memory(binding.weights, specs), onnx_bytes, specs, binding)
         model.cache_counts = (self.n_model_cache, self.n_data_cache)  # for artifacts()
         return model
 

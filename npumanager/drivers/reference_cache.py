@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from npumanager.drivers.reference_external import OrtBinding
 from npumanager.errors import GeneralFailure, InvalidArgument
+from npumanager.tensorio.onnx_external import external_refs
 
 #: The external-data file name the optimized model refers to.
 DATA_NAME = "npu-data-cache.bin"
@@ -107,13 +109,19 @@ def compile_with_artifacts(
     n_data: int = 1,
     *,
     intra_op_threads: int = 1,
+    binding: OrtBinding | None = None,
 ) -> tuple[Any, list[bytes], list[bytes]]:
-    """Compile ``onnx_bytes`` once; the session and its model/data cache blobs."""
+    """Compile ``onnx_bytes`` once; the session and its model/data cache blobs.
+    ``binding``: the model's external data (:mod:`.reference_external`; it then holds the
+    bytes to compile), which the data cache gets like every other initializer."""
     import onnxruntime as ort
 
     if n_model < 1 or n_data < 0:
         raise InvalidArgument(f"cannot cache into {n_model} model and {n_data} data files")
     so = base_session_options(opt_level, intra_op_threads)
+    if binding is not None:
+        binding.apply(so)
+        onnx_bytes = binding.onnx
     with tempfile.TemporaryDirectory(prefix="npu-cache-", dir=_scratch_dir()) as tmp:
         model_path = os.path.join(tmp, _MODEL_NAME)
         data_path = os.path.join(tmp, DATA_NAME)
@@ -142,63 +150,32 @@ def compile_with_artifacts(
 
 
 def artifacts_from_onnx(
-    onnx_bytes: bytes, opt_level: OptLevel, n_model: int = 1, n_data: int = 1
+    onnx_bytes: bytes, opt_level: OptLevel, n_model: int = 1, n_data: int = 1, *,
+    binding: OrtBinding | None = None,
 ) -> tuple[list[bytes], list[bytes]]:
     """The model cache and data cache blobs for ``onnx_bytes`` at ``opt_level``."""
-    _, model_blobs, data_blobs = compile_with_artifacts(onnx_bytes, opt_level, n_model, n_data)
+    _, model_blobs, data_blobs = compile_with_artifacts(onnx_bytes, opt_level, n_model, n_data,
+                                                        binding=binding)
     return model_blobs, data_blobs
 
 
-def _graphs(graph: Any) -> Iterator[Any]:
-    """``graph`` and every subgraph (If/Loop/Scan bodies) inside it."""
-    import onnx
-
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
-
-
-def _tensors(graph: Any) -> Iterator[Any]:
-    import onnx
-
-    for g in _graphs(graph):
-        yield from g.initializer
-        for sp in g.sparse_initializer:
-            yield sp.values
-            yield sp.indices
-        for node in g.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
-                    yield attr.t
-                elif attr.type == onnx.AttributeProto.TENSORS:
-                    yield from attr.tensors
-
-
 def check_external_refs(model: Any, data_len: int) -> int:
-    """Refuse external data other than DATA_NAME within ``data_len``; the number of refs."""
-    import onnx
-
-    refs = 0
-    for t in _tensors(model.graph):
-        if t.data_location != onnx.TensorProto.EXTERNAL and not t.external_data:
-            continue
-        info = {e.key: e.value for e in t.external_data}
-        if info.get("location") != DATA_NAME:
-            raise GeneralFailure(f"cached model refers to external data {info.get('location')!r}")
-        try:
-            offset = int(info.get("offset", "0"))
-            length = int(info["length"])
-        except (KeyError, ValueError):
-            raise GeneralFailure("cached model has a malformed external data reference") from None
-        if offset < 0 or length < 0 or offset + length > data_len:
-            raise GeneralFailure("cached model refers past the end of its data cache")
-        refs += 1
-    return refs
+    """Refuse external data other than DATA_NAME within ``data_len`` (GeneralFailure naming
+    the tensor and the location); the number of refs. Every tensor counts: initializers,
+    node attributes, subgraphs, functions (the walk the host's own check uses)."""
+    try:
+        refs = external_refs(model)
+    except ValueError as exc:
+        raise GeneralFailure(f"cached model: {exc}") from None
+    for ref in refs:
+        if ref.location != DATA_NAME:
+            raise GeneralFailure(f"cached model: tensor {ref.name!r} refers to external data "
+                                 f"{ref.location!r}")
+        end = ref.offset + (data_len - ref.offset if ref.length is None else ref.length)
+        if end > data_len:
+            raise GeneralFailure(f"cached model: tensor {ref.name!r} refers past the end of "
+                                 "its data cache")
+    return len(refs)
 
 
 def session_from_artifacts(

@@ -36,6 +36,7 @@ from npumanager.nn.token import check_token, driver_token
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.client import SyncRpcClient
+from npumanager.wire.framing import MAX_FDS
 
 log = logging.getLogger("npumanager.nn")
 
@@ -95,6 +96,44 @@ def _model_bytes(model: str | os.PathLike[str] | bytes) -> bytes:
         return Path(model).read_bytes()
     except OSError as exc:
         raise InvalidArgument(f"cannot read model {model}: {exc}") from None
+
+
+def _open_external(model: str | os.PathLike[str] | bytes, onnx: bytes
+                   ) -> tuple[list[str], list[int]]:
+    """The external data files an ONNX model at a path names, opened here with the app's
+    own rights: (their location strings, fds). The driver resolves the model's external
+    data against these fds and never opens a path itself; a model given as bytes has no
+    directory to resolve names in, so its references reach the driver as they are (and it
+    refuses them). As ``onnx.load`` does, a location must stay inside the model's
+    directory."""
+    if isinstance(model, bytes | bytearray | memoryview) or b"location" not in onnx:
+        return [], []  # no external-data entry can be in there: nothing to parse
+    from npumanager.tensorio.onnx_external import external_refs, parse_onnx
+
+    proto = parse_onnx(onnx)
+    if proto is None:
+        return [], []  # not ONNX (a torch archive, an IR bundle)
+    try:
+        locations = list(dict.fromkeys(ref.location for ref in external_refs(proto)))
+    except ValueError as exc:
+        raise InvalidArgument(f"model {model}: {exc}") from None
+    base = Path(model).parent
+    fds: list[int] = []
+    try:
+        for location in locations:
+            rel = Path(location)
+            if rel.is_absolute() or ".." in rel.parts:
+                raise InvalidArgument(f"model {model} names external data {location!r} "
+                                      "outside its directory")
+            try:
+                fds.append(os.open(base / rel, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as exc:
+                raise InvalidArgument(f"cannot read external data {location!r} of model "
+                                      f"{model}: {exc.strerror}") from None
+    except BaseException:
+        close_fds(fds)
+        raise
+    return locations, fds
 
 
 class Device:
@@ -193,10 +232,12 @@ class Device:
         onnx = _model_bytes(model)
         rpc = self.connection()
         if cache_dir is None or token is None:
-            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), b"", [], 0)
+            return self._prepare(rpc, model, onnx, grant_id, int(preference), int(priority),
+                                 b"", [], 0)
         n_model, n_data = self.get_number_of_cache_files_needed()
         if n_model + n_data == 0:
-            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), b"", [], 0)
+            return self._prepare(rpc, model, onnx, grant_id, int(preference), int(priority),
+                                 b"", [], 0)
         dtoken = driver_token(token, self.name, self.version, int(preference), int(priority))
         model_paths, data_paths = cache_file_names(cache_dir, dtoken, n_model, n_data)
         fds = open_cache_files([*model_paths, *data_paths], create=False)
@@ -214,35 +255,46 @@ class Device:
         if fds is None:
             log.info("%s: cache files cannot be opened in %s; compiling without caching",
                      self.name, cache_dir)
-            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), b"", [], 0)
+            return self._prepare(rpc, model, onnx, grant_id, int(preference), int(priority),
+                                 b"", [], 0)
         try:
-            return self._prepare(rpc, onnx, grant_id, int(preference), int(priority), dtoken,
-                                 fds, n_model)
+            return self._prepare(rpc, model, onnx, grant_id, int(preference), int(priority),
+                                 dtoken, fds, n_model)
         finally:
             close_fds(fds)
 
-    def _prepare(self, rpc: SyncRpcClient, onnx: bytes, grant_id: str, preference: int,
-                 priority: int, token: bytes, cache_fds: list[int], n_model: int) -> Model:
+    def _prepare(self, rpc: SyncRpcClient, model: str | os.PathLike[str] | bytes, onnx: bytes,
+                 grant_id: str, preference: int, priority: int, token: bytes,
+                 cache_fds: list[int], n_model: int) -> Model:
         msg = pb.PrepareModel(
             grant_id=grant_id, preference=preference, priority=priority, token=token,
             n_model_cache=n_model if cache_fds else 0,
             n_data_cache=len(cache_fds) - n_model if cache_fds else 0,
         )
+        locations, ext_fds = _open_external(model, onnx)
         fds = list(cache_fds)
         memfd = -1
-        if len(onnx) > _ONNX_INLINE_LIMIT:
-            memfd = os.memfd_create("npu-model", os.MFD_CLOEXEC)
-            _write_all(memfd, onnx)
-            msg.onnx_in_memfd = True
-            msg.onnx_size = len(onnx)
-            fds.append(memfd)
-        else:
-            msg.onnx = onnx
         try:
+            if len(fds) + 1 + len(ext_fds) > MAX_FDS:
+                raise InvalidArgument(
+                    f"the model names {len(ext_fds)} external data files; one prepare "
+                    f"sends at most {MAX_FDS - 1 - len(fds)} (save it with "
+                    "all_tensors_to_one_file=True)")
+            if len(onnx) > _ONNX_INLINE_LIMIT:
+                memfd = os.memfd_create("npu-model", os.MFD_CLOEXEC)
+                _write_all(memfd, onnx)
+                msg.onnx_in_memfd = True
+                msg.onnx_size = len(onnx)
+                fds.append(memfd)
+            else:
+                msg.onnx = onnx
+            msg.external_locations.extend(locations)
+            fds += ext_fds
             payload, _ = self.call(rpc, "device.prepare_model", msg, fds=fds)
         finally:
             if memfd >= 0:
                 os.close(memfd)
+            close_fds(ext_fds)
         return Model(self, rpc, pb.PreparedModelMsg.FromString(payload))
 
     def _prepare_from_cache(self, rpc: SyncRpcClient, grant_id: str, token: bytes,

@@ -188,7 +188,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., type: _Optional[_Union[ValueType, _Mapping]] = ...) -> None: ...
 
 class PrepareModel(_message.Message):
-    __slots__ = ("onnx", "onnx_in_memfd", "onnx_size", "grant_id", "preference", "priority", "token", "n_model_cache", "n_data_cache")
+    __slots__ = ("onnx", "onnx_in_memfd", "onnx_size", "grant_id", "preference", "priority", "token", "n_model_cache", "n_data_cache", "external_locations")
     ONNX_FIELD_NUMBER: _ClassVar[int]
     ONNX_IN_MEMFD_FIELD_NUMBER: _ClassVar[int]
     ONNX_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class PrepareModel(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     N_MODEL_CACHE_FIELD_NUMBER: _ClassVar[int]
     N_DATA_CACHE_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
     onnx: bytes
     onnx_in_memfd: bool
     onnx_size: int
@@ -207,7 +208,8 @@ class PrepareModel(_message.Message):
     token: bytes
     n_model_cache: int
     n_data_cache: int
-    def __init__(self, onnx: _Optional[bytes] = ..., onnx_in_memfd: _Optional[bool] = ..., onnx_size: _Optional[int] = ..., grant_id: _Optional[str] = ..., preference: _Optional[int] = ..., priority: _Optional[int] = ..., token: _Optional[bytes] = ..., n_model_cache: _Optional[int] = ..., n_data_cache: _Optional[int] = ...) -> None: ...
+    external_locations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, onnx: _Optional[bytes] = ..., onnx_in_memfd: _Optional[bool] = ..., onnx_size: _Optional[int] = ..., grant_id: _Optional[str] = ..., preference: _Optional[int] = ..., priority: _Optional[int] = ..., token: _Optional[bytes] = ..., n_model_cache: _Optional[int] = ..., n_data_cache: _Optional[int] = ..., external_locations: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrepareModelFromCache(_message.Message):
     __slots__ = ("grant_id", "token", "n_model_cache", "n_data_cache", "preference", "priority")
