@@ -23,6 +23,13 @@ def default_runtime_dir() -> Path:
     return Path(platformdirs.user_runtime_dir("npu", appauthor=False))
 
 
+def system_runtime_dir() -> Path:
+    """The default runtime dir, ignoring $NPU_RUNTIME_DIR: where the system's npud runs."""
+    if os.getuid() == 0:
+        return Path("/run/npu")
+    return Path(platformdirs.user_runtime_dir("npu", appauthor=False))
+
+
 def runtime_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(explicit) if explicit is not None else default_runtime_dir()
 

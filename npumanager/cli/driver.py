@@ -96,8 +96,9 @@ async def serve(args: argparse.Namespace) -> int:
 async def _exit_when_orphaned(host: DriverHost, stop: asyncio.Event) -> None:
     """npud died: its loaded models keep running for the orphan grace (inference survives
     a daemon restart), but nothing new is loaded; if no manager attaches again by then,
-    the host has released them all and exits. A restarted npud starts a host of its own
-    on the same socket path, so an orphan must not linger."""
+    the host has released them all and exits. A restarted npud that attaches within the
+    grace adopts the host and what it holds; after it, it starts a host of its own on the
+    same socket path, so an orphan must not linger."""
     await host.orphan_expired.wait()
     log.warning("no manager attached again within %g s: exiting", host.hc.orphan_grace_s)
     stop.set()

@@ -27,6 +27,10 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics", metavar="HOST:PORT", default=None,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (same as "
                    "[metrics] listen; port 0 picks a free one)")
+    p.add_argument("--state-dir", metavar="DIR", default=None,
+                   help="root of private state: admin settings (DIR/npud) and the drivers' "
+                   "cache maps (default: $NPU_STATE_DIR, /var/lib/npu as root; an npud on a "
+                   "non-default runtime dir persists settings only when given one)")
     p.set_defaults(func=main)
 
 
@@ -68,7 +72,11 @@ def main(args: argparse.Namespace) -> int:
 
     # Last, so READY=1 goes out after everything else is up.
     observers.append(SystemdObserver(Notifier(), describe))
-    rc = run(cfg, rt, use_drivers=use_drivers, ready=ready, observers=observers)
+    from pathlib import Path
+
+    state_dir = Path(args.state_dir) if args.state_dir else None
+    rc = run(cfg, rt, use_drivers=use_drivers, ready=ready, observers=observers,
+             state_dir=state_dir)
     sys.stdout.flush()
     return rc
 

@@ -193,6 +193,11 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
                      f"unload deadline {fmt.duration(params.get('unload_deadline_s', 0))}, "
                      f"queue wait {fmt.duration(wait) if wait else 'unlimited'}, "
                      f"{params.get('max_requests_per_uid')} live requests per uid"))
+    settings = daemon.get("settings") or {}
+    if settings.get("error"):
+        rows.append(("settings", f"PROBLEM: {settings['error']}"))
+    elif settings.get("persisted"):
+        rows.append(("settings", f"admin settings kept in {settings.get('path')}"))
     for label, text in rows:
         console.print(f"{label + ':':9s} {text}")
 

@@ -31,7 +31,14 @@ from npumanager.wire.client import connect_async
 from npumanager.wire.conn import RpcConnection
 
 from . import calls
-from .core import PUSHES, ClientCore, ExecutorLike, hand_to_executor
+from .core import (
+    PUSHES,
+    RECONNECT_WINDOW_S,
+    ClientCore,
+    ExecutorLike,
+    hand_to_executor,
+    reconnect_delays,
+)
 from .request import (
     DeviceSummary,
     ListenerBase,
@@ -63,35 +70,96 @@ class AsyncModelLoadStatusListener(ListenerBase):
 
 
 class AsyncNpuManager:
-    """An asyncio connection to npud. ``async with await AsyncNpuManager.connect():``."""
+    """An asyncio connection to npud. ``async with await AsyncNpuManager.connect():``.
 
-    def __init__(self, conn: RpcConnection, uid: int, admin: bool) -> None:
+    If npud crashes, a task reconnects (client/core.py) and re-registers the live
+    requests; npud adopts them without callbacks."""
+
+    def __init__(self, conn: RpcConnection, uid: int, admin: bool, *,
+                 reconnect: bool = True, reconnect_window_s: float = RECONNECT_WINDOW_S,
+                 path: str = "", client_name: str = "") -> None:
         self._conn = conn
         self.uid = uid
         self.admin = admin
         self._tasks: set[asyncio.Task[Any]] = set()
         self._core: ClientCore[AsyncModelLoadStatusListener] = ClientCore(
-            self._deliver, functools.partial(AsyncModelLoadStatusListener, report=self._report))
+            self._deliver, functools.partial(AsyncModelLoadStatusListener, report=self._report),
+            reconnect=reconnect and bool(path))
+        self._path = path
+        self._client_name = client_name
+        self.reconnect_window_s = reconnect_window_s
+        self._generation = 0
+        self._closing = False
+        self._bind(conn)
+
+    def _bind(self, conn: RpcConnection) -> None:
         on_push = self._core.on_push
-        for name in PUSHES:
+        for name in (*PUSHES, "goodbye"):
             conn.handlers[name] = lambda ctx, payload, name=name: on_push(name, payload, ctx.fds)
 
     @classmethod
     async def connect(cls, runtime_dir: str | os.PathLike[str] | None = None, *,
-                      client_name: str = "") -> AsyncNpuManager:
+                      client_name: str = "", reconnect: bool = True,
+                      reconnect_window_s: float = RECONNECT_WINDOW_S) -> AsyncNpuManager:
         made: list[AsyncNpuManager] = []
 
         def on_close(conn: RpcConnection, exc: BaseException | None) -> None:
             if made:
-                made[0]._core.connection_lost(exc)
+                made[0]._on_lost(0, exc)
 
-        conn, hello = await connect_async(
-            str(manager_socket(runtime_dir)), "manager", {},
-            client_name=client_name or f"pid{os.getpid()}", on_close=on_close,
-        )
-        mgr = cls(conn, hello.uid, hello.admin)
+        path = str(manager_socket(runtime_dir))
+        name = client_name or f"pid{os.getpid()}"
+        conn, hello = await connect_async(path, "manager", {}, client_name=name,
+                                          on_close=on_close)
+        mgr = cls(conn, hello.uid, hello.admin, reconnect=reconnect,
+                  reconnect_window_s=reconnect_window_s, path=path, client_name=name)
         made.append(mgr)
         return mgr
+
+    def _on_conn_lost(self, generation: int, conn: RpcConnection,
+                      exc: BaseException | None) -> None:
+        self._on_lost(generation, exc)
+
+    def _on_lost(self, generation: int, exc: BaseException | None) -> None:
+        if generation != self._generation or self._closing:
+            return
+        if self._core.connection_lost(exc):
+            self._spawn(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """npud went away: reconnect on the back-off and re-register the live requests."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.reconnect_window_s
+        for delay in reconnect_delays():
+            if loop.time() + delay > give_up_at:
+                break
+            await asyncio.sleep(delay)
+            if self._closing:
+                return
+            self._generation += 1
+            gen = self._generation
+            try:
+                conn, _hello = await connect_async(
+                    self._path, "manager", {}, client_name=self._client_name,
+                    on_close=functools.partial(self._on_conn_lost, gen))
+            except Exception as exc:
+                log.debug("reconnecting to npud: %s", exc)
+                continue
+            if self._closing:
+                conn.close()
+                return
+            old, self._conn = self._conn, conn
+            old.close()
+            self._bind(conn)
+            reclaim = self._core.reconnected()
+            try:
+                if reclaim.claims:
+                    await conn.call("reclaim", reclaim)
+            except Exception as exc:
+                log.warning("re-registering with npud failed: %s", exc)
+            return
+        if not self._closing:
+            self._core.give_up()
 
     def __repr__(self) -> str:
         state = "closed" if self._conn.closed else "connected"
@@ -182,6 +250,7 @@ class AsyncNpuManager:
         return Lease(self, request)
 
     async def close(self) -> None:
+        self._closing = True
         self._core.close()
         self._conn.close()
         for t in list(self._tasks):

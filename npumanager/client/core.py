@@ -20,18 +20,17 @@ loop only, the blocking API (caller's thread, reader thread) under one lock of
 its own. It starts nothing and takes no lock, so it can decide without I/O, as
 the other cores do (a contract in ``pyproject.toml``).
 
-Lost connection: every live request ends with
-``on_model_load_request_complete(request, CANCELLED)``, logged as a warning
-naming it (npud drops a closed connection's requests without callbacks, so
-CANCELLED is what happened to them), and new requests raise
-``ServiceUnavailable``. :meth:`close` drops them silently, as npud does.
-
-Reconnecting (ARCHITECTURE "Restart without losing the world") is meant to
-land here once for both APIs: :meth:`connection_lost` is the one place that
-decides between ending the live requests and keeping them, and
-:meth:`live_requests` is what a new connection re-registers (id, size,
-priority, state, grant); the adapters would only open the new connection on
-the back-off the core computes.
+Lost connection (npud crashed or was killed): the core keeps the live
+requests and the adapter reconnects on the back-off :func:`reconnect_delays`
+gives (50 ms doubling to 1 s) for up to ``reconnect_window_s``; on success
+:meth:`reconnected` says what to re-register (``reclaim``: id, size, priority,
+state, grant) and npud adopts them (ARCHITECTURE "Restart without losing the
+world"): an adopted request sees no callback at all; one npud cannot adopt
+ends ``REVOKED`` by the usual push. While reconnecting new requests and calls
+raise ``ServiceUnavailable``. When the window passes, or npud said goodbye (a
+clean shutdown stops its drivers too), or reconnecting is off, every live
+request ends with ``on_model_load_request_complete(request, CANCELLED)``,
+logged as a warning naming it. :meth:`close` drops them silently, as npud does.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -49,7 +48,7 @@ from google.protobuf.message import DecodeError
 from npumanager.constants import LoadStatus, RequestStatus, UnloadReason
 from npumanager.errors import InvalidArgument, ProtocolError, ServiceUnavailable
 from npumanager.fds import close_fds
-from npumanager.proto.v1.manager_pb2 import CanLoad, RequestComplete, UnloadAsk
+from npumanager.proto.v1.manager_pb2 import CanLoad, Claim, Reclaim, RequestComplete, UnloadAsk
 
 from .request import ModelLoadRequest, ModelLoadRequestCallback
 
@@ -80,6 +79,7 @@ class Listener(Protocol):
 
 class Phase(enum.Enum):
     CONNECTED = "connected"
+    RECONNECTING = "reconnecting"  # the connection dropped: live requests kept, retrying
     LOST = "lost"  # the connection dropped under us: live requests ended CANCELLED
     CLOSED = "closed"  # the app closed it: requests dropped without callbacks
 
@@ -99,7 +99,8 @@ L = TypeVar("L", bound=Listener)
 class LiveRequest(Generic[L]):
     """One live request of this connection and the app's callback for it."""
 
-    __slots__ = ("callback", "executor", "grant_id", "listener", "request", "state")
+    __slots__ = ("callback", "executor", "grant_id", "listener", "request", "state",
+                 "unload_reason")
 
     def __init__(self, request: ModelLoadRequest, callback: ModelLoadRequestCallback,
                  executor: ExecutorLike | None, listener: L) -> None:
@@ -109,6 +110,7 @@ class LiveRequest(Generic[L]):
         self.listener = listener
         self.state = LiveState.WAITING
         self.grant_id: str | None = None
+        self.unload_reason: UnloadReason | None = None
 
     def __repr__(self) -> str:
         return f"<LiveRequest {self.request.id} {self.state.value} grant={self.grant_id}>"
@@ -121,6 +123,22 @@ class LiveView:
     request: ModelLoadRequest
     state: LiveState
     grant_id: str | None
+
+
+#: Reconnect back-off (API "Manager restart"): from 50 ms, doubling, to 1 s.
+RECONNECT_FIRST_S = 0.05
+RECONNECT_MAX_S = 1.0
+#: How long a client keeps its live requests while npud is away (npud's driver hosts keep
+#: loaded models for ``orphan_grace_s``, 10 s by default; this outlasts it a little).
+RECONNECT_WINDOW_S = 15.0
+
+
+def reconnect_delays() -> Iterator[float]:
+    """Seconds to wait before each reconnect attempt."""
+    delay = RECONNECT_FIRST_S
+    while True:
+        yield delay
+        delay = min(delay * 2, RECONNECT_MAX_S)
 
 
 def run_callback(fn: Callable[..., object], *args: Any) -> object:
@@ -166,12 +184,19 @@ def _unknown(what: str, value: int) -> ProtocolError:
 class ClientCore(Generic[L]):
     """The live request table of one manager connection; see the module docstring."""
 
-    def __init__(self, deliver: Deliver, make_listener: Callable[[ModelLoadRequest], L]) -> None:
+    def __init__(self, deliver: Deliver, make_listener: Callable[[ModelLoadRequest], L],
+                 *, reconnect: bool = True) -> None:
         self._deliver = deliver
         self._make_listener = make_listener
         self._live: dict[int, LiveRequest[L]] = {}
         self.phase = Phase.CONNECTED
         self.lost_reason: BaseException | None = None
+        #: Reconnect when the connection drops (else end live requests CANCELLED at once).
+        self.reconnect = reconnect
+        #: npud said goodbye (a clean shutdown): no reconnect on this loss.
+        self.goodbye = False
+        #: Times this client reconnected and re-registered its requests.
+        self.reconnects = 0
         self._pushes: dict[str, Callable[[bytes], None]] = {
             "on_can_load_model": self._on_can_load,
             "on_request_unload_model": self._on_unload,
@@ -234,7 +259,9 @@ class ClientCore(Generic[L]):
             close_fds(fds)  # no manager push carries fds
         handler = self._pushes.get(method)
         if handler is None:
-            if method != "goodbye":
+            if method == "goodbye":
+                self.goodbye = True
+            else:
                 log.debug("ignoring unknown push %r from npud", method)
             return
         try:
@@ -266,6 +293,7 @@ class ClientCore(Generic[L]):
         if live is None:
             return
         live.state = LiveState.UNLOAD_REQUESTED
+        live.unload_reason = reason
         self._deliver(live.executor, live.callback.on_request_unload_model, live.request,
                       reason)
 
@@ -279,12 +307,48 @@ class ClientCore(Generic[L]):
             self._deliver(live.executor, live.callback.on_model_load_request_complete,
                           live.request, status)
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        """The connection dropped (not closed by the app): end every live request CANCELLED."""
+    def connection_lost(self, exc: BaseException | None) -> bool:
+        """The connection dropped (not closed by the app). True: keep the live requests and
+        reconnect (the adapter calls :meth:`reconnected` or :meth:`give_up`); False: they
+        ended CANCELLED here."""
         if self.phase is not Phase.CONNECTED:
-            return
-        self.phase = Phase.LOST
+            return False
         self.lost_reason = exc
+        if self.reconnect and not self.goodbye:
+            self.phase = Phase.RECONNECTING
+            if self._live:
+                log.warning("connection to npud lost (%s): reconnecting; %d live request(s) "
+                            "kept", exc or "closed", len(self._live))
+            return True
+        self._end_all()
+        return False
+
+    def reconnected(self) -> Reclaim:
+        """A new connection is up: what to re-register with npud (``reclaim``)."""
+        self.phase = Phase.CONNECTED
+        self.goodbye = False
+        self.lost_reason = None
+        self.reconnects += 1
+        claims = []
+        for x in self._live.values():
+            c = Claim(request_id=x.request.id, size=int(x.request.size),
+                      priority=int(x.request.priority), state=x.state.value,
+                      grant_id=x.grant_id or "")
+            if x.unload_reason is not None:
+                c.unload_reason = int(x.unload_reason)
+            claims.append(c)
+        if claims:
+            log.warning("reconnected to npud: re-registering %d live request(s)", len(claims))
+        return Reclaim(claims=claims)
+
+    def give_up(self) -> None:
+        """npud did not come back within the reconnect window."""
+        if self.phase is Phase.RECONNECTING:
+            self._end_all()
+
+    def _end_all(self) -> None:
+        self.phase = Phase.LOST
+        exc = self.lost_reason
         ended = list(self._live.values())
         self._live.clear()
         for live in ended:

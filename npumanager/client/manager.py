@@ -12,12 +12,15 @@ So a callback may call back into the manager (report loaded from
 ``on_can_load_model``) without deadlocking, and never runs on the caller's
 thread while it holds an SDK lock.
 
-Lost connection: every live request of this client ends with
-``on_model_load_request_complete(request, RequestStatus.CANCELLED)`` (logged
-as a warning naming the request), and every later call raises
-``ServiceUnavailable``. npud drops the requests of a closed connection
-without callbacks, so CANCELLED is what actually happened to them. Closing the
-manager yourself drops its requests silently (no callbacks), as npud does.
+Lost connection: if npud crashed, a background thread reconnects (50 ms
+doubling to 1 s, for ``reconnect_window_s``) and re-registers the live
+requests; npud adopts them, so an adopted request sees no callback at all
+(client/core.py). If npud said goodbye (a clean shutdown), reconnecting is off
+(``reconnect=False``) or the window passes, every live request of this client
+ends with ``on_model_load_request_complete(request, RequestStatus.CANCELLED)``
+(logged as a warning naming the request), and later calls raise
+``ServiceUnavailable``. Closing the manager yourself drops its requests
+silently (no callbacks), as npud does.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -36,7 +40,15 @@ from npumanager.paths import manager_socket
 from npumanager.wire.client import SyncRpcClient
 
 from . import calls
-from .core import ClientCore, ExecutorLike, Phase, hand_to_executor, run_callback
+from .core import (
+    RECONNECT_WINDOW_S,
+    ClientCore,
+    ExecutorLike,
+    Phase,
+    hand_to_executor,
+    reconnect_delays,
+    run_callback,
+)
 from .request import (
     DeviceSummary,
     ModelLoadRequest,
@@ -90,19 +102,24 @@ class NpuManager:
     """A connection to npud. Use as a context manager, or call :meth:`close`."""
 
     def __init__(self, runtime_dir: str | os.PathLike[str] | None = None, *,
-                 client_name: str = "", call_timeout: float | None = None) -> None:
+                 client_name: str = "", call_timeout: float | None = None,
+                 reconnect: bool = True,
+                 reconnect_window_s: float = RECONNECT_WINDOW_S) -> None:
         self.path = str(manager_socket(runtime_dir))
         self._dispatcher = CallbackDispatcher()
         # The core is single-threaded; the caller's thread and the reader thread take turns.
         self._lock = threading.Lock()
         self._core: ClientCore[ModelLoadStatusListener] = ClientCore(
-            self._dispatcher.post, functools.partial(ModelLoadStatusListener, report=self._report))
+            self._dispatcher.post, functools.partial(ModelLoadStatusListener, report=self._report),
+            reconnect=reconnect)
+        self._client_name = client_name or f"pid{os.getpid()}"
+        self._call_timeout = call_timeout
+        self.reconnect_window_s = reconnect_window_s
+        #: Which connection is current: a close reported by an older one is ignored.
+        self._generation = 0
+        self._closing = False
         try:
-            self._rpc = SyncRpcClient(
-                self.path, "manager", client_name=client_name or f"pid{os.getpid()}",
-                on_push=self._on_push, on_close=self._on_lost,
-                threaded=True, call_timeout=call_timeout,
-            )
+            self._rpc = self._open()
         except BaseException:
             self._dispatcher.stop()
             raise
@@ -111,6 +128,14 @@ class NpuManager:
         self.uid: int = self._rpc.hello.uid
         self.admin: bool = self._rpc.hello.admin
         self.server_version: str = self._rpc.hello.server_version
+
+    def _open(self) -> SyncRpcClient:
+        gen = self._generation
+        return SyncRpcClient(
+            self.path, "manager", client_name=self._client_name,
+            on_push=self._on_push, on_close=lambda exc: self._on_lost(gen, exc),
+            threaded=True, call_timeout=self._call_timeout,
+        )
 
     @classmethod
     def connect(cls, runtime_dir: str | os.PathLike[str] | None = None,
@@ -131,6 +156,11 @@ class NpuManager:
     @property
     def connected(self) -> bool:
         return not self._rpc.closed
+
+    @property
+    def phase(self) -> str:
+        """connected, reconnecting (npud went away; live requests kept), lost or closed."""
+        return self._core.phase.value
 
     # --- calls -----------------------------------------------------------
 
@@ -197,6 +227,7 @@ class NpuManager:
     def close(self) -> None:
         """Close the connection; npud drops this client's requests (no callbacks)."""
         with self._lock:
+            self._closing = True
             self._core.close()
         self._rpc.close()
         self._dispatcher.stop()
@@ -207,6 +238,44 @@ class NpuManager:
         with self._lock:
             self._core.on_push(method, payload, fds)
 
-    def _on_lost(self, exc: BaseException | None) -> None:
+    def _on_lost(self, generation: int, exc: BaseException | None) -> None:
         with self._lock:
-            self._core.connection_lost(exc)
+            if generation != self._generation or self._closing:
+                return
+            again = self._core.connection_lost(exc)
+        if again:
+            threading.Thread(target=self._reconnect, name="npu-reconnect", daemon=True).start()
+
+    def _reconnect(self) -> None:
+        """npud went away: reconnect on the back-off and re-register the live requests."""
+        give_up_at = time.monotonic() + self.reconnect_window_s
+        for delay in reconnect_delays():
+            if time.monotonic() + delay > give_up_at:
+                break
+            time.sleep(delay)
+            with self._lock:
+                if self._closing:
+                    return
+                self._generation += 1
+            try:
+                rpc = self._open()
+            except Exception as exc:
+                log.debug("reconnecting to npud: %s", exc)
+                continue
+            with self._lock:
+                if self._closing:
+                    rpc.close()
+                    return
+                old, self._rpc = self._rpc, rpc
+                reclaim = self._core.reconnected()
+            old.close()  # releases its socket; its close report is stale (generation)
+            try:
+                if reclaim.claims:
+                    rpc.call("reclaim", reclaim)
+            except Exception as exc:
+                # The new connection failed at once: its close starts another round.
+                log.warning("re-registering with npud failed: %s", exc)
+            return
+        with self._lock:
+            if not self._closing:
+                self._core.give_up()

@@ -377,14 +377,18 @@ class DriverHost:
                                     listening=not msg.clear, debounce_ms=msg.debounce_ms))
         return Empty()
 
-    def _attach_manager(self, ctx: CallContext, payload: bytes) -> Empty:
+    def _attach_manager(self, ctx: CallContext, payload: bytes) -> pb.HeldGrants:
         msg = pb.AttachManager.FromString(payload)
         self.manager_conn = ctx.conn
         self.hc.enforce_admission = msg.enforce_admission
         self._submit(ev.ManagerAttached(stimulus_id=self._stimulus("attach"),
                                         now=self.clock.now(),
                                         enforce_admission=msg.enforce_admission))
-        return Empty()
+        # A new npud after a restart adopts what we hold (the grants its clients claim).
+        return pb.HeldGrants(grants=[
+            pb.HeldGrant(grant_id=g, uid=uid, request_id=rid, memory_bytes=nbytes,
+                         models=models)
+            for g, uid, rid, nbytes, models in self.state.held_grants()])
 
     def _grant_issued(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.GrantIssued.FromString(payload)
@@ -447,8 +451,12 @@ class DriverHost:
     def _stats(self, ctx: CallContext, payload: bytes) -> bytes:
         """JSON: channels busy and per-uid executions/s and p50/p99 latency (`npu top`)."""
         channels, busy, queued = self.state.load()
+        # The grants held and their models' memory: checked from outside by `npu chaos`.
+        held = [{"grant": g[:8], "uid": uid, "request_id": rid, "bytes": nbytes,
+                 "models": models}
+                for g, uid, rid, nbytes, models in self.state.held_grants()]
         return json.dumps({"channels": channels, "busy": busy, "queued": queued,
-                           **self.exec_stats.snapshot()}).encode()
+                           "held": held, **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:
         """JSON: execution steps after the cursor in the payload (`npu trace record`); each

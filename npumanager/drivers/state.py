@@ -220,6 +220,16 @@ class DriverState:
     def grant_ids(self) -> list[str]:
         return sorted(self._grants)
 
+    def held_grants(self) -> list[tuple[str, int, int, int, int]]:
+        """(grant_id, uid, request_id, memory bytes, models) of every live grant: what a
+        newly attached npud adopts."""
+        out = []
+        for gid in sorted(self._grants):
+            g = self._grants[gid]
+            nbytes = sum(self._models[m].memory_bytes for m in g.models if m in self._models)
+            out.append((gid, g.uid, g.request_id, nbytes, len(g.models)))
+        return out
+
     def story(self, work_id: int | None = None, *, model_id: int | None = None,
               grant_id: str | None = None) -> list[ev.Decision]:
         """What happened to one work item, model or grant (as far as the log reaches)."""

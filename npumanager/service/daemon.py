@@ -37,6 +37,7 @@ from npumanager.paths import (
     ensure_runtime_dir,
     ensure_state_dir,
     manager_socket,
+    system_runtime_dir,
 )
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.manager_pb2 import CanLoad, RequestComplete, UnloadAsk
@@ -46,6 +47,12 @@ from npumanager.service.integrations import Integrations
 from npumanager.service.logs import DECISIONS, decision
 from npumanager.service.observe import call as observe
 from npumanager.service.policy import ManagerParams
+from npumanager.service.settings_store import (
+    AdminSettings,
+    PolicyChoice,
+    SettingsError,
+    SettingsStore,
+)
 from npumanager.service.state import ManagerState
 from npumanager.service.supervisor import DriverSupervisor
 from npumanager.version import __version__
@@ -65,13 +72,30 @@ def drivers_enabled(cfg: Config) -> bool:
 
 
 def make_driver_control(
-    cfg: Config, runtime_dir: Path, events: DriverEvents, clock: LoopClock
+    cfg: Config, runtime_dir: Path, events: DriverEvents, clock: LoopClock,
+    state_dir: Path | None = None,
 ) -> DriverControl:
     """The one place npud builds its driver supervisor: a :class:`DriverSupervisor` when
     drivers are enabled, else :class:`NoDrivers` (a pure manager)."""
     if not drivers_enabled(cfg):
         return NoDrivers()
-    return DriverSupervisor(cfg, runtime_dir, events, clock)
+    return DriverSupervisor(cfg, runtime_dir, events, clock, state_dir=state_dir)
+
+
+def persistent_state_dir(runtime_dir: Path, explicit: Path | None) -> Path | None:
+    """Where npud keeps what survives it (admin settings), or None (memory only).
+
+    ``npu serve --state-dir`` or ``$NPU_STATE_DIR`` when given; else the default state
+    dir, but only for the npud on the system's runtime dir: an npud on a temporary one
+    (a test, ``npu demo``) must not change what the system npud restores."""
+    if explicit is not None:
+        return explicit
+    env = os.environ.get("NPU_STATE_DIR")
+    if env:
+        return Path(env)
+    if os.path.realpath(runtime_dir) == os.path.realpath(system_runtime_dir()):
+        return default_state_dir()
+    return None
 
 
 @dataclass(eq=False, slots=True)
@@ -98,6 +122,8 @@ class Daemon:
         drivers: DriverControl | None = None,
         state: ManagerState | None = None,
         use_drivers: bool = True,
+        state_dir: Path | None = None,
+        driver_state_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.runtime_dir = Path(runtime_dir)
@@ -106,7 +132,10 @@ class Daemon:
         if drivers is not None:
             self.drivers: DriverControl = drivers
         elif use_drivers:
-            self.drivers = make_driver_control(cfg, self.runtime_dir, self, self.clock)
+            # The hosts get --state-dir only when npud got one; else they find theirs
+            # as npud does ($NPU_STATE_DIR, ...), and say so when it is unusable.
+            self.drivers = make_driver_control(cfg, self.runtime_dir, self, self.clock,
+                                               driver_state_dir)
         else:
             self.drivers = NoDrivers()
         self.conns: dict[int, RpcConnection] = {}
@@ -123,6 +152,12 @@ class Daemon:
         #: Metrics, systemd notify, traces (service/observe.py); empty = no cost.
         self.observers: list[Any] = []
         self._runners = self._make_runners()
+        #: Admin settings kept across restarts (service/settings_store.py); None: memory only.
+        self.settings_store = (SettingsStore(state_dir / "npud") if state_dir is not None
+                               else None)
+        self.admin_settings = AdminSettings()
+        #: Why the saved settings could not be restored or saved (shown by `npu status`).
+        self.settings_error: str | None = None
 
     def __repr__(self) -> str:
         return f"<npud at {self.runtime_dir}: {len(self.conns)} clients | {self.state!r}>"
@@ -307,6 +342,14 @@ class Daemon:
         self.submit_quietly(ev.DriverDown(stimulus_id=self.stimulus("driver-down"),
                                           now=self.clock.now(), name=name))
 
+    def driver_held(self, name: str, grants: list[ev.HeldGrant]) -> None:
+        """A driver an earlier npud started lists the grants it holds (adoption)."""
+        log.info("driver %s holds %d grant(s) from before npud restarted", name, len(grants),
+                 extra={"driver": name})
+        self.submit_quietly(ev.DriverHeld(stimulus_id=self.stimulus("driver-held"),
+                                          now=self.clock.now(), name=name,
+                                          grants=tuple(grants)))
+
     def work_started(self, driver: str, info: WorkInfo) -> None:
         if self.observers:
             observe(self.observers, "on_work_started", driver, info)
@@ -339,6 +382,84 @@ class Daemon:
     def thermal_override(self, status: ThermalStatus | None) -> None:
         self.extras.thermal_override(status)
 
+    # --- admin settings that survive a restart -----------------------------
+
+    def restore_settings(self) -> None:
+        """Apply what an admin set before npud last stopped. A bad file or a value this
+        npud refuses is reported and skipped: npud starts with its defaults, never fails."""
+        store = self.settings_store
+        if store is None:
+            return
+        try:
+            saved = store.load()
+        except SettingsError as exc:
+            self._settings_failed(str(exc))
+            return
+        restored = AdminSettings()
+        p = saved.policy
+        if p is not None:
+            try:
+                self.submit(ev.PolicySet(
+                    stimulus_id=self.stimulus("restore-policy"), now=self.clock.now(),
+                    policy=p.policy, max_budget=p.max_budget, weights=p.weights,
+                    memory_budget_bytes=p.memory_budget_bytes))
+                restored.policy = p
+            except NpuError as exc:
+                self._settings_failed(f"saved policy not restored: {exc}")
+        for key, importance in saved.importance.items():
+            try:
+                self.submit(ev.ImportanceChanged(
+                    stimulus_id=self.stimulus("restore-importance"), now=self.clock.now(),
+                    uid=key, importance=importance))
+            except NpuError as exc:
+                self._settings_failed(f"saved importance of {key} not restored: {exc}")
+                continue
+            self.extras.admin_set(key)
+            restored.importance[key] = importance
+        if saved.thermal_override is not None:
+            try:
+                self.extras.thermal_override(saved.thermal_override)
+                restored.thermal_override = saved.thermal_override
+            except NpuError as exc:
+                self._settings_failed(f"saved thermal override not restored: {exc}")
+        self.admin_settings = restored
+        if not restored.empty:
+            log.info("restored admin settings from %s", store.path)
+
+    def remember_policy(self, event: ev.PolicySet) -> None:
+        self.admin_settings.policy = PolicyChoice(
+            int(event.policy), event.max_budget,
+            dict(event.weights) if event.weights is not None else None,
+            event.memory_budget_bytes)
+        self._save_settings()
+
+    def remember_importance(self, key: int, importance: int) -> None:
+        self.admin_settings.importance[key] = importance
+        self._save_settings()
+
+    def remember_thermal_override(self, status: ThermalStatus | None) -> None:
+        self.admin_settings.thermal_override = status
+        self._save_settings()
+
+    def _save_settings(self) -> None:
+        if self.settings_store is None:
+            return
+        try:
+            self.settings_store.save(self.admin_settings)
+        except OSError as exc:
+            # The change is applied; only its surviving a restart failed: say so, go on.
+            self._settings_failed(f"cannot save {self.settings_store.path}: "
+                                  f"{exc.strerror or exc}")
+
+    def _settings_failed(self, why: str) -> None:
+        log.error("admin settings: %s", why)
+        self.settings_error = why
+
+    def _settings_info(self) -> dict[str, Any]:
+        store = self.settings_store
+        return {"path": str(store.path) if store is not None else None,
+                "persisted": store is not None, "error": self.settings_error}
+
     # --- dumpsys ------------------------------------------------------------
 
     def dump(self) -> dict[str, Any]:
@@ -355,6 +476,7 @@ class Daemon:
             "accept_failures": self.server.accept_failures if self.server is not None else 0,
             "timers": len(self._timers),
             "components": self.extras.wired(),
+            "settings": self._settings_info(),
         }
         out["thermal"] = {**out.get("thermal", {}), **self.thermal_info()}
         down = getattr(self.drivers, "down_reasons", None)
@@ -386,6 +508,7 @@ class Daemon:
         )
         await self.drivers.start()
         self.extras.setup()
+        self.restore_settings()
         await self.server.start()
         log.info("npud %s serving %s", __version__, self.server.path)
 
@@ -451,18 +574,21 @@ def _json_default(o: Any) -> Any:
 
 async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
                 ready: Callable[[Daemon], None] | None = None,
-                observers: list[Any] | None = None) -> int:
+                observers: list[Any] | None = None, state_dir: Path | None = None) -> int:
     """Run npud until SIGTERM/SIGINT; ``ready`` is called once clients can connect.
     ``observers`` (service/observe.py) are attached before npud starts."""
     import signal
 
     loop = asyncio.get_running_loop()
     ensure_runtime_dir(runtime_dir)
-    if use_drivers and drivers_enabled(cfg):
-        # The drivers keep their private state (cache maps, keys) under it: refuse to
-        # start on one another user could write rather than have each driver fail.
-        ensure_state_dir(default_state_dir())
-    daemon = Daemon(cfg, runtime_dir, use_drivers=use_drivers)
+    persist = persistent_state_dir(runtime_dir, state_dir)
+    if persist is not None or (use_drivers and drivers_enabled(cfg)):
+        # The drivers keep their private state (cache maps, keys) under it, npud its admin
+        # settings: refuse to start on one another user could write rather than have
+        # each driver fail.
+        ensure_state_dir(persist if persist is not None else default_state_dir())
+    daemon = Daemon(cfg, runtime_dir, use_drivers=use_drivers, state_dir=persist,
+                    driver_state_dir=state_dir)
     daemon.observers.extend(observers or [])
     observe(daemon.observers, "attach", daemon)
     stop = asyncio.Event()
@@ -502,7 +628,7 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
 
 def run(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         ready: Callable[[Daemon], None] | None = None,
-        observers: list[Any] | None = None) -> int:
+        observers: list[Any] | None = None, state_dir: Path | None = None) -> int:
     """The blocking entry of `npu serve`: uvloop when installed, else asyncio."""
     try:
         import uvloop
@@ -512,4 +638,4 @@ def run(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(serve(cfg, runtime_dir, use_drivers=use_drivers, ready=ready,
-                                observers=observers))
+                                observers=observers, state_dir=state_dir))

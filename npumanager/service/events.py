@@ -131,6 +131,44 @@ class ModelMemory(Event):
     nbytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class HeldGrant:
+    """A grant a driver still holds when a (new) npud attaches: models prepared under it
+    keep running (``nbytes``: their memory as the driver reports it)."""
+
+    grant_id: str
+    uid: int
+    request_id: int
+    nbytes: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DriverHeld(Event):
+    """A driver attached and listed the grants it holds (see :mod:`.adoption`)."""
+
+    name: str
+    grants: tuple[HeldGrant, ...] = ()
+
+
+#: What a reconnecting client says it knew of a request.
+CLAIM_STATES = ("waiting", "granted", "loaded", "unload_requested")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClaimRequest(Event):
+    """A client reconnected after npud restarted re-registers one live request."""
+
+    uid: int
+    pid: int
+    conn: int
+    request_id: int
+    size: ModelSize = ModelSize.LESS_THAN_1GB
+    priority: ModelPriority = ModelPriority.NORMAL
+    state: str = "waiting"
+    grant_id: str = ""
+    unload_reason: UnloadReason | None = None
+
+
 # --- instructions ---------------------------------------------------------------
 
 

@@ -197,6 +197,8 @@ class ManagerParams:
 
     policy: PolicySettings = field(default_factory=PolicySettings)
     unload_deadline_s: float = 5.0
+    #: After an npud restart: how long grants a driver still holds wait for their client.
+    adopt_grace_s: float = 5.0
     max_queue_wait_s: float = 0.0  # 0 = none
     decision_log_size: int = 10000
     max_requests_per_uid: int = 256
@@ -263,6 +265,7 @@ class ManagerParams:
         return cls(
             policy=settings,
             unload_deadline_s=deadline,
+            adopt_grace_s=_positive_float("adopt_grace_s", man.get("adopt_grace_s", 5.0)),
             max_queue_wait_s=max_wait,
             decision_log_size=_positive("decision_log_size", man.get("decision_log_size", 10000)),
             max_requests_per_uid=_positive(
@@ -274,6 +277,12 @@ class ManagerParams:
             thermal_keep_rank=keep,
             opportunistic_wait_from=_status_key(opp),
         )
+
+
+def _positive_float(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+        raise InvalidArgument(f"{name} must be a number > 0, got {v!r}")
+    return float(v)
 
 
 def _status_key(key: object) -> ThermalStatus:

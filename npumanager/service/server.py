@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError, Message
 
-from npumanager.constants import ModelPriority, ModelSize, ThermalStatus
+from npumanager.constants import ModelPriority, ModelSize, ThermalStatus, UnloadReason
 from npumanager.errors import InvalidArgument, PermissionDenied
 from npumanager.proto.v1.manager_pb2 import (
     DeviceList,
     JsonReply,
     LoadRequest,
+    Reclaim,
     RequestRef,
     SetImportance,
     SetPolicy,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 EMPTY = b""
 SIZES = {int(m): m for m in ModelSize}
 PRIORITIES = {int(m): m for m in ModelPriority}
+REASONS = {int(m): m for m in UnloadReason}
 
 
 def _require_admin(ctx: CallContext, what: str) -> None:
@@ -108,6 +110,25 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
 
         return handler
 
+    def reclaim(ctx: CallContext, payload: bytes) -> HandlerResult:
+        """A client reconnected after npud restarted: re-register its live requests
+        (service/adoption.py decides; a refused claim ends REVOKED by push)."""
+        m = Reclaim()
+        _parse(m, payload)
+        client = clients[ctx.conn]
+        if not client.seen:
+            d.client_seen(client)
+        for c in m.claims:
+            reason = None
+            if c.HasField("unload_reason") and c.unload_reason in REASONS:
+                reason = REASONS[c.unload_reason]
+            d.submit_quietly(ev.ClaimRequest(
+                stimulus_id=stimulus("claim"), now=clock.now(), uid=client.key,
+                pid=ctx.conn.peer.pid, conn=client.cid, request_id=c.request_id,
+                size=c.size, priority=c.priority,  # type: ignore[arg-type]  # checked there
+                state=c.state, grant_id=c.grant_id, unload_reason=reason))
+        return EMPTY
+
     cancel = by_request_ref(ev.CancelLoad, "cancel")
     loaded = by_request_ref(ev.ModelLoaded, "loaded")
     unloaded = by_request_ref(ev.ModelUnloaded, "unloaded")
@@ -117,13 +138,15 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         m = SetPolicy()
         _parse(m, payload)
         weights = {int(w.size): int(w.weight) for w in m.weights} or None
-        submit(ev.PolicySet(
+        event = ev.PolicySet(
             stimulus_id=stimulus("policy"), now=clock.now(), policy=m.policy,
             max_budget=m.max_budget if m.HasField("max_budget") else None,
             weights=weights,
             memory_budget_bytes=(
                 m.memory_budget_bytes if m.HasField("memory_budget_bytes") else None),
-        ))
+        )
+        submit(event)
+        d.remember_policy(event)
         return EMPTY
 
     def set_importance(ctx: CallContext, payload: bytes) -> HandlerResult:
@@ -133,6 +156,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         submit(ev.ImportanceChanged(stimulus_id=stimulus("importance"), now=clock.now(),
                                     uid=m.uid, importance=m.importance))
         d.extras.admin_set(m.uid)
+        d.remember_importance(m.uid, m.importance)
         return EMPTY
 
     def dump(ctx: CallContext, payload: bytes) -> HandlerResult:
@@ -204,15 +228,18 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         except ValueError:
             raise InvalidArgument(f"thermal status {m.status} out of range 0-6") from None
         d.thermal_override(status)
+        d.remember_thermal_override(status)
         return _thermal_reply()
 
     def thermal_reset(ctx: CallContext, payload: bytes) -> HandlerResult:
         _require_admin(ctx, "thermal reset")
         d.thermal_override(None)
+        d.remember_thermal_override(None)
         return _thermal_reply()
 
     return {
         "request": request,
+        "reclaim": reclaim,
         "cancel": cancel,
         "loaded": loaded,
         "unloaded": unloaded,

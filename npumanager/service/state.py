@@ -64,6 +64,7 @@ from npumanager.constants import (
 )
 from npumanager.errors import InvalidArgument
 from npumanager.hal.types import EndReason, SchedulingConfig
+from npumanager.service import adoption
 from npumanager.service import policy as pol
 from npumanager.service.budget import Budget
 from npumanager.service.decisions import DecisionLog
@@ -72,12 +73,15 @@ from npumanager.service.events import (
     AskUnload,
     CancelLoad,
     CancelTimer,
+    ClaimRequest,
     ClientGone,
     Decision,
     DriverDown,
+    DriverHeld,
     DriverUp,
     EndGrant,
     Event,
+    HeldGrant,
     ImportanceChanged,
     Instruction,
     IssueGrant,
@@ -148,6 +152,10 @@ class ManagerState:
         self._out: list[Instruction] = []
         self._last_out: list[Instruction] = []
         self._ev: Event | None = None
+        #: Grants drivers hold that no client claimed yet, and when the window to claim
+        #: them closes (:mod:`.adoption`); while any wait, nothing new is granted.
+        self._held: dict[str, HeldGrant] = {}
+        self._adopt_until: float | None = None
 
     # --- public reads ---------------------------------------------------------
 
@@ -234,7 +242,7 @@ class ManagerState:
             self._set_waiting(req, _Q)
         else:
             head = self._queue.peek()
-            if head is not None and head.rank <= req.rank:
+            if self._held or (head is not None and head.rank <= req.rank):
                 # Never granted past a better (or equal, earlier) waiter: it queues behind.
                 self._queue.push(req)
                 self._set_waiting(req, _Q)
@@ -346,6 +354,9 @@ class ManagerState:
         self._rebalance(UnloadReason.THERMAL)
 
     def _on_timer(self, ev: TimerFired) -> None:
+        if ev.key == adoption.ADOPT_TIMER:
+            adoption.on_adopt_timer(self, ev)
+            return
         key = self._table.timers.get(ev.key)
         if key is None:
             return  # cancelled or already settled: a late timer does nothing
@@ -411,6 +422,8 @@ class ManagerState:
         DriverUp: _on_driver_up,
         DriverDown: _on_driver_down,
         ModelMemory: _on_model_memory,
+        DriverHeld: adoption.on_driver_held,
+        ClaimRequest: adoption.on_claim,
     }
 
     # --- the rules --------------------------------------------------------------
@@ -418,6 +431,8 @@ class ManagerState:
     def _pump(self) -> None:
         """Grant the queue's head while it fits; a head that does not fit may ask victims."""
         budget = self._budget
+        if self._held:
+            return  # adopting after a restart: held grants may still be claimed
         while (head := self._queue.peek()) is not None:
             if budget.fits(budget.charge(head)):
                 self._grant(head)
@@ -480,14 +495,16 @@ class ManagerState:
             self._emit(SendCanLoad(req.conn, req.uid, req.request_id, status))
             self._decide(req.key, status.name.lower(), rank=req.rank, parked=req.parked)
 
-    def _ask_unload(self, h: ManagedRequest, reason: UnloadReason) -> None:
+    def _ask_unload(self, h: ManagedRequest, reason: UnloadReason, *, tell: bool = True
+                    ) -> None:
         assert h.state in (_G, _L), f"{h.key} asked to unload in state {h.state}"
         h.state = _U
         h.unload_reason = reason
         self._budget.unloading(h.charge)
         at = self._now() + self.params.unload_deadline_s
         h.unload_deadline = at
-        self._emit(AskUnload(h.conn, h.uid, h.request_id, reason))
+        if tell:
+            self._emit(AskUnload(h.conn, h.uid, h.request_id, reason))
         self._arm(h, "unload", at)
         self._decide(h.key, "asked to unload", reason=reason.name, deadline=at)
 
@@ -549,6 +566,9 @@ class ManagerState:
 
     def _emit(self, ins: Instruction) -> None:
         self._out.append(ins)
+
+    def _emit_arm(self, key: str, at: float) -> None:
+        self._emit(ArmTimer(key, at))
 
     def _decide(self, key: RequestKey | None, what: str, **details: object) -> None:
         ev = self._ev

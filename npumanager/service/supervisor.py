@@ -33,6 +33,7 @@ from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.service.driver_link import DriverEvents
+from npumanager.service.events import HeldGrant
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import CallContext, RpcConnection
 
@@ -70,6 +71,8 @@ class DriverSlot:
     starts: int = 0
     temperature: float | None = None
     last_exit: str = ""
+    #: The pid of a host an earlier npud started that this one attached to (not our child).
+    adopted_pid: int = 0
     task: asyncio.Task[None] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -204,9 +207,16 @@ class DriverSupervisor:
 
     async def _supervise(self, slot: DriverSlot) -> None:
         clock = self.clock
+        adopt = True
         while not self.stopping:
             started = clock.now()
             try:
+                if adopt:
+                    adopt = False
+                    # An earlier npud's host may still serve (orphaned, its models running
+                    # for the grace): attach to it rather than start a second one.
+                    if await self._attach_existing(slot):
+                        continue
                 await self._run_once(slot)
             except asyncio.CancelledError:
                 raise
@@ -259,6 +269,45 @@ class DriverSupervisor:
                 with contextlib.suppress(asyncio.CancelledError):
                     await exited
 
+    async def _attach_existing(self, slot: DriverSlot) -> bool:
+        """Attach to a host already serving the socket; False when there is none. Returns
+        (True) once that host's connection closed: the caller then starts a new one."""
+        path = self._socket(slot.name)
+        if not path.exists():
+            return False
+        closed = asyncio.Event()
+
+        def on_close(conn: RpcConnection, exc: BaseException | None) -> None:
+            closed.set()
+
+        try:
+            conn, _ = await connect_async(str(path), SERVICE, self._handlers(slot),
+                                          client_name="npud", on_close=on_close,
+                                          connect_timeout=1.0, hello_timeout=2.0)
+        except Exception:
+            return False  # a stale socket file: start our own host
+        slot.conn = conn
+        try:
+            await self._handshake(slot, conn)
+        except Exception as exc:
+            conn.close()
+            slot.conn = None
+            log.warning("driver %s at %s did not accept npud (%s); starting a new one",
+                        slot.name, path, exc)
+            return False
+        slot.up = True
+        slot.last_exit = ""
+        slot.up_since = self.clock.now()
+        slot.info.available = True
+        slot.adopted_pid = conn.peer.pid
+        log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.name,
+                 conn.peer.pid)
+        self.events.driver_up(slot.info)
+        slot.ready.set()
+        never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        await self._watch(slot, conn, never, closed)
+        return True
+
     async def _wait_ready(self, slot: DriverSlot, proc: asyncio.subprocess.Process,
                           exited: asyncio.Future[int]) -> None:
         assert proc.stdout is not None
@@ -282,8 +331,15 @@ class DriverSupervisor:
         raise RuntimeError(slot.last_exit)
 
     async def _handshake(self, slot: DriverSlot, conn: RpcConnection) -> None:
-        await conn.call("hal.attach_manager",
-                        pb.AttachManager(enforce_admission=self.enforce_admission))
+        payload, _ = await conn.call("hal.attach_manager",
+                                     pb.AttachManager(enforce_admission=self.enforce_admission))
+        held = [HeldGrant(g.grant_id, g.uid, g.request_id, g.memory_bytes)
+                for g in pb.HeldGrants.FromString(payload).grants]
+        hook = getattr(self.events, "driver_held", None)
+        if held and hook is not None:
+            # Before npud serves clients (start waits for its drivers): their claims meet
+            # what the driver holds (service/adoption.py).
+            hook(slot.name, held)
         await conn.call("hal.set_scheduling_configs", configs_msg(list(self.table.values())))
         await conn.call("hal.set_callback", pb.SetCallback(debounce_ms=DEBOUNCE_DURATION_MS))
         for grant_id, (uid, request_id) in self.grants.items():
@@ -372,6 +428,13 @@ class DriverSupervisor:
             slot.conn = None
 
     async def _terminate(self, slot: DriverSlot) -> None:
+        pid, slot.adopted_pid = slot.adopted_pid, 0
+        if pid > 0:
+            import os
+            import signal
+
+            with contextlib.suppress(OSError):  # gone already, or not ours to signal
+                os.kill(pid, signal.SIGTERM)
         proc, slot.proc = slot.proc, None
         if proc is None:
             return

@@ -14,6 +14,7 @@ from npumanager import (
     LoadStatus,
     ModelLoadRequest,
     ModelLoadRequestCallback,
+    ModelPriority,
     ModelSize,
     RequestStatus,
     UnloadReason,
@@ -116,9 +117,10 @@ def test_withdrawn_request_hears_nothing_and_its_id_is_free_again() -> None:
 def test_lost_connection_ends_every_live_request_cancelled_in_order(
         caplog: pytest.LogCaptureFixture) -> None:
     c, cb = Core(), Rec()
+    c.core.reconnect = False
     for rid in (3, 1, 2):
         c.core.register(ModelLoadRequest(rid), cb, None)
-    c.core.connection_lost(ConnectionResetError("reset by peer"))
+    assert c.core.connection_lost(ConnectionResetError("reset by peer")) is False
     c.core.connection_lost(None)  # once only
     c.run()
     assert cb.events == [("complete", rid, RequestStatus.CANCELLED) for rid in (3, 1, 2)]
@@ -194,3 +196,56 @@ def test_the_executor_of_each_request_travels_with_its_callbacks() -> None:
     c.can(1, LoadStatus.CAN_LOAD_NOW, "a")
     c.can(2, LoadStatus.CAN_LOAD_NOW, "b")
     assert [ex for ex, _ in c.posted] == [executor, None]
+
+
+def test_a_lost_connection_keeps_live_requests_and_reclaims_them_on_reconnect() -> None:
+    c, cb = Core(), Rec()
+    c.core.register(ModelLoadRequest(1, ModelSize.GREATER_THAN_2G), cb, None)
+    c.core.register(ModelLoadRequest(2, priority=ModelPriority.BACKGROUND), cb, None)
+    c.core.register(ModelLoadRequest(3), cb, None)
+    c.can(1, LoadStatus.CAN_LOAD_NOW, "g1")
+    c.core.reported("loaded", 1)
+    c.can(2, LoadStatus.CAN_LOAD_NOW, "g2")
+    c.unload(2, UnloadReason.THERMAL)
+    c.run()
+    before = len(cb.events)
+    assert c.core.connection_lost(ConnectionResetError("npud killed")) is True
+    assert c.core.phase is Phase.RECONNECTING and len(c.core) == 3
+    with pytest.raises(ServiceUnavailable, match="reconnecting"):
+        c.core.register(ModelLoadRequest(4), cb, None)
+    reclaim = c.core.reconnected()
+    claims = {x.request_id: x for x in reclaim.claims}
+    assert (claims[1].state, claims[1].grant_id, claims[1].size) == (
+        "loaded", "g1", int(ModelSize.GREATER_THAN_2G))
+    assert (claims[2].state, claims[2].unload_reason, claims[2].priority) == (
+        "unload_requested", int(UnloadReason.THERMAL), int(ModelPriority.BACKGROUND))
+    assert (claims[3].state, claims[3].grant_id, claims[3].HasField("unload_reason")) == (
+        "waiting", "", False)
+    assert c.core.phase is Phase.CONNECTED and c.core.reconnects == 1
+    c.run()
+    assert len(cb.events) == before  # adopted: the app hears nothing
+
+
+def test_after_goodbye_or_when_the_window_passes_live_requests_end_cancelled() -> None:
+    c, cb = Core(), Rec()
+    c.core.register(ModelLoadRequest(1), cb, None)
+    c.core.on_push("goodbye", b"npud is shutting down")
+    assert c.core.connection_lost(None) is False
+    c.run()
+    assert cb.events == [("complete", 1, RequestStatus.CANCELLED)]
+    c2, cb2 = Core(), Rec()
+    c2.core.register(ModelLoadRequest(1), cb2, None)
+    assert c2.core.connection_lost(None) is True
+    c2.core.give_up()
+    c2.run()
+    assert cb2.events == [("complete", 1, RequestStatus.CANCELLED)]
+    assert c2.core.phase is Phase.LOST
+
+
+def test_reconnect_back_off_goes_from_50_ms_to_1_s() -> None:
+    import itertools
+
+    from npumanager.client.core import reconnect_delays
+
+    assert list(itertools.islice(reconnect_delays(), 7)) == [
+        0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]

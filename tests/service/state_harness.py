@@ -47,8 +47,22 @@ class StreamChecker:
         self.lives: dict[Key, Life] = {}
         self.ended: list[tuple[Key, Life]] = []
         self.grants_live: set[str] = set()
+        #: Grants drivers reported after a restart that no request has claimed.
+        self.held: set[str] = set()
 
     def feed(self, event: ev.Event, out: list[ev.Instruction]) -> None:
+        if isinstance(event, ev.DriverHeld):
+            self.held |= {g.grant_id for g in event.grants}
+        if isinstance(event, ev.ClaimRequest):
+            key = (event.uid, event.request_id)
+            assert key not in self.lives or self.lives[key].phase == "ended", key
+            if event.state == "waiting" or not event.grant_id:
+                self.lives[key] = Life(conn=event.conn)
+            else:
+                # Adopted: its grant comes back without CAN_LOAD_NOW (no callback).
+                self.lives[key] = Life(conn=event.conn, phase="claimed",
+                                       asked=event.state == "unload_requested")
+                self.held.discard(event.grant_id)
         if isinstance(event, ev.RequestLoad):
             key = (event.uid, event.request_id)
             assert key not in self.lives or self.lives[key].phase == "ended", key
@@ -66,7 +80,8 @@ class StreamChecker:
             life = self.lives[(event.uid, event.request_id)]
             assert life.statuses, f"request {event.request_id} got no answer in the same step"
         for key, life in self.lives.items():
-            assert life.phase not in ("granting", "grant_ended"), f"{key}: left {life.phase}"
+            assert life.phase not in ("granting", "grant_ended", "claimed"), (
+                f"{key}: left {life.phase}")
 
     def _one(self, ins: ev.Instruction) -> None:
         if isinstance(ins, ev.ArmTimer | ev.CancelTimer | ev.PushSchedulingConfigs):
@@ -77,6 +92,10 @@ class StreamChecker:
             ins, ev.SendCanLoad | ev.IssueGrant | ev.AskUnload | ev.EndGrant | ev.SendComplete
         ), ins
         key = (ins.uid, ins.request_id)
+        if isinstance(ins, ev.EndGrant) and ins.grant_id in self.held:
+            assert ins.revoked, f"{ins}: an unclaimed held grant ends revoked"
+            self.held.discard(ins.grant_id)
+            return
         life = self.lives.get(key)
         assert life is not None, f"{ins} for a request never made"
         assert life.phase != "ended", f"{ins} after the request ended"
@@ -93,6 +112,11 @@ class StreamChecker:
                 assert life.phase in ("new", "waiting"), f"{key}: {ins.status} in {life.phase}"
                 assert ins.grant_id is None
                 life.phase = "waiting"
+        elif isinstance(ins, ev.IssueGrant) and life.phase == "claimed":
+            assert ins.grant_id not in self.grants_live, "grant id reused"
+            life.grant = ins.grant_id
+            self.grants_live.add(ins.grant_id)
+            life.phase = "granted"
         elif isinstance(ins, ev.IssueGrant):
             assert life.phase in ("new", "waiting"), f"{key}: grant issued in {life.phase}"
             assert ins.grant_id not in self.grants_live, "grant id reused"
@@ -110,6 +134,12 @@ class StreamChecker:
             life.revoked_grant = ins.revoked
             life.phase = "grant_ended"
         elif isinstance(ins, ev.SendComplete):
+            if life.phase == "claimed":
+                assert ins.status == RequestStatus.REVOKED, f"{key}: refused claim {ins}"
+                life.statuses.append(ins.status)
+                life.phase = "ended"
+                self.ended.append((key, life))
+                return
             if life.grant is not None:
                 assert life.phase == "grant_ended", f"{key}: completed with its grant live"
                 assert life.revoked_grant == (ins.status == RequestStatus.REVOKED), (

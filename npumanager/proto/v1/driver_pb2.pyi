@@ -77,6 +77,26 @@ class AttachManager(_message.Message):
     enforce_admission: bool
     def __init__(self, enforce_admission: _Optional[bool] = ...) -> None: ...
 
+class HeldGrant(_message.Message):
+    __slots__ = ("grant_id", "uid", "request_id", "memory_bytes", "models")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    grant_id: str
+    uid: int
+    request_id: int
+    memory_bytes: int
+    models: int
+    def __init__(self, grant_id: _Optional[str] = ..., uid: _Optional[int] = ..., request_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., models: _Optional[int] = ...) -> None: ...
+
+class HeldGrants(_message.Message):
+    __slots__ = ("grants",)
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    grants: _containers.RepeatedCompositeFieldContainer[HeldGrant]
+    def __init__(self, grants: _Optional[_Iterable[_Union[HeldGrant, _Mapping]]] = ...) -> None: ...
+
 class GrantIssued(_message.Message):
     __slots__ = ("uid", "request_id", "grant_id")
     UID_FIELD_NUMBER: _ClassVar[int]

@@ -17,6 +17,28 @@ class LoadRequest(_message.Message):
     priority: int
     def __init__(self, request_id: _Optional[int] = ..., size: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
+class Claim(_message.Message):
+    __slots__ = ("request_id", "size", "priority", "state", "grant_id", "unload_reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    UNLOAD_REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    size: int
+    priority: int
+    state: str
+    grant_id: str
+    unload_reason: int
+    def __init__(self, request_id: _Optional[int] = ..., size: _Optional[int] = ..., priority: _Optional[int] = ..., state: _Optional[str] = ..., grant_id: _Optional[str] = ..., unload_reason: _Optional[int] = ...) -> None: ...
+
+class Reclaim(_message.Message):
+    __slots__ = ("claims",)
+    CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    claims: _containers.RepeatedCompositeFieldContainer[Claim]
+    def __init__(self, claims: _Optional[_Iterable[_Union[Claim, _Mapping]]] = ...) -> None: ...
+
 class RequestRef(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
