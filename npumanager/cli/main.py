@@ -23,7 +23,7 @@ from npumanager.version import __version__
 # Module names under npumanager.cli, in the order `npu --help` lists them.
 COMMANDS = [
     "serve", "status", "top", "trace", "policy", "importance", "thermal", "cache",
-    "driver", "run", "demo", "bench",
+    "driver", "run", "demo", "bench", "chaos",
 ]
 
 EXIT_FAILURE = 1

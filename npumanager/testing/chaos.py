@@ -1,0 +1,498 @@
+"""`npu chaos`: npud, the reference driver and N apps under faults, checked from outside.
+
+It starts npud (its own runtime and state dirs) with the reference driver, and N app
+processes (under uids 50001.. when run as root) that make random requests, cancel them,
+prepare models, execute single and multi-step jobs, unload, and die. Meanwhile it
+SIGKILLs and restarts npud, SIGKILLs the driver (npud restarts it), SIGSTOPs apps past
+their unload deadline, moves the thermal status (admin override) and apps'
+importance. Every tick it checks, from outside:
+
+* the budget: the holders npud reports that are not being unloaded fit the (thermally
+  scaled) budget;
+* liveness: every live request belongs to an app process that is alive;
+* no traceback in npud's or the driver's log;
+
+and at the end the fd count and RSS of npud and the driver against the start. The report
+also gives what the apps saw: the share of executes that succeeded and the longest gap
+between two successful executes of one app across the restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from npumanager.testing.procs import spawn_as
+
+APP_UID0 = 50001
+
+
+@dataclass
+class Report:
+    duration_s: float = 0.0
+    ticks: int = 0
+    events: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    start: dict[str, dict[str, int]] = field(default_factory=dict)
+    end: dict[str, dict[str, int]] = field(default_factory=dict)
+    executes: int = 0
+    executes_ok: int = 0
+    longest_gap_s: float = 0.0
+    npud_restarts: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def count(self, what: str) -> None:
+        self.events[what] = self.events.get(what, 0) + 1
+
+    def render(self) -> str:
+        share = self.executes_ok / self.executes if self.executes else 0.0
+        lines = [
+            f"chaos run: {self.duration_s:.1f} s, {self.ticks} checks",
+            "events: " + ", ".join(f"{k} {v}" for k, v in sorted(self.events.items())),
+            f"violations: {len(self.violations)}",
+            *(f"  - {v}" for v in self.violations[:20]),
+        ]
+        for proc in ("npud", "driver"):
+            s, e = self.start.get(proc, {}), self.end.get(proc, {})
+            lines.append(f"{proc}: fds {s.get('fds', '?')} -> {e.get('fds', '?')}, "
+                         f"RSS {s.get('rss_kb', 0) // 1024} -> {e.get('rss_kb', 0) // 1024} MiB")
+        lines.append(f"apps: {self.executes_ok}/{self.executes} executes succeeded "
+                     f"({share:.1%}); longest gap between successful executes of one app "
+                     f"{self.longest_gap_s:.2f} s")
+        if self.failures:
+            lines.append("failed executes: " + ", ".join(
+                f"{k} {v}" for k, v in sorted(self.failures.items())))
+        return "\n".join(lines)
+
+
+# --- an app (runs in its own process, under its own uid) ----------------------------
+
+
+def app_main(rt: str, seed: int, stats: str, until: float) -> None:
+    import numpy as np
+
+    from npumanager import nn
+    from npumanager.client import ModelLoadRequest, ModelLoadRequestCallback, NpuManager
+    from npumanager.constants import LoadStatus, ModelPriority, ModelSize
+    from npumanager.errors import DeviceUnavailable, NpuError
+    from npumanager.testing.onnx_models import add_model
+
+    rng = random.Random(seed)
+    out = open(stats, "a", buffering=1)  # noqa: SIM115  # lives as long as the process
+    onnx = add_model()
+    x = np.ones((1, 4), np.float32)
+
+    class Cb(ModelLoadRequestCallback):
+        def __init__(self) -> None:
+            self.granted = threading.Event()
+            self.unload = threading.Event()
+            self.ended = threading.Event()
+            self.listener: Any = None
+
+        def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+            if status == LoadStatus.CAN_LOAD_NOW:
+                self.listener = listener
+                self.granted.set()
+
+        def on_request_unload_model(self, request: Any, reason: Any) -> None:
+            self.unload.set()
+
+        def on_model_load_request_complete(self, request: Any, status: Any) -> None:
+            self.ended.set()
+
+    def connected() -> tuple[Any, Any]:
+        while True:  # npud or the driver may be restarting
+            try:
+                return NpuManager(rt), nn.device("reference", rt)
+            except NpuError:
+                if time.time() >= until:
+                    os._exit(0)
+                time.sleep(0.2)
+
+    mgr, dev = connected()
+    rid = 0
+    while time.time() < until:
+        if mgr.phase == "lost":
+            mgr.close()  # npud stayed away past the reconnect window: start over
+            mgr, dev = connected()
+        rid += 1
+        req = ModelLoadRequest(rid, ModelSize(rng.choice((0, 0, 1, 2))),
+                               ModelPriority(rng.choice((0, 0, 1000, 2000))))
+        cb = Cb()
+        try:
+            mgr.request_can_load_model(req, cb)
+        except NpuError:
+            time.sleep(0.2)
+            continue
+        if not cb.granted.wait(rng.uniform(0.5, 3.0)):
+            try:
+                mgr.cancel_model_load(req)
+            except NpuError:
+                pass
+            continue
+        model = None
+        ends = time.time() + rng.uniform(0.5, 4.0)
+        while time.time() < ends and not cb.unload.is_set() and not cb.ended.is_set():
+            try:
+                if model is None:
+                    model = dev.prepare_model(onnx, grant=cb.listener)
+                    cb.listener.notify_model_loaded(req)
+                steps = rng.choice((1, 1, 1, 5))
+                model.execute({"x": x}, steps=steps, feedback={"y": "x"} if steps > 1 else None)
+                out.write(f"{time.time():.4f} 1\n")
+            except DeviceUnavailable:
+                out.write(f"{time.time():.4f} 0 DeviceUnavailable\n")
+                model = None  # the driver restarted: prepare again under the same grant
+                time.sleep(0.05)
+            except NpuError as exc:
+                out.write(f"{time.time():.4f} 0 {type(exc).__name__}\n")
+                time.sleep(0.05)
+                if cb.ended.is_set():
+                    break
+            if rng.random() < 0.002:
+                os._exit(3)  # an app dies holding its model
+            time.sleep(0.02)
+        if model is not None:
+            try:
+                model.release()
+            except NpuError:
+                pass
+        try:
+            if not cb.ended.is_set():
+                cb.listener.notify_model_unloaded(req)
+        except NpuError:
+            pass
+
+
+# --- the harness -----------------------------------------------------------------
+
+
+def _proc_stats(pid: int) -> dict[str, int]:
+    try:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        with open(f"/proc/{pid}/status") as f:
+            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        return {"fds": fds, "rss_kb": rss}
+    except (OSError, StopIteration, ValueError):
+        return {}
+
+
+def _driver_pid(rt: Path) -> int | None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"driver" in cmd and str(rt).encode() in cmd and b"npumanager" in cmd:
+            return int(pid)
+    return None
+
+
+class Npud:
+    """npud as a subprocess logging to one file (its drivers inherit it)."""
+
+    def __init__(self, rt: Path, state: Path, config: Path, log: Path) -> None:
+        self.rt, self.state, self.config, self.log = rt, state, config, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        start_size = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "npumanager", "serve", "--runtime-dir", str(self.rt),
+                 "--state-dir", str(self.state), "--config", str(self.config)],
+                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.log, "rb") as f:
+                f.seek(start_size)
+                if b"npud ready" in f.read():
+                    return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"npud did not start; see {self.log}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
+              workdir: Path | None = None) -> Report:
+    from npumanager.client import NpuManager
+    from npumanager.constants import ThermalStatus
+    from npumanager.testing.daemon import to_toml
+
+    rng = random.Random(seed)
+    report = Report()
+    root = Path(workdir or tempfile.mkdtemp(prefix="npu-chaos-", dir="/tmp"))
+    rt, state, stats = root / "rt", root / "state", root / "stats"
+    rt.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(root, 0o755)
+    state.mkdir(mode=0o700, exist_ok=True)
+    stats.mkdir(mode=0o777, exist_ok=True)
+    os.chmod(stats, 0o777)
+    config = root / "npud.toml"
+    unload_deadline = 1.0
+    config.write_text(to_toml({"manager": {"unload_deadline_s": unload_deadline,
+                                           "adopt_grace_s": 2.0}}))
+    log = root / "npud.log"
+    npud = Npud(rt, state, config, log)
+    npud.start()
+    as_root = os.getuid() == 0
+    t0 = time.time()
+    until = t0 + duration
+    children: dict[int, Any] = {}
+
+    def spawn(i: int) -> None:
+        uid = APP_UID0 + i if as_root else None
+        children[i] = spawn_as(uid, uid, app_main, str(rt), seed * 1000 + i + report.ticks,
+                               str(stats / f"app{i}.txt"), until, timeout=duration + 60)
+        report.count("app started")
+
+    if as_root:
+        # Apps as a desktop has them: a foreground one, visible, service, cached.
+        with NpuManager(rt, reconnect=False) as mgr:
+            for i in range(apps):
+                mgr.set_uid_importance(APP_UID0 + i, (100, 200, 300, 400)[i % 4])
+    for i in range(apps):
+        spawn(i)
+    time.sleep(1.0)
+    report.start = {"npud": _proc_stats(npud.proc.pid if npud.proc else 0)}
+    drv = _driver_pid(rt)
+    if drv is not None:
+        report.start["driver"] = _proc_stats(drv)
+    stopped: dict[int, float] = {}
+    next_npud_kill = time.time() + rng.uniform(3.0, 8.0)
+    next_driver_kill = time.time() + rng.uniform(8.0, 20.0)
+    unknown_since: dict[str, float] = {}
+    while time.time() < until - 1.0:
+        time.sleep(0.25)
+        report.ticks += 1
+        # Faults: npud and driver kills on their own schedules, the rest by chance.
+        now = time.time()
+        if now >= next_npud_kill:
+            npud.kill()
+            report.count("npud SIGKILL")
+            time.sleep(rng.uniform(0.0, 1.0))
+            npud.start()
+            report.npud_restarts += 1
+            next_npud_kill = time.time() + rng.uniform(6.0, 12.0)
+        elif now >= next_driver_kill:
+            pid = _driver_pid(rt)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                report.count("driver SIGKILL")
+            next_driver_kill = now + rng.uniform(10.0, 25.0)
+        r = rng.random()
+        if r < 0.04 and len(stopped) < apps - 1:
+            i = rng.randrange(apps)
+            if i not in stopped and children[i].pid:
+                try:
+                    os.kill(children[i].pid, signal.SIGSTOP)
+                    stopped[i] = time.time() + unload_deadline + rng.uniform(0.5, 1.5)
+                    report.count("app SIGSTOP")
+                except ProcessLookupError:
+                    pass
+        elif r < 0.10:
+            _admin(rt, report, rng, apps, NpuManager, ThermalStatus)
+        for i, at in list(stopped.items()):
+            if time.time() >= at:
+                try:
+                    os.kill(children[i].pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                del stopped[i]
+        for i, child in list(children.items()):
+            if i not in stopped and _dead(child.pid):
+                report.count("app died")
+                spawn(i)
+        _check(rt, report, children, unknown_since)
+    for i in stopped:
+        try:
+            os.kill(children[i].pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    time.sleep(1.5)
+    report.end = {"npud": _proc_stats(npud.proc.pid if npud.proc else 0)}
+    drv = _driver_pid(rt)
+    if drv is not None:
+        report.end["driver"] = _proc_stats(drv)
+    for child in children.values():
+        child.kill()
+    npud.stop()
+    report.duration_s = time.time() - t0
+    _availability(stats, report)
+    text = log.read_text(errors="replace")
+    if "Traceback" in text:
+        report.violations.append(f"a traceback in {log}")
+    for proc in ("npud", "driver"):
+        s, e = report.start.get(proc, {}), report.end.get(proc, {})
+        if s and e and e["fds"] > s["fds"] + 32:
+            report.violations.append(f"{proc} fds grew {s['fds']} -> {e['fds']}")
+    return report
+
+
+def _dead(pid: int) -> bool:
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == pid
+
+
+def _admin(rt: Path, report: Report, rng: random.Random, apps: int, mgr_cls: Any,
+           thermal: Any) -> None:
+    try:
+        with mgr_cls(rt, reconnect=False) as mgr:
+            if rng.random() < 0.5:
+                # Mostly mild, sometimes SEVERE (background holders asked to leave).
+                status = rng.choice((None, None, None, 1, 2, 3))
+                if status is None:
+                    mgr.reset_thermal_status()
+                else:
+                    mgr.override_thermal_status(thermal(status))
+                report.count("thermal change")
+            else:
+                uid = APP_UID0 + rng.randrange(apps) if os.getuid() == 0 else os.getuid()
+                mgr.set_uid_importance(uid, rng.choice((100, 200, 300, 400)))
+                report.count("importance change")
+    except Exception:
+        report.count("admin call failed (npud away)")
+
+
+def _check(rt: Path, report: Report, children: dict[int, Any],
+           unknown_since: dict[str, float]) -> None:
+    """The invariants, from outside: npud's dump and the driver's own list of grants."""
+    from npumanager.client import NpuManager
+
+    try:
+        with NpuManager(rt, reconnect=False) as mgr:
+            dump = mgr.dump()
+    except Exception:
+        report.count("check skipped (npud away)")
+        return
+    held_by_driver = _driver_held(rt)
+    cap = dump.get("budget", {}).get("thermal_scaled")
+    requests = dump.get("requests", [])
+    by_grant = {r.get("grant"): r for r in requests if r.get("grant")}
+    # The budget as the driver sees it: grants with a model loaded, charged as npud
+    # charges them; holders npud asked to unload may still hold until their deadline.
+    if held_by_driver is not None and cap is not None:
+        used = sum(int(by_grant[h["grant"]].get("charge") or 0) for h in held_by_driver
+                   if h["models"] and h["grant"] in by_grant
+                   and by_grant[h["grant"]].get("state") != "unload_requested")
+        if used > cap:
+            report.violations.append(f"budget exceeded on the driver: {used} > {cap}")
+        # A grant the driver holds that npud does not know, past the adoption window and
+        # an unload deadline: a stale grant.
+        now = time.time()
+        for h in held_by_driver:
+            if h["grant"] in by_grant:
+                unknown_since.pop(h["grant"], None)
+                continue
+            first = unknown_since.setdefault(h["grant"], now)
+            if now - first > 6.0:
+                report.violations.append(f"stale grant {h['grant']} of uid {h['uid']} in the "
+                                         f"driver for {now - first:.1f} s")
+                unknown_since[h["grant"]] = now + 3600  # report once
+    if os.getuid() == 0:
+        alive = {APP_UID0 + i for i, c in children.items() if not _dead_quiet(c.pid)}
+        for r in requests:
+            uid = r.get("uid")
+            if uid is not None and uid >= APP_UID0 and uid not in alive:
+                report.count("request of a dead app seen")
+
+
+def _driver_held(rt: Path) -> list[dict[str, Any]] | None:
+    from npumanager.errors import NpuError
+    from npumanager.hal.wire import SERVICE
+    from npumanager.wire.client import SyncRpcClient
+
+    try:
+        client = SyncRpcClient(str(rt / "drivers" / "reference.sock"), SERVICE,
+                               client_name="npu chaos", call_timeout=5.0)
+    except NpuError:
+        return None
+    try:
+        payload, _fds = client.call("device.stats", b"")
+        held: list[dict[str, Any]] = json.loads(payload).get("held", [])
+        return held
+    except (NpuError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
+def _dead_quiet(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def _availability(stats: Path, report: Report) -> None:
+    for f in stats.glob("app*.txt"):
+        last_ok: float | None = None
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            try:
+                t, ok = float(parts[0]), parts[1] == "1"
+            except (ValueError, IndexError):
+                continue
+            report.executes += 1
+            if not ok:
+                why = parts[2] if len(parts) > 2 else "?"
+                report.failures[why] = report.failures.get(why, 0) + 1
+            if ok:
+                report.executes_ok += 1
+                if last_ok is not None:
+                    report.longest_gap_s = max(report.longest_gap_s, t - last_ok)
+                last_ok = t
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "chaos", help="run npud, the reference driver and apps under faults; report",
+        description="SIGKILLs and restarts npud and the driver, stops apps, moves thermal "
+        "status while apps request, execute and die; checks invariants from outside.")
+    p.add_argument("--duration", type=float, default=60.0, metavar="S")
+    p.add_argument("--apps", type=int, default=4, metavar="N")
+    p.add_argument("--seed", type=int, default=1, metavar="S")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    report = run_chaos(args.duration, args.apps, args.seed)
+    if args.json:
+        print(json.dumps(report.__dict__, indent=1))
+    else:
+        print(report.render())
+    return 1 if report.violations else 0

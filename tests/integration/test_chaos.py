@@ -1,0 +1,32 @@
+"""`npu chaos`, short and with a fixed seed: npud and the driver SIGKILLed and restarted,
+apps stopped past their unload deadline, thermal and importance moving, apps dying —
+and no invariant broken, checked from outside (the 10-minute run is the same code)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from npumanager.testing.chaos import run_chaos
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_short_fixed_seed_chaos_run_breaks_no_invariant(tmp_path: Path) -> None:
+    workdir = Path(f"/tmp/npu-chaos-test-{os.getpid()}")
+    workdir.mkdir(mode=0o755)
+    try:
+        report = run_chaos(40.0, apps=3, seed=2, workdir=workdir)
+    finally:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(report.render())
+    assert report.violations == [], report.render()
+    assert report.npud_restarts >= 2, report.render()
+    assert report.events.get("driver SIGKILL", 0) >= 1, report.render()
+    # The apps kept running inference through it all.
+    assert report.executes_ok > 100, report.render()
+    assert report.executes_ok / report.executes > 0.8, report.render()
