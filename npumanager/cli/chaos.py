@@ -1,11 +1,38 @@
-"""`npu chaos --duration S [--apps N] [--seed S]`: see :mod:`npumanager.testing.chaos`."""
+"""`npu chaos --duration S [--apps N] [--seed S]`: npud, the reference driver and N apps
+under faults, checked from outside (see :mod:`npumanager.testing.chaos`)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
+
+from npumanager.cli.main import int_range, positive_float
 
 
 def register(sub: Any) -> None:
-    from npumanager.testing.chaos import register as register_chaos
+    p: argparse.ArgumentParser = sub.add_parser(
+        "chaos", help="run npud, the reference driver and apps under faults; check; report",
+        description="Start npud with the reference driver and N app processes (under their "
+        "own uids as root) that request, cancel, prepare, execute, unload and die, while "
+        "npud and the driver are SIGKILLed and restarted, apps stopped past their unload "
+        "deadline and thermal status and importance move; check the invariants from "
+        "outside and print a report. Exit 1 on any violation.")
+    p.add_argument("--duration", type=positive_float, default=60.0, metavar="S",
+                   help="seconds to run (default 60)")
+    p.add_argument("--apps", type=int_range(1, 64), default=4, metavar="N",
+                   help="app processes (default 4)")
+    p.add_argument("--seed", type=int, default=1, metavar="S", help="random seed (default 1)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=main)
 
-    register_chaos(sub)
+
+def main(args: argparse.Namespace) -> int:
+    from npumanager.testing.chaos import run_chaos
+
+    report = run_chaos(args.duration, args.apps, args.seed)
+    if args.json:
+        print(json.dumps(report.__dict__, indent=1))
+    else:
+        print(report.render())
+    return 1 if report.violations else 0

@@ -19,7 +19,6 @@ between two successful executes of one app across the restarts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -475,24 +474,3 @@ def _availability(stats: Path, report: Report) -> None:
                 if last_ok is not None:
                     report.longest_gap_s = max(report.longest_gap_s, t - last_ok)
                 last_ok = t
-
-
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "chaos", help="run npud, the reference driver and apps under faults; report",
-        description="SIGKILLs and restarts npud and the driver, stops apps, moves thermal "
-        "status while apps request, execute and die; checks invariants from outside.")
-    p.add_argument("--duration", type=float, default=60.0, metavar="S")
-    p.add_argument("--apps", type=int, default=4, metavar="N")
-    p.add_argument("--seed", type=int, default=1, metavar="S")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    report = run_chaos(args.duration, args.apps, args.seed)
-    if args.json:
-        print(json.dumps(report.__dict__, indent=1))
-    else:
-        print(report.render())
-    return 1 if report.violations else 0
