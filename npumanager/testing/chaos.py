@@ -421,11 +421,23 @@ def _check(rt: Path, report: Report, children: dict[int, Any],
                                          f"driver for {now - first:.1f} s")
                 unknown_since[h["grant"]] = now + 3600  # report once
     if os.getuid() == 0:
+        # Every live request has a live client: npud drops a dead app's requests when its
+        # connection closes (the app's uid names its process: one app per uid).
         alive = {APP_UID0 + i for i, c in children.items() if not _dead_quiet(c.pid)}
+        now = time.time()
+        seen = set()
         for r in requests:
             uid = r.get("uid")
             if uid is not None and uid >= APP_UID0 and uid not in alive:
-                report.count("request of a dead app seen")
+                key = f"{uid}:{r.get('request_id')}"
+                seen.add(key)
+                first = unknown_since.setdefault("dead " + key, now)
+                if now - first > 5.0:
+                    report.violations.append(f"request {key} of a dead app still live "
+                                             f"after {now - first:.1f} s")
+                    unknown_since["dead " + key] = now + 3600
+        for k in [k for k in unknown_since if k.startswith("dead ") and k[5:] not in seen]:
+            del unknown_since[k]
 
 
 def _driver_held(rt: Path) -> list[dict[str, Any]] | None:
