@@ -49,12 +49,22 @@ def register(sub: Any) -> None:
     p.add_argument("--manager-only", action="store_true",
                    help="a short scripted tour of the manager alone (npud without drivers): "
                    "preemption, queueing, thermal, revocation")
+    p.add_argument("--compare", action="store_true",
+                   help="the same apps run unmanaged (ONNX Runtime in each process), then "
+                   "managed (npud + the reference driver): camera latency and background "
+                   "throughput side by side (about 40 s; --fast is not shorter)")
     p.set_defaults(func=dispatch)
 
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.manager_only:
         return main(args)
+    if args.compare:
+        if args.runtime_dir is not None:
+            raise UsageError("--compare starts its own npud (a known config); drop --runtime-dir")
+        from npumanager.demo.contention import run_compare
+
+        return run_compare(color=False if args.no_color else None)
     from npumanager.demo import DemoOptions, run_demo
 
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():

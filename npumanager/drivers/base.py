@@ -64,6 +64,9 @@ class CompileOptions:
     preference: int = 1
     priority: int = 100
     external_data: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: The model's execution class is BACKGROUND (drivers/classes.py): a backend may
+    #: size its threads for it (the reference driver: intra_op_threads_background).
+    background: bool = False
 
 
 class PreparedModel(ABC):

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from npumanager.drivers.reference import OrtModel, ReferenceDriver
 
 
+
+def _threads(driver: Any, options: CompileOptions) -> int:
+    """The session's intra-op threads for the model's execution class."""
+    name = "intra_op_threads_bg" if options.background else "intra_op_threads_fg"
+    return int(getattr(driver, name, getattr(driver, "intra_op_threads", 1)))
+
 def _io_bytes(session: Any) -> int:
     from npumanager.drivers.base import TensorInfo
     from npumanager.drivers.reference import _ORT_TYPES, _shape
@@ -43,7 +49,7 @@ def reference_compile_with_artifacts(
     level = driver.session_options(options).graph_optimization_level
     binding = ort_binding(onnx_bytes, options.external_data)
     session, m, d = compile_with_artifacts(
-        onnx_bytes, level, *counts, intra_op_threads=int(driver.intra_op_threads),
+        onnx_bytes, level, *counts, intra_op_threads=_threads(driver, options),
         binding=binding,
     )
     binding.session_created()
@@ -79,7 +85,7 @@ def reference_load(
     from npumanager.drivers.reference import OrtModel
 
     session = session_from_artifacts(
-        model_blobs, data_blobs, intra_op_threads=getattr(driver, "intra_op_threads", 1)
+        model_blobs, data_blobs, intra_op_threads=_threads(driver, options)
     )
     weights = sum(len(b) for b in data_blobs) or sum(len(b) for b in model_blobs)
     try:  # the graph's own types (the model blob is the optimized ONNX graph)
@@ -101,7 +107,7 @@ def reference_staged(
     from npumanager.drivers.reference_cache import base_session_options, compile_with_artifacts
     from npumanager.drivers.staged import DEFAULT_RECOMPILE_AFTER, StagedModel, onnx_signature
 
-    threads = int(getattr(driver, "intra_op_threads", 1))
+    threads = _threads(driver, options)
     counts = (int(driver.n_model_cache), int(driver.n_data_cache))
     full = "basic" if options.preference == 0 else "all"
     # Checked now (a reference the host did not bind fails the prepare, not a later

@@ -22,7 +22,7 @@ the five an execution needs cost ~3x more (a few µs per execute).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -227,6 +227,9 @@ class RunStep(Instruction):
     inline: bool
     channel: int = 0
     work_id: int = 0
+    #: The job's execution class is BACKGROUND: run it on a background worker thread
+    #: (.classes). Not part of equality: it follows from the job's priority.
+    background: bool = field(default=False, compare=False)
 
 
 @dataclass(slots=True)

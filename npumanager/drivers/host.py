@@ -31,6 +31,7 @@ from npumanager.clock import LoopClock, MonotonicClock, Timer, wake_at
 from npumanager.constants import ThermalStatus
 from npumanager.drivers import events as ev
 from npumanager.drivers.base import Driver
+from npumanager.drivers.classes import ExecClass
 from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.messages import (
     ClientConn,
@@ -87,7 +88,9 @@ class DriverHost:
         self.preparer = Preparer(hc, driver, cache_counts, state_dir)
         self.exec_stats = ExecStats()
         self.runner = StepRunner(hc.name, hc.channels, inline_limit=hc.inline_limit,
-                                 max_frame=hc.max_frame, stats=self.exec_stats)
+                                 max_frame=hc.max_frame, stats=self.exec_stats,
+                                 background_sched=hc.background_sched,
+                                 background_nice=hc.background_nice)
         self.server: RpcServer | None = None
         self.callback_conn: RpcConnection | None = None
         self.manager_conn: RpcConnection | None = None
@@ -515,6 +518,10 @@ class DriverHost:
             self._submit_quietly(ev.PrepareEnded(stimulus_id=self._stimulus("prepared"),
                                                  now=self.clock.now(), prepare_id=prepare_id))
 
+    def _background(self, ctx: CallContext) -> bool:
+        """Whether the caller's models are BACKGROUND (their compile and threads)."""
+        return self.state.model_class(ctx.peer.uid) is ExecClass.BACKGROUND
+
     async def _prepare_model(self, ctx: CallContext, payload: bytes) -> pb.PreparedModelMsg:
         fds, ctx.fds = ctx.fds, []
         prepare_id = 0
@@ -524,7 +531,8 @@ class DriverHost:
             n_cache = msg.n_model_cache + msg.n_data_cache  # written, not read
             prepare_id = self._begin_prepare(ctx, fds[n_cache:], len(msg.onnx))
             grant = await self._admit(ctx, msg.grant_id)
-            done = await self.preparer.prepare_model(msg, fds, ctx.peer.uid)
+            done = await self.preparer.prepare_model(msg, fds, ctx.peer.uid,
+                                                     background=self._background(ctx))
             return self._model_ready(ctx, done, grant, prepare_id)
         finally:
             close_fds(fds)
@@ -540,7 +548,8 @@ class DriverHost:
                 self.preparer.check_from_cache(msg, fds)
                 prepare_id = self._begin_prepare(ctx, fds, 0)
                 grant = await self._admit(ctx, msg.grant_id)
-                done = await self.preparer.prepare_from_cache(msg, fds, ctx.peer.uid)
+                done = await self.preparer.prepare_from_cache(
+                    msg, fds, ctx.peer.uid, background=self._background(ctx))
             except (GeneralFailure, InvalidArgument):
                 self._cache_result(b"rejected")  # the client falls back to a full compile
                 raise

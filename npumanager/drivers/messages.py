@@ -44,7 +44,10 @@ def params_from(hc: HostConfig) -> DriverParams:
                         inline_run_us=hc.inline_run_us,
                         inline_idle_run_us=hc.inline_idle_run_us,
                         enforce_admission=hc.enforce_admission,
-                        limits=Limits(**hc.limits), orphan_grace_s=hc.orphan_grace_s)
+                        limits=Limits(**hc.limits), orphan_grace_s=hc.orphan_grace_s,
+                        foreground_priority=hc.foreground_priority,
+                        reserved_channels=hc.reserved_channels,
+                        background_threads=hc.background_sched != "normal")
 
 
 def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:

@@ -23,6 +23,7 @@ from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check
 from npumanager.drivers.cache_store import DriverCache
 from npumanager.drivers.external_data import bind, sent_files
 from npumanager.drivers.staged import CacheRewriter
+from npumanager.drivers.steps import background_pool
 from npumanager.errors import DriverRefused, GeneralFailure, InvalidArgument
 from npumanager.hal.host_config import HostConfig
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -59,11 +60,20 @@ class Preparer:
         self.cache_counts = cache_counts
         self.state_dir = state_dir
         self.compile_pool = ThreadPoolExecutor(2, thread_name_prefix=f"npu-{hc.name}-compile")
+        #: A background model compiles on lowered threads (steps.lower_this_thread): loading
+        #: it must not take the core from foreground work; ONNX Runtime's intra-op threads,
+        #: created by the compiling thread, inherit that too.
+        self.bg_compile_pool = self.compile_pool
+        if hc.background_sched != "normal":
+            self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
+                                                   hc.background_sched, hc.background_nice)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
 
     def close(self) -> None:
         self.compile_pool.shutdown(wait=True, cancel_futures=True)
+        if self.bg_compile_pool is not self.compile_pool:
+            self.bg_compile_pool.shutdown(wait=True, cancel_futures=True)
         if self._cache is not None:
             cache, self._cache = self._cache, None
             self.cache_pool.submit(cache.close).result()
@@ -104,10 +114,13 @@ class Preparer:
 
     # --- prepare ------------------------------------------------------------------
 
-    async def prepare_model(self, msg: pb.PrepareModel, fds: list[int], uid: int) -> Prepared:
+    async def prepare_model(self, msg: pb.PrepareModel, fds: list[int], uid: int, *,
+                            background: bool = False) -> Prepared:
         """Compile (after :meth:`check_prepare`); write the cache files when asked, as an
-        entry of ``uid`` (the caller's kernel-verified uid)."""
+        entry of ``uid`` (the caller's kernel-verified uid). ``background``: the model's
+        execution class is BACKGROUND (compiled on a background thread)."""
         loop = asyncio.get_running_loop()
+        pool = self.bg_compile_pool if background else self.compile_pool
         n_cache = msg.n_model_cache + msg.n_data_cache
         n_memfd = 1 if msg.onnx_in_memfd else 0
         files = sent_files(list(msg.external_locations), fds[n_cache + n_memfd :])
@@ -126,12 +139,11 @@ class Preparer:
                 onnx, files, max_bytes=self.hc.max_model_bytes,
                 accepts=type(self.driver).accepts_external_data, driver=self.hc.name))
         opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
-                              external_data=external)
+                              external_data=external, background=background)
         caching = self._caching(msg)
         # A driver may produce its cache artifacts in the same compile (optional hook).
         compile_fn = getattr(self.driver, "compile_with_artifacts", None) if caching else None
-        prepared = await loop.run_in_executor(
-            self.compile_pool, compile_fn or self.driver.compile, onnx, opts)
+        prepared = await loop.run_in_executor(pool, compile_fn or self.driver.compile, onnx, opts)
         try:
             check_prepared_model(self.hc.name, prepared)
         except DriverRefused as exc:
@@ -147,17 +159,19 @@ class Preparer:
         return Prepared(prepared, from_cache=False, cache_written=written)
 
     async def prepare_from_cache(self, msg: pb.PrepareModelFromCache, fds: list[int],
-                                 uid: int) -> Prepared:
+                                 uid: int, *, background: bool = False) -> Prepared:
         """Load cache files verified against ``uid``'s entry (after
         :meth:`check_from_cache`)."""
         loop = asyncio.get_running_loop()
         model_fds, data_fds = fds[: msg.n_model_cache], fds[msg.n_model_cache :]
         model_bufs, data_bufs = await loop.run_in_executor(
             self.cache_pool, self._load, bytes(msg.token), model_fds, data_fds, uid)
-        opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100)
+        opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
+                              background=background)
+        pool = self.bg_compile_pool if background else self.compile_pool
         try:
             prepared = await loop.run_in_executor(
-                self.compile_pool, self.driver.load_artifacts, model_bufs, data_bufs, opts)
+                pool, self.driver.load_artifacts, model_bufs, data_bufs, opts)
         except (GeneralFailure, InvalidArgument):
             raise
         except NotImplementedError as exc:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from npumanager.drivers.bounds import Limits
+from npumanager.drivers.classes import DEFAULT_FOREGROUND_PRIORITY
 from npumanager.drivers.runqueue import Job
 from npumanager.tensorio.specs import InputCheck
 
@@ -26,6 +27,13 @@ class DriverParams:
     inline_run_us: float = 150.0
     inline_idle_run_us: float = 5000.0
     enforce_admission: bool = True
+    #: Execution classes (.classes): work at or below this effective priority is
+    #: FOREGROUND, above it BACKGROUND; channels kept free for foreground work.
+    foreground_priority: int = DEFAULT_FOREGROUND_PRIORITY
+    reserved_channels: int = 0
+    #: The shell runs BACKGROUND steps on background threads (its thread policy is not
+    #: "normal"): then they never take the inline idle path on the event loop.
+    background_threads: bool = False
     #: Ended grants and released models remembered to say why a later call fails.
     tombstones: int = 4096
     decision_log_size: int = 4096

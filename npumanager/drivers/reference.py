@@ -183,6 +183,11 @@ class ReferenceDriver(Driver):
 
         self.version = f"1.0+ort{ort.__version__}"
         self.intra_op_threads = int(self.options.get("intra_op_threads", 1))
+        # Per execution class (drivers/classes.py); each defaults to intra_op_threads.
+        self.intra_op_threads_fg = int(self.options.get("intra_op_threads_foreground",
+                                                        self.intra_op_threads))
+        self.intra_op_threads_bg = int(self.options.get("intra_op_threads_background",
+                                                        self.intra_op_threads))
         self.thermal = ThermalModel(
             ambient_c=float(self.options.get("ambient_c", 35.0)),
             max_c=float(self.options.get("max_c", 95.0)),
@@ -212,7 +217,8 @@ class ReferenceDriver(Driver):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.intra_op_num_threads = self.intra_op_threads
+        so.intra_op_num_threads = (self.intra_op_threads_bg if options.background
+                                   else self.intra_op_threads_fg)
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         # LOW_POWER (0) asks for less work at compile time; the others optimize fully.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from npumanager.drivers.classes import ExecClass, may_start
 from npumanager.drivers.events import JobState
 from npumanager.hal.types import EndReason, WorkInfo
 
@@ -35,6 +36,8 @@ class Job:
     reported: bool = True
     cancel_reason: EndReason | None = None
     revoked: str | None = None
+    #: Its execution class (a pure function of its effective priority: .classes).
+    cls: ExecClass = ExecClass.FOREGROUND
 
     @property
     def id(self) -> int:
@@ -46,12 +49,17 @@ class Job:
 
 
 class RunQueue:
-    """Channels ``0..channels-1`` of one device, and the jobs queued for them."""
+    """Channels ``0..channels-1`` of one device, and the jobs queued for them.
+    ``reserved`` of them are kept free for FOREGROUND jobs (background work runs on at
+    most ``channels - reserved`` at once)."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, reserved: int = 0) -> None:
         if channels < 1:
             raise ValueError("a device needs at least one channel")
+        if not 0 <= reserved < channels:
+            raise ValueError("reserved channels must leave background work one channel")
         self.channels = channels
+        self.reserved = reserved
         self._heap: list[tuple[int, int, Job]] = []
         self._free = list(range(channels))
         self.running: dict[int, Job] = {}  # channel -> job
@@ -80,19 +88,24 @@ class RunQueue:
 
     def take(self, cutoff: int | None) -> list[tuple[Job, JobState]]:
         """Start the best queued jobs on the free channels; those above ``cutoff`` (thermal
-        hold-back, None: nothing held) stay queued. Returns each job started with the state
-        it had in the queue (it is RUNNING now)."""
+        hold-back, None: nothing held) stay queued, and so do background jobs while
+        ``channels - reserved`` background steps run. Returns each job started with the
+        state it had in the queue (it is RUNNING now)."""
         heap, free = self._heap, self._free
         if not free or not heap:
             return []
         chosen: list[Job] = []
         held: list[tuple[int, int, Job]] = []
+        background = sum(1 for j in self.running.values() if j.cls is ExecClass.BACKGROUND)
         while heap and len(chosen) < len(free):
             entry = heapq.heappop(heap)
-            if cutoff is not None and entry[0] > cutoff:
+            job = entry[2]
+            if (cutoff is not None and entry[0] > cutoff) or not may_start(
+                    job.cls, background, self.channels, self.reserved):
                 held.append(entry)
             else:
-                chosen.append(entry[2])
+                chosen.append(job)
+                background += job.cls is ExecClass.BACKGROUND
         for entry in held:
             heapq.heappush(heap, entry)
         out: list[tuple[Job, JobState]] = []
@@ -122,6 +135,8 @@ class RunQueue:
         assert set(self.running).isdisjoint(self._free), "a channel both free and busy"
         for channel, job in self.running.items():
             assert job.channel == channel and job.state is JobState.RUNNING, job
+        background = sum(1 for j in self.running.values() if j.cls is ExecClass.BACKGROUND)
+        assert background <= self.channels - self.reserved, "background work on a reserved channel"
         for _, _, job in self._heap:
             assert job.state in (JobState.QUEUED, JobState.PAUSED), job
             assert job.channel is None, job

@@ -17,6 +17,9 @@ What it owns, and how it decides (ARCHITECTURE "The HAL and the driver"):
   important work; queued work that takes the channel PAUSEs the job, later it
   is RESUMED. A step is never interrupted by other work; a cancelled job's
   running step is asked to abort. A job asks for at most ``max_steps`` steps.
+* Execution classes (:mod:`.classes`): a job's effective priority makes it
+  FOREGROUND or BACKGROUND; background work never takes the channels kept
+  for foreground work, and its steps run on background threads (the shell).
 * Thermal hold-back: from CRITICAL, work whose effective priority lies above
   the cutoff stays queued (multi-step jobs pause between steps).
 * Lifecycle reports with AOSP's debouncing per uid (:mod:`.debounce`), only
@@ -47,6 +50,7 @@ from typing import Any
 from npumanager.constants import ThermalStatus
 from npumanager.drivers import events as ev
 from npumanager.drivers.bounds import Holdings, Ledger
+from npumanager.drivers.classes import ExecClass, Protection, exec_class
 from npumanager.drivers.debounce import Debouncer
 from npumanager.drivers.events import JobState, WorkKind
 from npumanager.drivers.records import (
@@ -99,7 +103,8 @@ class DriverState:
         self.orphaned_at: float | None = None
         self.configs: dict[int, SchedulingConfig] = {}
         self.stats = WorkStats()
-        self._queue = RunQueue(p.channels)
+        self.protection = Protection(p.foreground_priority, p.reserved_channels)
+        self._queue = RunQueue(p.channels, self.protection.reserved(p.channels))
         self._debounce = Debouncer(DEBOUNCE_DURATION_MS)
         self._clients: dict[int, ClientRecord] = {}
         self._models: dict[int, ModelRecord] = {}
@@ -178,6 +183,12 @@ class DriverState:
                 raise AttributionDenied(f"uid {uid} may not attribute work to uid {original_uid}")
             attributed = self.config(original_uid)
         return attributed.app_priority + attributed.clamp(job_priority)
+
+    def model_class(self, uid: int) -> ExecClass:
+        """The class a model prepared by ``uid`` is compiled in (its session's threads,
+        the compile's thread): its app priority with job priority 0."""
+        cfg = self.config(uid)
+        return exec_class(cfg.app_priority + cfg.clamp(0), self.protection.foreground_priority)
 
     def check_grant(self, grant_id: str, uid: int) -> GrantCheck:
         """May ``uid`` prepare a model under ``grant_id`` now? Raises GrantRequired
@@ -505,7 +516,8 @@ class DriverState:
         info = WorkInfo(next(self._work_ids), e.group_id, uid, client.pid,
                         uid if e.original_uid is None else e.original_uid, e.feature_id,
                         e.job_priority, eff, int(now * 1000), self.params.device_number)
-        job = Job(e.ticket, info, e.conn, e.model_id, e.exec_id, steps, next(self._seq))
+        job = Job(e.ticket, info, e.conn, e.model_id, e.exec_id, steps, next(self._seq),
+                  cls=exec_class(eff, self.protection.foreground_priority))
         self._jobs[e.ticket] = job
         client.jobs.add(job)
         model.jobs.add(job)
@@ -606,7 +618,8 @@ class DriverState:
                 out.append(ev.ReportWork(_STARTED, self._stamp(job.info),
                                          int(StartReason.INITIAL)))
             out.append(ev.RunStep(job.ticket, job.step, job.step + 1 >= job.steps,
-                                  self._inline(job), job.channel or 0, job.info.id))
+                                  self._inline(job), job.channel or 0, job.info.id,
+                                  job.cls is ExecClass.BACKGROUND))
 
     def _inline(self, job: Job) -> bool:
         model = self._models.get(job.model_id)
@@ -615,6 +628,10 @@ class DriverState:
         run_us, p = model.run_us, self.params
         if run_us < p.inline_run_us:
             return True
+        if job.cls is ExecClass.BACKGROUND and p.background_threads:
+            # A medium background step on the event loop would run at the loop's normal
+            # priority and delay every call behind it: it goes to a background thread.
+            return False
         # Alone on the device, a medium single-step job runs inline too: the loop is
         # blocked for that one run (work arriving meanwhile waits no longer than it would
         # for a busy channel). Never multi-step jobs: their steps must stay preemptible.

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from npumanager.constants import ThermalStatus
 from npumanager.drivers.bounds import Holdings
+from npumanager.drivers.classes import ExecClass
 from npumanager.drivers.events import JobState
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ def validate_driver_state(s: DriverState) -> None:
     # Work conservation: no free channel while work that may run waits.
     cutoff = s._cutoff
     waiting = [j for j in q.queued() if cutoff is None or j.info.effective_priority <= cutoff]
+    if q.reserved:  # background work may wait while only kept channels are free
+        bg_room = q.channels - q.reserved - sum(
+            1 for j in q.running.values() if j.cls is ExecClass.BACKGROUND)
+        waiting = [j for j in waiting if j.cls is ExecClass.FOREGROUND or bg_room > 0]
     assert not (waiting and q.free()), f"{q.free()} channels free while {waiting} wait"
     expected = s.params.thermal_cutoff if s.thermal >= ThermalStatus.CRITICAL else None
     assert cutoff == expected, f"cutoff {cutoff} at thermal {s.thermal.name}"

@@ -44,6 +44,13 @@ class HostConfig:
     #: [manager] bounds (DRIVER_LIMIT_KEYS) that differ from the built-in defaults.
     limits: dict[str, int] = field(default_factory=dict)
     orphan_grace_s: float = 10.0
+    #: Execution classes (drivers/classes.py): the foreground threshold, channels kept
+    #: for foreground work, and how background threads are lowered ("idle", "nice",
+    #: "normal") with the nice value for "nice".
+    foreground_priority: int = 200
+    reserved_channels: int = 0
+    background_sched: str = "nice"
+    background_nice: int = 10
     options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -73,5 +80,9 @@ class HostConfig:
             cache_max_entries_per_uid=int(cfg.section("cache").get("max_entries_per_uid", 512)),
             limits={k: int(mgr[k]) for k in DRIVER_LIMIT_KEYS if k in mgr},
             orphan_grace_s=float(mgr.get("orphan_grace_s", 10.0)),
+            foreground_priority=int(d.get("foreground_priority", 200)),
+            reserved_channels=int(d.get("reserved_channels", 0)),
+            background_sched=str(d.get("background_sched", "nice")),
+            background_nice=int(d.get("background_nice", 10)),
             options=dict(d.get("options", {})),
         )

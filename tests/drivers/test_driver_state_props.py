@@ -39,13 +39,18 @@ ops = st.lists(st.one_of(
 
 @pytest.mark.slow
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, channels=st.integers(1, 3), debounce=st.sampled_from([0, 50]))
+@given(ops=ops, channels=st.integers(1, 3), debounce=st.sampled_from([0, 50]),
+       reserved=st.integers(0, 2), threads=st.booleans())
 def test_driver_state_invariants(ops: list[tuple[object, ...]], channels: int,
-                                 debounce: int) -> None:
+                                 debounce: int, reserved: int, threads: bool) -> None:
+    # Execution classes too: a foreground threshold that splits the uids' work, channels
+    # kept for foreground work (background work must never fill them), background threads.
     h = Harness(DriverParams(channels=channels, enforce_admission=True, thermal_cutoff=500,
                              orphan_grace_s=0.05,
                              limits=Limits(max_jobs_per_uid=4, max_pools_per_uid=3,
-                                           max_pool_bytes_per_uid=2 << 20, max_steps=3)),
+                                           max_pool_bytes_per_uid=2 << 20, max_steps=3),
+                             foreground_priority=400, reserved_channels=reserved,
+                             background_threads=threads),
                 debounce_ms=debounce)
     h.handle(h.mk(ev.ManagerAttached, enforce_admission=True))
     h.configs(SchedulingConfig(uid=1, app_priority=100), SchedulingConfig(uid=2, app_priority=600))

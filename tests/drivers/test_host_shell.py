@@ -220,7 +220,8 @@ def test_cheap_model_runs_inline_on_the_event_loop_once_measured(
         for _ in range(5):
             await s.execute(model_id)
         threads = s.driver.models[0].threads
-        assert all(t.startswith("npu-gated-ch") for t in threads[:3]), threads
+        # Worker threads (this unconfigured uid's work is BACKGROUND: the -bg ones).
+        assert all(t.startswith("npu-gated-bg") for t in threads[:3]), threads
         assert threads[3:] == [threading.current_thread().name] * 2, threads
         assert "0/1 channels busy" in repr(s.host)
 

@@ -1,0 +1,463 @@
+"""Foreground protection, measured against running unmanaged (bench/contention.py).
+
+The same apps (:mod:`.contention_apps`: a 30 fps camera, a voice assistant's
+short bursts, a background LLM decode loop, an embedder's batches, and an app
+that keeps loading a background model) run as separate processes twice in one
+invocation: *unmanaged*, each with ONNX Runtime in its own process and default
+settings, and *managed*, through a real npud and the reference driver in a
+temporary runtime dir. Each run has three phases:
+
+1. ``alone``: the camera by itself (the 1.3x target's reference);
+2. ``contended``: camera + voice + LLM + embedder;
+3. ``loading``: the same, while a background model is loaded again and again
+   (camera frames that end during a load count for this phase).
+
+Managed runs can be repeated with other driver settings (``variants``): the
+ablation rows of the issue. Peak memory is the whole machine's
+(``MemTotal - MemAvailable`` from /proc/meminfo) above what it was just before
+the run, and the peak summed RSS of the processes the run started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager.constants import Importance, ModelPriority, ModelSize
+from npumanager.demo.contention_apps import BenchApp, bench_app_main
+from npumanager.demo.models import DemoModel, demo_models
+from npumanager.demo.observe import Event, EventLog
+from npumanager.demo.process import AppProcess, LineQueue, Outbox
+
+#: uids of the apps when run as root (npud tells apps apart by uid).
+UIDS = {"camera": 62001, "voice": 62002, "llm": 62003, "embedder": 62004, "loader": 62005}
+FRAME_BUDGET_MS = 1000 / 30
+
+
+def bench_apps() -> dict[str, BenchApp]:
+    """The apps; effective priorities in the driver: camera 100, voice 200, embedder
+    300 + 100, LLM 300 + 100 (importance + job priority)."""
+    bg = ModelPriority.BACKGROUND
+    return {
+        "camera": BenchApp("camera", "camera", "frames", Importance.FOREGROUND,
+                           period_s=1 / 30),
+        "voice": BenchApp("voice", "voice", "bursts", Importance.VISIBLE, runs=8, gap_s=0.03,
+                          period_s=0.7),
+        "llm": BenchApp("llm", "llm", "decode", Importance.SERVICE, bg,
+                        ModelSize.BETWEEN_1GB_AND_2GB, job_priority=100, steps=16),
+        "embedder": BenchApp("embedder", "embedder", "batches", Importance.SERVICE, bg,
+                             job_priority=100),
+        "loader": BenchApp("loader", "llm", "loads", Importance.SERVICE, bg,
+                           ModelSize.BETWEEN_1GB_AND_2GB, job_priority=100),
+    }
+
+
+@dataclass(frozen=True)
+class Timing:
+    alone_s: float = 6.0
+    contended_s: float = 12.0
+    loading_s: float = 8.0
+    settle_s: float = 1.0
+
+    @classmethod
+    def quick(cls) -> Timing:
+        return cls(3.0, 6.0, 5.0, 0.6)
+
+
+@dataclass
+class Stats:
+    """Latencies (ms) of one app in one phase."""
+
+    ms: list[float] = field(default_factory=list)
+
+    def pct(self, q: float) -> float:
+        s = sorted(self.ms)
+        return s[min(len(s) - 1, int(len(s) * q))] if s else float("nan")
+
+    @property
+    def max(self) -> float:
+        return max(self.ms) if self.ms else float("nan")
+
+    def over(self, limit_ms: float) -> int:
+        return sum(1 for x in self.ms if x > limit_ms)
+
+
+@dataclass
+class RunResult:
+    """What one run (unmanaged, or managed with one driver config) measured."""
+
+    name: str
+    camera: dict[str, Stats] = field(default_factory=dict)  # by phase
+    voice: Stats = field(default_factory=Stats)  # contended + loading
+    llm_tokens_s: float = float("nan")  # contended phase
+    embedder_items_s: float = float("nan")
+    loads: Stats = field(default_factory=Stats)
+    #: Work done over the whole run (decode jobs, embedder batches), in or out of windows.
+    work_done: dict[str, int] = field(default_factory=dict)
+    mem_peak_mib: float = float("nan")  # whole machine, above the idle level before the run
+    rss_peak_mib: float = float("nan")  # the processes this run started, summed
+    errors: list[str] = field(default_factory=list)
+
+
+# --- memory ---------------------------------------------------------------------------
+
+
+def _mem_used() -> int:
+    info: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            info[key] = int(rest.split()[0]) * 1024
+    return info["MemTotal"] - info.get("MemAvailable", info.get("MemFree", 0))
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class MemorySampler:
+    """Peak machine memory in use (every 25 ms) and peak RSS of our descendants (250 ms)."""
+
+    def __init__(self) -> None:
+        self.base = _mem_used()
+        self.peak = self.base
+        self.rss_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mem-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        me, n = os.getpid(), 0
+        while not self._stop.wait(0.025):
+            self.peak = max(self.peak, _mem_used())
+            n += 1
+            if n % 10 == 0:
+                self.rss_peak = max(self.rss_peak, sum(_rss(p) for p in descendants(me)))
+
+    def stop(self) -> tuple[float, float]:
+        self._stop.set()
+        self._thread.join(2)
+        return (self.peak - self.base) / 2**20, self.rss_peak / 2**20
+
+
+# --- one run ----------------------------------------------------------------------------
+
+
+def driver_config(channels: int = 2, **knobs: Any) -> dict[str, Any]:
+    """npud's config for a managed run: one reference driver, a budget that fits every
+    app (this measures scheduling, not admission), no thermal sources (the driver's
+    thermal model would heat up and send the background away mid-run)."""
+    options = knobs.pop("options", {})
+    return {
+        "manager": {"unload_deadline_s": 5.0, "log_level": "warning"},
+        "policy": {"max_budget": 64},
+        "thermal": {"sources": []},
+        "driver": [{"name": "reference", "plugin": "reference", "channels": channels,
+                    **knobs, "options": options}],
+    }
+
+
+class ContentionRun:
+    def __init__(self, name: str, managed: bool, timing: Timing,
+                 models: dict[str, DemoModel], config: dict[str, Any] | None = None,
+                 phases: tuple[str, ...] = ("alone", "contended", "loading"),
+                 log: Any = None) -> None:
+        self.name = name
+        self.managed = managed
+        self.timing = timing
+        self.models = models
+        self.config = config or driver_config()
+        self.phases = phases
+        self.root = os.getuid() == 0
+        self.apps = bench_apps()
+        self.events = EventLog()
+        self.procs: dict[str, AppProcess] = {}
+        self.windows: dict[str, tuple[float, float]] = {}
+        self.rt = ""
+        self.tmp: list[str] = []
+        self.say = log or (lambda msg: None)
+
+    # --- processes ---------------------------------------------------------------
+
+    def uid(self, name: str) -> int | None:
+        return UIDS[name] if self.root else None
+
+    def spawn(self, name: str) -> None:
+        app = self.apps[name]
+        if not self.root:
+            # One uid for every app: job priorities alone order the work in the driver.
+            offset = {"camera": 0, "voice": 100, "embedder": 300, "llm": 300, "loader": 300}
+            from dataclasses import replace
+
+            app = replace(app, job_priority=offset[name] + app.job_priority)
+        model, managed, rt = self.models[app.model], self.managed, self.rt
+        first_id = 1 + 100 * list(UIDS).index(name)
+
+        def main(out: Outbox, commands: LineQueue) -> None:
+            bench_app_main(app, model, managed, rt, first_id, out, commands)
+
+        log_path = os.path.join(self.tmp[0], f"{name}.log")
+        self.procs[name] = AppProcess(name, self.uid(name), main, self.events.add, log_path)
+
+    def wait_for(self, name: str, ev: str, after: float, timeout: float = 60.0) -> Event:
+        got = self.events.wait(name, ev, timeout, after)
+        if got is None:
+            errors = self.events.find(name, "error")
+            raise RuntimeError(f"{self.name}: {name} did not report {ev!r} within {timeout:g} s"
+                               + (f": {errors[-1]['error']}" if errors else ""))
+        return got
+
+    @contextlib.contextmanager
+    def npud(self) -> Iterator[None]:
+        if not self.managed:
+            yield
+            return
+        from npumanager.client import NpuManager
+        from npumanager.testing.daemon import DaemonProcess
+
+        state = tempfile.mkdtemp(prefix="npu-contention-state-")
+        self.tmp.append(state)
+        daemon = DaemonProcess(self.rt, self.config, drivers=True,
+                               env={**os.environ, "NPU_STATE_DIR": state})
+        daemon.start()
+        try:
+            admin = NpuManager(self.rt, client_name="contention-admin")
+            try:
+                if self.root:
+                    for name, app in self.apps.items():
+                        admin.set_uid_importance(UIDS[name], app.importance)
+                else:
+                    admin.set_uid_importance(os.getuid(), Importance.FOREGROUND)
+            finally:
+                admin.close()
+            yield
+        finally:
+            daemon.stop()
+
+    def phase(self, name: str, seconds: float) -> None:
+        if name in self.phases:
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            self.windows[name] = (t0, time.monotonic())
+
+    def run(self) -> RunResult:
+        self.tmp.append(tempfile.mkdtemp(prefix="npu-contention-"))
+        os.chmod(self.tmp[0], 0o755)
+        self.rt = os.path.join(self.tmp[0], "run")
+        os.mkdir(self.rt, 0o755)
+        mem = MemorySampler()
+        result = RunResult(self.name)
+        t = self.timing
+        try:
+            with self.npud():
+                t0 = time.monotonic()
+                self.spawn("camera")
+                self.wait_for("camera", "frame", t0)
+                time.sleep(t.settle_s)  # a new session's first runs warm up
+                self.phase("alone", t.alone_s)
+                self.say(f"{self.name}: camera alone measured; background apps start")
+                t0 = time.monotonic()
+                for name in ("llm", "embedder", "voice"):
+                    self.spawn(name)
+                self.wait_for("llm", "decode", t0)
+                self.wait_for("embedder", "batch", t0)
+                self.wait_for("voice", "infer", t0)
+                time.sleep(t.settle_s)
+                self.phase("contended", t.contended_s)
+                if "loading" in self.phases:
+                    self.say(f"{self.name}: a background model is being loaded")
+                    t0 = time.monotonic()
+                    self.spawn("loader")
+                    self.wait_for("loader", "loading", t0)
+                    self.phase("loading", t.loading_s)
+                self.stop_apps()
+        finally:
+            result.mem_peak_mib, result.rss_peak_mib = mem.stop()
+            self.stop_apps()
+            for d in self.tmp:
+                shutil.rmtree(d, ignore_errors=True)
+        self.collect(result)
+        return result
+
+    def stop_apps(self) -> None:
+        for proc in self.procs.values():
+            proc.send("stop")
+        for proc in self.procs.values():
+            proc.stop(timeout=5.0)
+        self.procs.clear()
+
+    # --- results -------------------------------------------------------------------
+
+    def collect(self, r: RunResult) -> None:
+        ev = self.events
+        r.errors = [f"{e['app']}: {e['what']}: {e['error']}" for e in ev.find(ev="error")]
+        frames = ev.find("camera", "frame")
+        r.work_done = {"decode": len(ev.find("llm", "decode")),
+                       "batch": len(ev.find("embedder", "batch"))}
+        for name in ("alone", "contended"):
+            if name in self.windows:
+                a, b = self.windows[name]
+                r.camera[name] = Stats([e["ms"] for e in frames if a <= e["t"] < b])
+        if "loading" in self.windows:
+            a, b = self.windows["loading"]
+            spans = []
+            start: float | None = None
+            for e in ev.find("loader"):
+                if e["ev"] == "loading":
+                    start = e["t"]
+                elif e["ev"] == "loaded" and start is not None:
+                    spans.append((start, e["t"]))
+                    r.loads.ms.append(e["ms"])
+                    start = None
+            if start is not None:
+                spans.append((start, b))
+            # A frame that ended while a load was under way (or within one frame of its
+            # start) suffered it.
+            r.camera["loading"] = Stats([
+                e["ms"] for e in frames
+                if a <= e["t"] < b and any(s <= e["t"] <= f + FRAME_BUDGET_MS / 1000
+                                           for s, f in spans)])
+        if "contended" in self.windows:
+            a, b = self.windows["contended"]
+            steps = sum(e["steps"] for e in ev.find("llm", "decode") if a <= e["t"] < b)
+            items = sum(e["items"] for e in ev.find("embedder", "batch") if a <= e["t"] < b)
+            r.llm_tokens_s = steps / (b - a)
+            r.embedder_items_s = items / (b - a)
+            lo, hi = a, self.windows.get("loading", (a, b))[1]
+            r.voice = Stats([e["ms"] for e in ev.find("voice", "infer") if lo <= e["t"] < hi])
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return "-" if x != x else f"{x:.{digits}f}"
+
+
+def camera_cell(s: Stats | None) -> str:
+    if s is None or not s.ms:
+        return "-"
+    return (f"{_f(s.pct(0.5))} / {_f(s.pct(0.99))} / {_f(s.max)} ms, "
+            f"{s.over(FRAME_BUDGET_MS)}/{len(s.ms)} late")
+
+
+def side_by_side(results: list[RunResult]) -> list[tuple[str, ...]]:
+    """Rows: what, then one cell per run."""
+    rows: list[tuple[str, ...]] = [("", *[r.name for r in results])]
+    for phase, label in (("alone", "camera alone p50/p99/max, >33 ms"),
+                         ("contended", "camera + voice + LLM + embedder"),
+                         ("loading", "camera while a bg model loads")):
+        rows.append((label, *[camera_cell(r.camera.get(phase)) for r in results]))
+    base = results[0].camera.get("alone")
+    for phase in ("contended", "loading"):
+        cells = []
+        for r in results:
+            own = r.camera.get("alone") or base
+            s = r.camera.get(phase)
+            cells.append("-" if s is None or own is None or not s.ms
+                         else f"{s.pct(0.99) / own.pct(0.99):.2f}x")
+        rows.append((f"camera p99 {phase} / alone (same run)", *cells))
+    rows += [
+        ("voice p50/p99 (ms)", *[f"{_f(r.voice.pct(0.5))} / {_f(r.voice.pct(0.99))}"
+                                 for r in results]),
+        ("LLM tokens/s (contended)", *[_f(r.llm_tokens_s, 0) for r in results]),
+        ("embedder items/s (contended)", *[_f(r.embedder_items_s, 0) for r in results]),
+        ("bg model load p50 (ms)", *[_f(r.loads.pct(0.5), 0) for r in results]),
+        ("peak memory, machine (MiB over idle)", *[_f(r.mem_peak_mib, 0) for r in results]),
+        ("peak RSS of the run's processes (MiB)", *[_f(r.rss_peak_mib, 0) for r in results]),
+    ]
+    return rows
+
+
+def format_rows(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def verdicts(unmanaged: RunResult, managed: RunResult) -> list[str]:
+    out = []
+    alone = managed.camera.get("alone")
+    for phase in ("contended", "loading"):
+        m, u = managed.camera.get(phase), unmanaged.camera.get(phase)
+        if m is None or u is None or alone is None or not m.ms or not u.ms:
+            continue
+        r_alone = m.pct(0.99) / alone.pct(0.99)
+        r_un = m.pct(0.99) / u.pct(0.99)
+        out.append(f"camera p99 {phase}: managed {r_alone:.2f}x alone (target <= 1.3x: "
+                   f"{'PASS' if r_alone <= 1.3 else 'FAIL'}), {r_un:.2f}x unmanaged "
+                   f"(target <= 0.5x: {'PASS' if r_un <= 0.5 else 'FAIL'})")
+    for what, m_v, u_v in (("LLM tokens/s", managed.llm_tokens_s, unmanaged.llm_tokens_s),
+                           ("embedder items/s", managed.embedder_items_s,
+                            unmanaged.embedder_items_s)):
+        if u_v > 0:
+            out.append(f"{what}: managed {m_v / u_v * 100:.0f} % of unmanaged (target >= 80 %: "
+                       f"{'PASS' if m_v >= 0.8 * u_v else 'FAIL'})")
+    return out
+
+
+def build_models() -> dict[str, DemoModel]:
+    return demo_models()
+
+
+def run_compare(color: bool | None = None, fast: bool = True) -> int:
+    """`npu demo --compare`: the two runs with the demo's renderer; 0 if both ran."""
+    from npumanager.demo.render import Renderer
+
+    out = Renderer(color=color)
+    out.title("npumanager demo: the same apps unmanaged, then managed",
+              "A camera at 30 fps, a voice assistant, a background LLM, an embedder and an app "
+              "loading a\nbackground model, each its own process. Every number is measured "
+              "in this run.")
+    timing = Timing.quick() if fast else Timing()
+    models = build_models()
+    results = []
+    for n, (name, managed, why) in enumerate((
+            ("unmanaged", False, "Each app runs ONNX Runtime in its own process with the "
+             "default settings and loads whenever it likes, as apps do today."),
+            ("managed", True, "The same apps ask npud before loading and run on the "
+             "reference driver (a real npud in a temporary dir).")), start=1):
+        out.scene(n, 2, f"{name}: camera alone, then with the background apps, then while a "
+                  "background model loads", why)
+        results.append(ContentionRun(name, managed, timing, models,
+                                     log=lambda m: out.event("demo", m)).run())
+    rows = side_by_side(results)
+    out.table("Camera latency p50 / p99 / max and frames over 33 ms; background throughput",
+              list(rows[0]), [list(r) for r in rows[1:]])
+    for line in verdicts(results[0], results[1]):
+        out.note(line, "")
+    errors = [e for r in results for e in r.errors]
+    for e in errors:
+        out.warn(e)
+    return 1 if errors else 0

@@ -1,0 +1,222 @@
+"""The contention comparison's apps: one work loop, run unmanaged or through npud.
+
+Each app runs in its own process (:class:`~npumanager.demo.process.AppProcess`)
+with one of two engines:
+
+- :class:`OrtEngine`, *unmanaged*: what an app does today. It creates its own
+  ONNX Runtime session with the default settings (ORT's own intra-op thread
+  pool, sized to the machine) whenever it likes, and runs a decode loop as a
+  Python loop of ``session.run`` calls.
+- :class:`NpuEngine`, *managed*: the same app as an npumanager client. It asks
+  npud before loading (``request_can_load_model``), prepares on the device
+  under the grant it got, runs multi-step jobs in the driver (``steps=N``,
+  outputs fed back) with its job priority, and releases and reports unloaded.
+
+The work loop (:func:`work_loop`) is the same for both, so the only difference
+between the two runs is who schedules the work. Kinds of work:
+
+- ``frames``: one execution per frame on a fixed frame clock (a camera);
+- ``bursts``: ``runs`` executions ``gap_s`` apart, every ``period_s`` (a voice
+  assistant answering short queries);
+- ``decode``: multi-step jobs back to back (a background LLM);
+- ``batches``: single executions back to back (an embedding service's batches);
+- ``loads``: prepare the model, release it, again (an app starting a background
+  model; no compilation cache on either side, so every load compiles).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from npumanager.constants import Importance, LoadStatus, ModelPriority, ModelSize
+from npumanager.demo.models import DemoModel
+from npumanager.demo.process import LineQueue, Outbox
+
+
+@dataclass(frozen=True)
+class BenchApp:
+    """One app of the comparison."""
+
+    name: str
+    model: str  # key into demo_models()
+    kind: str  # frames | bursts | decode | batches | loads
+    importance: Importance
+    priority: ModelPriority = ModelPriority.NORMAL
+    size: ModelSize = ModelSize.LESS_THAN_1GB
+    job_priority: int = 0
+    period_s: float = 0.0
+    gap_s: float = 0.0
+    runs: int = 1
+    steps: int = 1
+
+
+class Engine(Protocol):
+    def load(self, model: DemoModel) -> Any: ...
+
+    def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
+            feedback: dict[str, str]) -> dict[str, Any]: ...
+
+    def release(self, handle: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class OrtEngine:
+    """Unmanaged: ONNX Runtime in the app's own process, default session options."""
+
+    def load(self, model: DemoModel) -> Any:
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(model.onnx, providers=["CPUExecutionProvider"])
+        return session, [o.name for o in session.get_outputs()]
+
+    def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
+            feedback: dict[str, str]) -> dict[str, Any]:
+        session, names = handle
+        outs: dict[str, Any] = {}
+        for _ in range(steps):
+            outs = dict(zip(names, session.run(names, inputs), strict=True))
+            if feedback:
+                inputs = {**inputs, **{i: outs[o] for o, i in feedback.items()}}
+        return outs
+
+    def release(self, handle: Any) -> None:
+        pass  # the session goes with its last reference
+
+    def close(self) -> None:
+        pass
+
+
+class NpuEngine:
+    """Managed: ask npud, prepare under the grant, execute in the driver."""
+
+    def __init__(self, app: BenchApp, runtime_dir: str, first_id: int) -> None:
+        from npumanager import nn
+        from npumanager.client import NpuManager
+
+        self.app = app
+        self.mgr = NpuManager(runtime_dir, client_name=app.name)
+        self.dev = nn.Device("reference", runtime_dir)
+        self.next_id = first_id
+
+    def load(self, model: DemoModel) -> Any:
+        from npumanager.client import ModelLoadRequest, ModelLoadRequestCallback
+
+        granted = threading.Event()
+        got: list[Any] = []
+
+        class Cb(ModelLoadRequestCallback):
+            def on_can_load_model(self, request: Any, status: LoadStatus,
+                                  listener: Any) -> None:
+                if status == LoadStatus.CAN_LOAD_NOW:
+                    got.append(listener)
+                    granted.set()
+
+        req = ModelLoadRequest(self.next_id, self.app.size, self.app.priority)
+        self.next_id += 1
+        self.mgr.request_can_load_model(req, Cb())
+        if not granted.wait(30):
+            raise TimeoutError(f"{self.app.name}: no grant from npud within 30 s")
+        listener = got[0]
+        prepared = self.dev.prepare_model(model.onnx, grant=listener)
+        listener.notify_model_loaded(req)
+        return req, listener, prepared
+
+    def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
+            feedback: dict[str, str]) -> dict[str, Any]:
+        prepared = handle[2]
+        if steps > 1:
+            outs: dict[str, Any] = prepared.execute(inputs, job_priority=self.app.job_priority,
+                                                    steps=steps, feedback=feedback)
+        else:
+            outs = prepared.execute(inputs, job_priority=self.app.job_priority)
+        return outs
+
+    def release(self, handle: Any) -> None:
+        req, listener, prepared = handle
+        prepared.release()
+        listener.notify_model_unloaded(req)
+
+    def close(self) -> None:
+        self.dev.close()
+        self.mgr.close()
+
+
+def work_loop(app: BenchApp, model: DemoModel, engine: Engine, out: Outbox,
+              stop: threading.Event) -> None:
+    """Load (timed), then work until ``stop``; every unit of work is one event."""
+    if app.kind == "loads":
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            out.emit("loading")
+            handle = engine.load(model)
+            out.emit("loaded", ms=round((time.perf_counter() - t0) * 1000, 2))
+            engine.release(handle)
+            stop.wait(0.05)
+        return
+    t0 = time.perf_counter()
+    handle = engine.load(model)
+    out.emit("ready", ms=round((time.perf_counter() - t0) * 1000, 1))
+    inputs, feedback = model.inputs, model.feedback
+    try:
+        if app.kind == "frames":
+            next_at = time.monotonic()
+            while not stop.is_set():
+                t = time.perf_counter()
+                engine.run(handle, inputs, 1, {})
+                out.emit("frame", ms=round((time.perf_counter() - t) * 1000, 3))
+                # The next frame on the frame clock; a late frame is not made up for.
+                next_at = max(next_at + app.period_s, time.monotonic())
+                stop.wait(max(0.0, next_at - time.monotonic()))
+        elif app.kind == "bursts":
+            while not stop.is_set():
+                for _ in range(app.runs):
+                    t = time.perf_counter()
+                    engine.run(handle, inputs, 1, {})
+                    out.emit("infer", ms=round((time.perf_counter() - t) * 1000, 3))
+                    if stop.wait(app.gap_s):
+                        break
+                stop.wait(app.period_s)
+        elif app.kind == "decode":
+            while not stop.is_set():
+                t = time.perf_counter()
+                outs = engine.run(handle, inputs, app.steps, feedback)
+                steps = int(outs["pos_out"].reshape(-1)[0]) if "pos_out" in outs else app.steps
+                out.emit("decode", steps=steps, ms=round((time.perf_counter() - t) * 1000, 2))
+        elif app.kind == "batches":
+            n = next(iter(inputs.values())).shape[0]
+            while not stop.is_set():
+                t = time.perf_counter()
+                engine.run(handle, inputs, 1, {})
+                out.emit("batch", items=n, ms=round((time.perf_counter() - t) * 1000, 3))
+        else:
+            raise ValueError(f"unknown kind of work {app.kind!r}")
+    finally:
+        engine.release(handle)
+
+
+def bench_app_main(app: BenchApp, model: DemoModel, managed: bool, runtime_dir: str,
+                   first_id: int, out: Outbox, commands: LineQueue) -> None:
+    """Entry point in the forked child (already running as the app's uid)."""
+    stop = threading.Event()
+    commands.start(lambda item: stop.set() if item.get("cmd") == "stop" else None)
+    try:
+        engine: Engine = (NpuEngine(app, runtime_dir, first_id) if managed else OrtEngine())
+    except Exception as exc:
+        out.emit("error", what="connect", error=f"{type(exc).__name__}: {exc}")
+        return
+    try:
+        work_loop(app, model, engine, out, stop)
+    except Exception as exc:
+        out.emit("error", what="run", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        try:
+            engine.close()
+        finally:
+            out.emit("exit", pid=os.getpid())

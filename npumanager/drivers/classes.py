@@ -1,0 +1,71 @@
+"""Execution classes: effective priority mapped onto what the machine really schedules.
+
+Step-boundary preemption (the run queue) decides *which* work gets a channel
+next. On the reference driver a channel is a CPU thread, and once a
+background step runs it competes for the cores with the foreground's step,
+the foreground app's own process and everything else on the machine: the
+kernel, not the queue, decides who runs. So the driver maps each job's
+effective priority onto an execution class, a pure function of that priority,
+and the shell (:mod:`.steps`, :mod:`.prepare`) applies it:
+
+* ``BACKGROUND`` work runs on worker threads the kernel ranks below normal
+  threads (``SCHED_IDLE``, or a high nice value): a foreground step, or the
+  camera app's own process, takes a core from them at once instead of sharing
+  it (CFS would give a nice-0 background thread half the core).
+* A channel can be kept free for foreground work (``reserved_channels``): a
+  foreground job then starts at once instead of waiting for a background step
+  to end.
+* Sessions are compiled with an intra-op thread count chosen per class, and a
+  background model's compile runs on a background thread too (loading a
+  background model must not steal the foreground's core).
+
+On an accelerator with one hardware queue and no CPU contention, only the
+queue-level parts carry over (the class of a job, the reserved channel as a
+reserved queue or context); the thread priorities map onto the backend's own
+priority knobs (OpenVINO MODEL_PRIORITY, CUDA stream priorities).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ExecClass(Enum):
+    FOREGROUND = "foreground"
+    BACKGROUND = "background"
+
+
+#: Effective priority at or below which work is foreground by default: VISIBLE (200)
+#: with job priority 0. A camera (FOREGROUND 100) and a voice assistant (VISIBLE 200)
+#: are foreground; services (300) and anything with a background job priority are not.
+DEFAULT_FOREGROUND_PRIORITY = 200
+
+
+@dataclass(frozen=True)
+class Protection:
+    """The pure core's knobs ([[driver]] keys); the shell has its own (thread policy)."""
+
+    #: Effective priorities at or below this are FOREGROUND, above it BACKGROUND.
+    foreground_priority: int = DEFAULT_FOREGROUND_PRIORITY
+    #: Channels background work may never take: kept free for foreground work.
+    reserved_channels: int = 0
+
+    def reserved(self, channels: int) -> int:
+        """The reservation that leaves background work at least one channel."""
+        return max(0, min(self.reserved_channels, channels - 1))
+
+
+def exec_class(effective_priority: int, foreground_priority: int) -> ExecClass:
+    """The class a job runs in (lower effective priority = more important)."""
+    if effective_priority <= foreground_priority:
+        return ExecClass.FOREGROUND
+    return ExecClass.BACKGROUND
+
+
+def may_start(cls: ExecClass, background_running: int, channels: int, reserved: int) -> bool:
+    """May a job of ``cls`` take a free channel while ``background_running`` background
+    steps run and ``reserved`` of the ``channels`` are kept for foreground work?
+    Foreground work takes any free channel; background work at most
+    ``channels - reserved`` of them at once, whichever channels those are."""
+    return cls is ExecClass.FOREGROUND or background_running < channels - reserved

@@ -1,0 +1,65 @@
+"""The contention comparison's machinery (bench/contention.py, `npu demo --compare`):
+both runs really start their apps, npud and the driver, and every phase measures
+something. Numbers are the bench's business; here only that they exist."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from npumanager.demo.contention import (
+    ContentionRun,
+    RunResult,
+    Stats,
+    Timing,
+    build_models,
+    descendants,
+    driver_config,
+    side_by_side,
+    verdicts,
+)
+
+pytestmark = pytest.mark.slow
+
+TINY = Timing(alone_s=0.3, contended_s=0.6, loading_s=0.6, settle_s=0.1)
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, object]:
+    return build_models()  # type: ignore[return-value]
+
+
+def check(r: RunResult) -> None:
+    assert r.errors == []
+    for phase in ("alone", "contended", "loading"):
+        assert r.camera[phase].ms, f"{r.name}: no camera frames while {phase}"
+    assert r.work_done["decode"] > 0 and r.work_done["batch"] > 0
+    assert r.voice.ms and r.loads.ms
+    assert r.rss_peak_mib > 0
+
+
+@pytest.mark.parametrize("managed", [False, True], ids=["unmanaged", "managed"])
+def test_a_run_measures_every_phase(models: dict[str, object], managed: bool) -> None:
+    cfg = driver_config(reserved_channels=1, background_sched="nice") if managed else None
+    r = ContentionRun("m" if managed else "u", managed, TINY, models, cfg).run()  # type: ignore[arg-type]
+    check(r)
+    assert descendants(os.getpid()) == []  # apps, npud and its driver are gone
+
+
+def test_the_table_puts_runs_side_by_side() -> None:
+    a, b = RunResult("unmanaged"), RunResult("managed")
+    a.camera = {"alone": Stats([1.0, 2.0]), "contended": Stats([10.0, 40.0])}
+    b.camera = {"alone": Stats([1.0, 2.0]), "contended": Stats([1.0, 2.5])}
+    a.llm_tokens_s, b.llm_tokens_s = 100.0, 90.0
+    a.embedder_items_s, b.embedder_items_s = 100.0, 50.0
+    rows = side_by_side([a, b])
+    assert rows[0] == ("", "unmanaged", "managed")
+    assert all(len(r) == 3 for r in rows)
+    cells = dict((r[0], r[1:]) for r in rows)
+    assert cells["camera + voice + LLM + embedder"][0].endswith("1/2 late")
+    assert cells["camera p99 contended / alone (same run)"] == ("20.00x", "1.25x")
+    lines = verdicts(a, b)
+    assert any("1.25x alone (target <= 1.3x: PASS)" in ln for ln in lines)
+    assert any("LLM tokens/s: managed 90 %" in ln and "PASS" in ln for ln in lines)
+    assert any("embedder items/s: managed 50 %" in ln and "FAIL" in ln for ln in lines)

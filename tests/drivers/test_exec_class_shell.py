@@ -1,0 +1,79 @@
+"""The shell applies the execution class: background steps run on lowered threads,
+foreground steps on normal ones (observed from inside the step, on the real kernel)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.events import RunStep
+from npumanager.drivers.steps import Execution, StepRunner, background_pool, lower_this_thread
+
+
+class PolicyProbe(PreparedModel):
+    """Records the scheduling policy and nice value of the thread that runs it."""
+
+    inputs: list[Any] = []
+    outputs: list[Any] = []
+    memory_bytes = 0
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tid = threading.get_native_id()
+        self.seen.append((os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)))
+        return {"y": np.zeros(1, np.float32)}
+
+    def release(self) -> None:
+        pass
+
+
+def run_on(runner: StepRunner, background: bool) -> tuple[int, int]:
+    probe = PolicyProbe()
+    ex = Execution(1, probe, {"x": np.zeros(1, np.float32)}, {})
+    done = threading.Event()
+    runner.start(ex, RunStep(1, 0, True, False, background=background),
+                 lambda error, us: done.set())
+    assert done.wait(10)
+    return probe.seen[0]
+
+
+@pytest.mark.parametrize(("sched", "policy", "nice"), [
+    ("idle", os.SCHED_IDLE, 0), ("nice", os.SCHED_OTHER, 7), ("normal", os.SCHED_OTHER, 0)])
+def test_background_steps_run_on_lowered_threads(sched: str, policy: int, nice: int) -> None:
+    runner = StepRunner("t", 1, inline_limit=1024, max_frame=1 << 20, background_sched=sched,
+                        background_nice=7)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    try:
+        assert run_on(runner, background=True) == (policy, base + nice)
+        # Foreground steps keep normal threads, before and after.
+        assert run_on(runner, background=False) == (os.SCHED_OTHER, base)
+        assert run_on(runner, background=True) == (policy, base + nice)
+    finally:
+        runner.close()
+
+
+def test_a_lowered_thread_leaves_its_process_alone() -> None:
+    me = threading.get_native_id()
+    got: list[int] = []
+
+    def lowered() -> None:
+        lower_this_thread("idle", 19)
+        got.append(os.sched_getscheduler(threading.get_native_id()))
+
+    t = threading.Thread(target=lowered)
+    t.start()
+    t.join()
+    assert got == [os.SCHED_IDLE]
+    assert os.sched_getscheduler(me) == os.SCHED_OTHER
+
+
+def test_an_unknown_background_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="background_sched"):
+        background_pool(1, "t", "realtime", 19)
