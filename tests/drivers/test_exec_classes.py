@@ -99,20 +99,20 @@ def test_reserved_channel_waits_for_foreground_work() -> None:
     bg1, bg2, fg = h.prepare(2), h.prepare(3), h.prepare(1)
     t1, out = h.execute(2, bg1, steps=100)
     assert len(steps(out)) == 1  # one channel for background work
-    _, out = h.execute(3, bg2)
+    t2, out = h.execute(3, bg2)
     assert steps(out) == []  # the other channel is kept: it queues
     assert h.running() == [t1]
     # Foreground work starts at once on the kept channel, no step boundary needed.
     t3, out = h.execute(1, fg)
     assert [(s.ticket, s.background) for s in steps(out)] == [(t3, False)]
     assert sorted(h.running()) == sorted([t1, t3])
-    # The background job's step ends: it keeps the one background channel (t2 queues on).
+    # The background step ends: the one background channel goes round to t2 (equals).
     out = h.step_done(t1)
-    assert [(s.ticket, s.background) for s in steps(out)] == [(t1, True)]
+    assert [(s.ticket, s.background) for s in steps(out)] == [(t2, True)]
     # The foreground job ends: its channel stays free for the next foreground work.
     out = h.step_done(t3)
     assert steps(out) == []
-    assert h.running() == [t1] and len(h.state.jobs()) == 2
+    assert h.running() == [t2] and len(h.state.jobs()) == 2
 
 
 def test_without_a_reservation_background_fills_every_channel() -> None:
