@@ -4,6 +4,7 @@ what is not an ONNX value is refused with InvalidArgument."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -199,3 +200,140 @@ def test_nested_tensors_are_placed_like_top_level_ones() -> None:
     assert len(placed) == 2  # the two numeric tensors, not the string one
     _same(tensorio.decode_value(msg, resolve), value)
     assert [a.shape for a in tensorio.tensors_in(value)] == [(5,), (2, 0), (1,)]
+
+
+# --- the codec pair end to end: a real sealed pool, every element type, nesting, malformed --
+
+
+def _sample(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An array of ``dtype`` and ``shape`` with distinct-ish values (strings: str elements)."""
+    n = int(np.prod(shape))
+    if dtype == "object":
+        arr = np.empty(n, dtype=object)
+        arr[:] = [f"s{i}é" for i in range(n)]
+        return arr.reshape(shape)
+    return (np.arange(n, dtype=np.int64) % 3).reshape(shape).astype(tensorio.check_dtype(dtype))
+
+
+class _Pools:
+    """A client pool and the driver's mapping of it, with the place/resolve pair both ends
+    use: numeric tensors are written at aligned offsets and read back as views."""
+
+    def __init__(self, size: int = 1 << 16) -> None:
+        self.client = tensorio.ClientPool(size)
+        self.mapped = tensorio.MappedPool(self.client.fd, size)
+        self.pos = 0
+        self.placed = 0
+
+    def place(self, t: pb.Tensor, arr: np.ndarray) -> None:
+        start = tensorio.align(self.pos)
+        view = tensorio.view_in(self.client.buf, start, arr.nbytes, t.dtype, arr.shape, t.name)
+        view[...] = arr
+        t.pool_id, t.offset, t.nbytes = 1, start, arr.nbytes
+        self.pos = start + arr.nbytes
+        self.placed += 1
+
+    def resolve(self, t: pb.Tensor) -> np.ndarray:
+        if not t.pool_id:
+            return tensorio.inline_array(t)
+        return tensorio.view_in(self.mapped.buf, t.offset, t.nbytes, t.dtype, t.shape, t.name)
+
+    def close(self) -> None:
+        self.mapped.close()
+        self.client.close()
+
+
+def _cross(value: Any, pools: _Pools | None = None) -> Any:
+    msg = pb.Value(name="v")
+    tensorio.encode_value(msg, value, pools.place if pools else None)
+    wire = pb.Value.FromString(msg.SerializeToString())
+    return tensorio.decode_value(wire, pools.resolve if pools else tensorio.inline_array)
+
+
+@pytest.mark.parametrize("dtype", sorted(set(ONNX_TO_NUMPY.values())))
+def test_every_element_type_crosses_a_sealed_pool_alone_and_nested(dtype: str) -> None:
+    """0-d, empty and n-d tensors of every ONNX element type, at the top level, in a
+    sequence, in a sequence of sequences and as a present optional, through a real memfd
+    pool (strings inline): the same dtypes, shapes and bytes come back."""
+    pools = _Pools()
+    try:
+        scalar, empty, full = _sample(dtype, ()), _sample(dtype, (0, 3)), _sample(dtype, (2, 3))
+        for value in (scalar, empty, full, [scalar, empty, full], [[full], [], [scalar]]):
+            back = _cross(value, pools)
+            _same(back, value)
+            assert all(tensorio.dtype_name(a.dtype) == dtype for a in tensorio.tensors_in(back))
+        numeric = dtype != "object"
+        assert (pools.placed > 0) == numeric  # numeric ones went through the pool
+        assert _cross(None, pools) is None  # an absent optional is no empty tensor
+        assert _cross([], pools) == []  # and an empty sequence is neither
+    finally:
+        pools.close()
+
+
+def test_maps_and_zipmap_outputs_keep_key_and_value_types() -> None:
+    for value in ({"a": "x", "b": ""}, {-1: True, 2: False}, {b"k": 1.5},
+                  [{1: 0.5}, {}, {"z": -2}], [[{"n": "m"}]]):
+        _same(_cross(value), value)
+
+
+MALFORMED: list[tuple[str, Callable[[pb.Value], None], str]] = [
+    ("empty element of a sequence", lambda m: m.sequence.elements.add(), "empty"),
+    ("element with no ONNX dtype",
+     lambda m: m.sequence.elements.add().tensor.MergeFrom(pb.Tensor(dtype="V8", shape=[1])),
+     "dtype"),
+    ("element with a negative dimension",
+     lambda m: m.sequence.elements.add().tensor.MergeFrom(
+         pb.Tensor(dtype="float32", shape=[-1, -4], data=b"")), "negative"),
+    ("bytes that do not fill the shape",
+     lambda m: m.optional.value.tensor.MergeFrom(
+         pb.Tensor(dtype="int64", shape=[2], data=b"\0" * 8)), "do not hold"),
+    ("numeric tensor with strings too",
+     lambda m: m.optional.value.tensor.MergeFrom(
+         pb.Tensor(dtype="uint8", shape=[1], data=b"\1", strings=[b"x"])), "do not hold"),
+    ("string tensor with raw bytes too",
+     lambda m: m.sequence.elements.add().tensor.MergeFrom(
+         pb.Tensor(dtype="object", shape=[1], strings=[b"a"], data=b"a")), "do not fill"),
+    ("2-d map keys",
+     lambda m: m.map.MergeFrom(pb.Map(keys=tensorio.inline_msg("k", np.ones((1, 1), np.int64)),
+                                      values=tensorio.inline_msg("v", np.ones((1, 1))))),
+     "keys"),
+    ("map keys that are no UTF-8",
+     lambda m: m.map.MergeFrom(pb.Map(
+         keys=pb.Tensor(dtype="object", shape=[1], strings=[b"\xff"]),
+         values=tensorio.inline_msg("v", np.ones(1)))), "UTF-8"),
+    ("map without values",
+     lambda m: m.map.MergeFrom(pb.Map(keys=tensorio.inline_msg("k", np.ones(1, np.int64)))),
+     "dtype"),
+    ("a map's keys in a pool",
+     lambda m: m.map.MergeFrom(pb.Map(
+         keys=pb.Tensor(dtype="int64", shape=[1], pool_id=1, nbytes=8),
+         values=tensorio.inline_msg("v", np.ones(1)))), "do not hold"),
+]
+
+
+@pytest.mark.parametrize(("build", "match"), [(b, m) for _, b, m in MALFORMED],
+                         ids=[what for what, _, _ in MALFORMED])
+def test_malformed_value_messages_raise_invalid_argument(build: Callable[[pb.Value], None],
+                                                         match: str) -> None:
+    """A peer's malformed Value (wherever in the nesting) is an InvalidArgument that says
+    what is wrong, never a numpy or protobuf exception."""
+    msg = pb.Value(name="v")
+    build(msg)
+    with pytest.raises(InvalidArgument, match=match):
+        tensorio.decode_value(pb.Value.FromString(msg.SerializeToString()))
+
+
+def test_pool_references_outside_the_pool_are_refused_when_nested() -> None:
+    pools = _Pools(4096)
+    try:
+        msg = pb.Value(name="v")
+        tensorio.encode_value(msg, [np.ones(4, np.float32)], pools.place)
+        msg.sequence.elements[0].tensor.offset = 4090
+        with pytest.raises(InvalidArgument, match="outside the pool"):
+            tensorio.decode_value(msg, pools.resolve)
+        msg.sequence.elements[0].tensor.offset = 0
+        msg.sequence.elements[0].tensor.dtype = "object"
+        with pytest.raises(InvalidArgument, match="inline"):
+            tensorio.decode_value(msg, pools.resolve)
+    finally:
+        pools.close()
