@@ -42,6 +42,7 @@ from npumanager.drivers.base import (
     PreparedModel,
     TensorInfo,
 )
+from npumanager.drivers.onnx_types import Specs, onnx_specs
 from npumanager.drivers.openvino_ir import (
     check_onnx_self_contained,
     is_ir_bundle,
@@ -49,6 +50,7 @@ from npumanager.drivers.openvino_ir import (
     with_external_inline,
 )
 from npumanager.errors import GeneralFailure, InvalidArgument
+from npumanager.tensorio import contiguous
 
 log = logging.getLogger("npumanager.drivers.openvino")
 
@@ -91,11 +93,22 @@ def device_memory(core: Any, device: str, supported: set[str]) -> tuple[int, str
     return int(phys), f"physical RAM ({device} reports no device memory property)"
 
 
+#: OpenVINO element types whose numpy dtype (``Type.to_dtype``) is exact; the others map to
+#: a stand-in (bf16 -> float16, i4 -> int8, string -> |S0, f8 -> uint8) or to none (dynamic).
+_EXACT_TYPES = {"f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
+                "boolean"}
+
+
 def _dtype(port: Any) -> str:
+    """The port's numpy dtype name, or "" (unknown: inputs are not checked against it)
+    where numpy has no exact counterpart."""
+    et = port.get_element_type()
+    if et.get_type_name() not in _EXACT_TYPES:
+        return ""
     try:
-        return str(np.dtype(port.get_element_type().to_dtype()))
+        return str(np.dtype(et.to_dtype()))
     except Exception:
-        return "float32"
+        return ""
 
 
 def _shape(port: Any) -> tuple[int, ...]:
@@ -104,9 +117,32 @@ def _shape(port: Any) -> tuple[int, ...]:
     )
 
 
-def _name(port: Any, i: int, kind: str) -> str:
-    names = sorted(port.get_names())
-    return names[0] if names else f"{kind}{i}"
+def _name(port: Any, i: int, kind: str, known: frozenset[str] = frozenset()) -> str:
+    """The ONNX name of a port. A port may carry several tensor names (an expanded
+    function's inner names too, or an output's where the graph passes an input through):
+    the one the ONNX graph gives (``known``) when the graph is at hand, else its node's
+    friendly name (a Parameter's; a Result's without its "/sink_port_0"), which survives
+    export."""
+    names = port.get_names()
+    graph_names = sorted(names & known)
+    if len(graph_names) == 1:
+        return str(graph_names[0])
+    friendly = str(port.get_node().get_friendly_name())
+    if kind == "output":
+        friendly = friendly.rsplit("/sink_port_", 1)[0]
+    if friendly in names:
+        return friendly
+    ordered = sorted(names)
+    return ordered[0] if ordered else f"{kind}{i}"
+
+
+def _shareable(arr: Any) -> Any:
+    """An input OpenVINO can share: contiguous, shape kept; a read-only 0-d array (one that
+    arrived inline) copied, which OpenVINO's scalar path insists on."""
+    arr = contiguous(arr)
+    if arr.ndim == 0 and not arr.flags.writeable:
+        arr = arr.copy()
+    return arr
 
 
 def _split(blob: bytes, n: int) -> list[bytes]:
@@ -120,14 +156,20 @@ class OvModel(PreparedModel):
     """A compiled (or imported) OpenVINO model; one infer request per worker thread."""
 
     def __init__(self, compiled: Any, memory_bytes: int, n_model_cache: int,
-                 config: dict[str, Any]) -> None:
+                 config: dict[str, Any], graph: Specs | None = None) -> None:
         self.compiled = compiled
+        graph_in = frozenset(s.name for s in graph[0]) if graph else frozenset()
+        graph_out = frozenset(s.name for s in graph[1]) if graph else frozenset()
         self.inputs = [
-            TensorInfo(_name(p, i, "input"), _dtype(p), _shape(p))
+            TensorInfo(_name(p, i, "input", graph_in), _dtype(p), _shape(p))
             for i, p in enumerate(compiled.inputs)
         ]
+        # ONNX inputs OpenVINO found no use for (it compiled no port for them): taken, as
+        # ONNX Runtime takes them, and not passed on.
+        self._ports = frozenset(i.name for i in self.inputs)
+        self.inputs += [s for s in (graph[0] if graph else []) if s.name not in self._ports]
         self.outputs = [
-            TensorInfo(_name(p, i, "output"), _dtype(p), _shape(p))
+            TensorInfo(_name(p, i, "output", graph_out), _dtype(p), _shape(p))
             for i, p in enumerate(compiled.outputs)
         ]
         self.memory_bytes = memory_bytes
@@ -145,9 +187,10 @@ class OvModel(PreparedModel):
             req = self._local.request = self.compiled.create_infer_request()
         return req
 
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
         req = self._request()
-        feed = {name: np.ascontiguousarray(arr) for name, arr in inputs.items()}
+        ports = self._ports
+        feed = {name: _shareable(arr) for name, arr in inputs.items() if name in ports}
         with self._lock:
             self._running.add(req)
         try:
@@ -288,7 +331,7 @@ class OpenVinoDriver(Driver):
                                   f"{exc}") from None
         weights = sum(int(op.get_byte_size()) for op in model.get_ops()
                       if op.get_type_name() == "Constant")
-        prepared = OvModel(compiled, 0, self.n_model_cache, cfg)
+        prepared = OvModel(compiled, 0, self.n_model_cache, cfg, graph=self._graph(onnx_bytes))
         prepared.memory_bytes = weights + self._io_bytes(prepared) + (1 << 20)
         return prepared
 
@@ -308,6 +351,16 @@ class OpenVinoDriver(Driver):
         prepared = OvModel(compiled, 0, self.n_model_cache, cfg)
         prepared.memory_bytes = len(blob) + self._io_bytes(prepared) + (1 << 20)
         return prepared
+
+    @staticmethod
+    def _graph(model_bytes: bytes) -> Specs | None:
+        """The ONNX graph's inputs and outputs (None for an IR bundle)."""
+        if is_ir_bundle(model_bytes):
+            return None
+        try:
+            return onnx_specs(model_bytes)
+        except Exception:
+            return None
 
     @staticmethod
     def _io_bytes(model: OvModel) -> int:

@@ -27,7 +27,7 @@ from npumanager.nn.cache_files import cache_file_names as cache_file_names
 from npumanager.nn.device import Capabilities, Device, ExecutionPreference, Priority
 from npumanager.nn.model import Model
 from npumanager.nn.token import driver_token as driver_token
-from npumanager.tensorio import TensorSpec
+from npumanager.tensorio import TensorSpec, ValueType
 
 
 def devices(runtime_dir: str | os.PathLike[str] | None = None) -> list[Device]:
@@ -70,6 +70,7 @@ __all__ = [
     "Model",
     "Priority",
     "TensorSpec",
+    "ValueType",
     "cache_file_names",
     "device",
     "devices",

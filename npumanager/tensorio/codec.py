@@ -24,6 +24,7 @@ from npumanager.tensorio.dtypes import check_dtype, dtype_name, is_numeric
 
 ALIGN = 64
 _STRING_KINDS = "OUS"
+_NUMPY_NUMERIC = "biufc"  # (ml_dtypes' types are kind "V": checked by name)
 
 __all__ = ["ALIGN", "add_inline", "align", "check_dtype", "contiguous", "dtype_name",
            "fill_inline", "inline_array", "inline_msg", "view_in"]
@@ -130,10 +131,13 @@ def inline_array(msg: pb.Tensor) -> np.ndarray:
     message's bytes)."""
     dt = check_dtype(msg.dtype)
     shape = tuple(msg.shape)
-    if dt.kind in _STRING_KINDS:
-        return _strings_array(msg, dt, shape)
-    if not is_numeric(dt):
-        raise InvalidArgument(f"tensor {msg.name!r}: dtype {msg.dtype!r} is not an ONNX type")
+    kind = dt.kind
+    if kind not in _NUMPY_NUMERIC:
+        if kind in _STRING_KINDS:
+            return _strings_array(msg, dt, shape)
+        if not is_numeric(dt):
+            raise InvalidArgument(f"tensor {msg.name!r}: dtype {msg.dtype!r} is not an ONNX "
+                                  "type")
     data = msg.data  # each access copies the bytes out of the message: once only
     if _count(shape) * dt.itemsize != len(data) or msg.strings:
         raise InvalidArgument(
@@ -146,7 +150,7 @@ def view_in(buf: mmap.mmap, offset: int, nbytes: int, dtype: str,
             shape: Sequence[int], what: str) -> np.ndarray:
     """A numpy view of ``nbytes`` at ``offset`` in a mapped pool (bounds-checked)."""
     dt = check_dtype(dtype)
-    if not is_numeric(dt):
+    if dt.kind not in _NUMPY_NUMERIC and not is_numeric(dt):
         raise InvalidArgument(f"{what}: {dt} tensors travel inline, never in shared memory")
     n = _count(shape)
     if n * dt.itemsize != nbytes:

@@ -150,8 +150,9 @@ class _Expected:
                 raise InvalidArgument(f"input {name!r} expects {self.text}, got "
                                       f"{_describe(value)}")
             dt = self.dtype
-            if dt is not None and value.dtype != dt and not (
-                    dt.kind == "O" and value.dtype.kind in "OUS"):
+            vdt = value.dtype
+            if dt is not None and vdt is not dt and vdt != dt and not (
+                    dt.kind == "O" and vdt.kind in "OUS"):
                 raise InvalidArgument(f"input {name!r} expects {self.text}, got "
                                       f"{_describe(value)}")
             rank = self.rank
