@@ -12,7 +12,7 @@ from npumanager.demo.render import Renderer, fmt_ms, percentile
 
 if TYPE_CHECKING:
     from npumanager.demo.apps import AppSpec
-    from npumanager.demo.scenario import Run
+    from npumanager.demo.cast import Run
 
 _SIZE = {"LESS_THAN_1GB": "<1GB", "BETWEEN_1GB_AND_2GB": "1-2GB", "GREATER_THAN_2G": ">2GB"}
 
