@@ -43,14 +43,11 @@ from npumanager.errors import (
 )
 from npumanager.proto.v1.wire_pb2 import Hello, HelloReply
 from npumanager.wire.conn import (
-    ANC_SIZE,
-    RECV_SIZE,
     Payload,
     RpcConnection,
     close_fds,
     frame_bytes,
     open_connection,
-    take_fds,
 )
 from npumanager.wire.framing import (
     DEFAULT_MAX_FRAME,
@@ -63,6 +60,7 @@ from npumanager.wire.framing import (
     FrameDecoder,
     RawFrame,
 )
+from npumanager.wire.unix import ANC_SIZE, RECV_SIZE, take_fds
 
 log = logging.getLogger("npumanager.wire.client")
 

@@ -23,17 +23,9 @@ from collections.abc import Callable
 from npumanager.errors import LimitExceeded, ProtocolError
 from npumanager.proto.v1.wire_pb2 import Hello, HelloReply
 from npumanager.version import __version__
-from npumanager.wire.conn import (
-    CallContext,
-    FdBudget,
-    Handler,
-    HandlerResult,
-    Peer,
-    RpcConnection,
-    make_unix_listener,
-    peer_credentials,
-)
+from npumanager.wire.conn import CallContext, FdBudget, Handler, HandlerResult, RpcConnection
 from npumanager.wire.framing import DEFAULT_MAX_FRAME, MAX_FDS, PROTOCOL_VERSION
+from npumanager.wire.unix import Peer, make_unix_listener, peer_credentials
 
 log = logging.getLogger("npumanager.wire.server")
 
