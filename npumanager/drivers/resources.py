@@ -1,0 +1,183 @@
+"""What the driver host holds for its state, and the instructions that act on it.
+
+:class:`~npumanager.drivers.state.DriverState` hands out ids (models, pools,
+tickets, timer keys) and decides; the things behind those ids have I/O or
+memory behind them and live here: prepared models, mapped pools, executions
+with their tensors and replies, armed timers. :meth:`HostResources.carry_out`
+does the state's instructions in order: start a step on a worker thread or
+inline, answer an execute, release a model, close a pool, arm or cancel a
+timer; reports meant for npud go to :class:`~npumanager.drivers.npud_link.NpudLink`.
+
+Events caused here (a step finished, a timer fired) go back to the host
+through the two callbacks it passes in, never by calling into the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from npumanager import tensorio
+from npumanager.clock import LoopClock, Timer
+from npumanager.drivers import events as ev
+from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.exec_stats import ExecStats
+from npumanager.drivers.messages import ClientConn, job_error
+from npumanager.drivers.npud_link import NpudLink
+from npumanager.drivers.steps import Execution, Reply, StepRunner
+from npumanager.fds import close_fds
+from npumanager.hal.types import EndReason
+
+log = logging.getLogger("npumanager.drivers.host")
+
+_COMPLETED = EndReason.COMPLETED
+
+#: (ticket, error or None, run µs): a step ended; the host feeds it to the state.
+StepFinished = Callable[[int, "str | None", float], None]
+
+
+class HostResources:
+    def __init__(self, runner: StepRunner, stats: ExecStats, clock: LoopClock,
+                 npud: NpudLink, step_finished: StepFinished,
+                 timer_fired: Callable[[str], None]) -> None:
+        self.runner = runner
+        self.stats = stats
+        self.clock = clock
+        self.npud = npud
+        self._step_finished = step_finished
+        self._timer_fired = timer_fired
+        self.prepared: dict[int, PreparedModel] = {}  # model id -> prepared model
+        self.pools: dict[int, tuple[ClientConn, tensorio.MappedPool]] = {}  # by pool id
+        self.executions: dict[int, Execution] = {}  # ticket -> execution
+        self.timers: dict[str, Timer] = {}
+        #: The ticket whose execute call is being handled: its inline step is run by that
+        #: call once the state has answered (``take_inline``), not from inside carry_out.
+        self.current = 0
+        self._inline_now: ev.RunStep | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # set when the host starts
+        self._runners: dict[type, Callable[[Any], None]] = {
+            ev.RunStep: self._run_step,
+            ev.AbortStep: self._abort_step,
+            ev.FinishJob: self._finish_job,
+            ev.ReportWork: npud.report_work,
+            ev.ReleaseModel: self._release_model,
+            ev.ReportModelMemory: npud.report_memory,
+            ev.ModelReady: lambda ins: None,  # read by the prepare call that caused it
+            ev.PoolReady: lambda ins: None,  # read by the register call that caused it
+            ev.ClosePool: self._close_pool,
+            ev.ArmTimer: self._arm_timer,
+            ev.CancelTimer: self._cancel_timer,
+            ev.GraceExpired: npud.grace_expired,
+        }
+
+    def close(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        for prepared in self.prepared.values():
+            prepared.release()
+        self.prepared.clear()
+
+    def carry_out(self, out: list[ev.Instruction]) -> None:
+        runners = self._runners
+        for ins in out:
+            try:
+                runners[type(ins)](ins)
+            except Exception:
+                log.exception("carrying out %r failed; continuing with the rest", ins)
+
+    def take_inline(self) -> ev.RunStep | None:
+        """The inline step the current execute call is to run itself, if the state chose one."""
+        inline, self._inline_now = self._inline_now, None
+        return inline
+
+    def _from_worker(self, ticket: int) -> Callable[[str | None, float], None]:
+        loop = self.loop
+        assert loop is not None, "host not started"
+
+        def done(error: str | None, run_us: float) -> None:
+            try:
+                loop.call_soon_threadsafe(self._step_finished, ticket, error, run_us)
+            except RuntimeError:
+                pass  # the loop is gone (shutdown): nobody waits for this step
+
+        return done
+
+    def _run_step(self, ins: ev.RunStep) -> None:
+        ex = self.executions.get(ins.ticket)
+        if ex is None:
+            return
+        if not ins.inline:
+            self.runner.start(ex, ins, self._from_worker(ins.ticket))
+        elif ins.ticket == self.current:
+            self._inline_now = ins  # the execute call runs it once the state has answered
+        else:
+            # Not from inside another call: after the replies already decided go out.
+            assert self.loop is not None, "host not started"
+            self.loop.call_soon(self._run_inline, ins)
+
+    def _run_inline(self, ins: ev.RunStep) -> None:
+        ex = self.executions.get(ins.ticket)
+        if ex is not None:
+            error, run_us = self.runner.run(ex, ins)
+            self._step_finished(ins.ticket, error, run_us)
+
+    def _abort_step(self, ins: ev.AbortStep) -> None:
+        ex = self.executions.get(ins.ticket)
+        if ex is not None and ex.prepared is not None:
+            ex.prepared.abort()
+
+    def _finish_job(self, ins: ev.FinishJob) -> None:
+        ex = self.executions.pop(ins.ticket, None)
+        if ex is None:
+            return
+        outcome: Reply | BaseException
+        result = ex.result
+        if ins.reason is _COMPLETED and result is not None:
+            result[0].work_id = ins.work_id
+            result[0].steps_run = ins.steps_run
+            outcome = result
+            self.stats.record(ex.uid, time.perf_counter() - ex.t0)
+        else:
+            if result is not None:
+                close_fds(result[1])
+            outcome = job_error(ins)
+        fut = ex.future
+        if fut is None:
+            ex.outcome = outcome  # the execute call itself answers
+        elif fut.done():  # its caller is gone
+            if isinstance(outcome, tuple):
+                close_fds(outcome[1])
+        elif isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+    def _release_model(self, ins: ev.ReleaseModel) -> None:
+        prepared = self.prepared.pop(ins.model_id, None)
+        if prepared is not None:
+            prepared.release()
+
+    def _close_pool(self, ins: ev.ClosePool) -> None:
+        owned = self.pools.pop(ins.pool_id, None)
+        if owned is not None:
+            client, pool = owned
+            del client.pools[ins.pool_id]
+            pool.close()
+
+    def _arm_timer(self, ins: ev.ArmTimer) -> None:
+        self._cancel_timer(ev.CancelTimer(ins.key))
+        key = ins.key
+        self.timers[key] = self.clock.call_at(ins.at, lambda: self._on_timer(key))
+
+    def _on_timer(self, key: str) -> None:
+        self.timers.pop(key, None)
+        self._timer_fired(key)
+
+    def _cancel_timer(self, ins: ev.CancelTimer) -> None:
+        timer = self.timers.pop(ins.key, None)
+        if timer is not None:
+            timer.cancel()
