@@ -14,8 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +76,7 @@ class DaemonProcess:
         self.ready_line: str | None = None
         self.returncode: int | None = None
         self._ready = threading.Event()
+        self._new_line = threading.Condition()
         self._reader: threading.Thread | None = None
         self._config_path: str | None = None
 
@@ -91,6 +91,22 @@ class DaemonProcess:
     @property
     def output(self) -> str:
         return "\n".join(self.lines)
+
+    def wait_for_output(self, text: str | Callable[[str], object], timeout: float = 10.0,
+                        count: int = 1) -> bool:
+        """True once npud has printed ``count`` lines containing ``text`` (or lines it
+        accepts, if callable), woken by each new line its output reader gets (no polling);
+        False after ``timeout`` seconds."""
+        match = text if callable(text) else (lambda ln: text in ln)
+        with self._new_line:
+            return self._new_line.wait_for(
+                lambda: sum(bool(match(ln)) for ln in self.lines) >= count, timeout)
+
+    def count_output(self, text: str | Callable[[str], object]) -> int:
+        """How many lines npud has printed that contain ``text`` (or that it accepts)."""
+        match = text if callable(text) else (lambda ln: text in ln)
+        with self._new_line:
+            return sum(bool(match(ln)) for ln in self.lines)
 
     @property
     def pid(self) -> int:
@@ -118,29 +134,31 @@ class DaemonProcess:
         )
         self._reader = threading.Thread(target=self._read, name="npud-output", daemon=True)
         self._reader.start()
-        deadline = time.monotonic() + self.ready_timeout
-        while not self._ready.wait(0.02):
-            if self.proc.poll() is not None:
-                self._reader.join(2)
-                self._cleanup()
-                raise RuntimeError(
-                    f"npud exited with {self.proc.returncode} before it was ready:\n{self.output}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(
-                    f"npud not ready within {self.ready_timeout} s:\n{self.output}")
+        # The reader sets _ready at npud's ready line, or when its output ends (it exited).
+        if not self._ready.wait(self.ready_timeout):
+            self.stop()
+            raise TimeoutError(
+                f"npud not ready within {self.ready_timeout} s:\n{self.output}")
+        if self.ready_line is None:
+            self.proc.wait(10)
+            self._reader.join(2)
+            self._cleanup()
+            raise RuntimeError(
+                f"npud exited with {self.proc.returncode} before it was ready:\n{self.output}")
         return self
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             line = line.rstrip("\n")
-            self.lines.append(line)
+            with self._new_line:
+                self.lines.append(line)
+                self._new_line.notify_all()
             # npud's own line ("npud ready on ..."), not a log line that mentions "ready".
             if self.ready_line is None and line.startswith("npud ready"):
                 self.ready_line = line
                 self._ready.set()
+        self._ready.set()  # npud's output ended: it exited
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -7,12 +7,12 @@ Debian package ``redis-server`` is not installed; tests skip with that reason.
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
+import threading
 from pathlib import Path
 
 SKIP_REASON = "redis-server is not installed (Debian package redis-server; .ci/run installs it)"
@@ -33,6 +33,10 @@ class RedisServer:
         self.socket_path = self.dir / "redis.sock"
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen[bytes] | None = None
+        self._ready = threading.Event()
+        self._serving = False
+        self._log: collections.deque[str] = collections.deque(maxlen=50)
+        self._reader: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"<RedisServer {self.socket_path}>"
@@ -48,32 +52,31 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [binary, "--port", "0", "--unixsocket", str(self.socket_path),
              "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir), "--daemonize", "no", "--loglevel", "warning",
+             "--dir", str(self.dir), "--daemonize", "no", "--loglevel", "notice",
              "--proto-max-bulk-len", "1gb"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}")
-            if self._answers():
-                return self
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"redis-server not ready within {self.ready_timeout} s")
-            time.sleep(0.01)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # redis-server says when it serves the socket; a reader thread waits for that line
+        # (and keeps draining its log so it never blocks on a full pipe).
+        self._reader = threading.Thread(target=self._read, name="redis-log", daemon=True)
+        self._reader.start()
+        if not self._ready.wait(self.ready_timeout):
+            self.stop()
+            raise TimeoutError(f"redis-server not ready within {self.ready_timeout} s")
+        if not self._serving:
+            self.proc.wait()
+            log = "\n".join(self._log)
+            raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {log}")
+        return self
 
-    def _answers(self) -> bool:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.settimeout(1.0)
-            s.connect(str(self.socket_path))
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-        finally:
-            s.close()
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self._log.append(line)
+            if "ready to accept connections" in line.lower():
+                self._serving = True
+                self._ready.set()
+        self._ready.set()  # it exited (before it was ready, if _serving is still False)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -84,8 +87,10 @@ class RedisServer:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
-            if self.proc.stderr is not None:
-                self.proc.stderr.close()
+            if self._reader is not None:
+                self._reader.join(5)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
             self.proc = None
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)

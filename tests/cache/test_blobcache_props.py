@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npumanager.cache import BlobCache
+from npumanager.testing.filewatch import DirectoryWatch
 
 keys = st.binary(min_size=0, max_size=6)
 values = st.binary(min_size=0, max_size=40)
@@ -80,14 +81,9 @@ def test_thread_safety(tmp_path: Path) -> None:
 
 def test_real_timer_saves(tmp_path: Path) -> None:
     path = tmp_path / "cache"
-    c = BlobCache(path, 8, 64, 4096, build_id="b", save_delay_s=0.01)
-    c.set(b"k", b"v")
-    done = threading.Event()
-    for _ in range(500):  # up to ~5 s: a polling deadline, not a timing assertion
-        if path.exists():
-            done.set()
-            break
-        done.wait(0.01)
-    assert done.is_set()
+    with DirectoryWatch(tmp_path) as watch:  # the save timer's file appears in tmp_path
+        c = BlobCache(path, 8, 64, 4096, build_id="b", save_delay_s=0.01)
+        c.set(b"k", b"v")
+        assert watch.wait_until(path.exists, 5)
     assert BlobCache(path, 8, 64, 4096, build_id="b").get(b"k") == b"v"
     c.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from npumanager import nn
 from npumanager.errors import InvalidArgument
 from npumanager.testing.driver_host import running_driver
+from npumanager.testing.filewatch import DirectoryWatch
 from tests.cache.models import LinearModel
 
 pytestmark = pytest.mark.slow
@@ -111,13 +111,11 @@ def test_multistage_driver_rewrites_the_cache(
         assert not m.loaded_from_cache and m.cache_written
         model_file = files(app, APP_TOKEN, dev)[0]
         written_at = model_file.stat().st_mtime_ns
-        for _ in range(4):  # the second execution starts the background recompile
-            assert A.matches(m.execute({"x": A.x}))
-        # The driver rewrites the entry in the background (stage 2) under its locks.
-        deadline = time.monotonic() + 30
-        while model_file.stat().st_mtime_ns == written_at and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert model_file.stat().st_mtime_ns != written_at
+        with DirectoryWatch(model_file.parent) as watch:
+            for _ in range(4):  # the second execution starts the background recompile
+                assert A.matches(m.execute({"x": A.x}))
+            # The driver rewrites the entry in the background (stage 2) under its locks.
+            assert watch.wait_until(lambda: model_file.stat().st_mtime_ns != written_at, 30)
         m.release()
         assert prepare(dev, A, app)
 
@@ -166,9 +164,8 @@ def test_jit_driver_compiles_and_caches_at_first_execution(
         assert not m.loaded_from_cache and not m.cache_written  # nothing compiled yet
         model_file = files(app, APP_TOKEN, dev)[0]
         assert model_file.stat().st_size == 0
-        assert A.matches(m.execute({"x": A.x}))  # compiles now, then caches in the background
-        deadline = time.monotonic() + 30
-        while model_file.stat().st_size == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        with DirectoryWatch(model_file.parent) as watch:
+            assert A.matches(m.execute({"x": A.x}))  # compiles now, caches in the background
+            assert watch.wait_until(lambda: model_file.stat().st_size > 0, 30)
         m.release()
         assert prepare(dev, A, app)

@@ -8,9 +8,8 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from npumanager import LoadStatus, ModelLoadRequest, ModelLoadRequestCallback, NpuManager, nn
 from npumanager.cli.top import bar, sparkline
 from npumanager.testing.daemon import DaemonProcess
+from npumanager.testing.filewatch import DirectoryWatch
 from npumanager.testing.onnx_models import add_model
 from tests.cli.conftest import npu
 
@@ -84,40 +84,55 @@ def test_live_view_in_a_terminal(busy_npud: DaemonProcess, tmp_path: Path) -> No
     session = f"npu-top-{uuid.uuid4().hex[:8]}"
     npu_bin = Path(sys.executable).with_name("npu")
     sock = ["-S", str(tmp_path / "tmux.sock")]  # our own tmux server, nobody else's
-    cmd = f"{npu_bin} top --runtime-dir {busy_npud.runtime_dir} --interval 0.3"
+    # When npu top quits, the pane's shell signals a tmux channel the test waits on.
+    done = f"{session}-done"
+    cmd = (f"{npu_bin} top --runtime-dir {busy_npud.runtime_dir} --interval 0.3; "
+           f"tmux {' '.join(sock)} wait-for -S {done}")
     subprocess.run(["tmux", *sock, "new-session", "-d", "-s", session, "-x", "120", "-y",
                     "40", cmd], check=True, env=dict(os.environ, TERM="xterm-256color"))
+    # Everything the pane prints is appended to a file: the test re-reads the screen each
+    # time the kernel reports that file changed, instead of polling on a timer.
+    pane_out = tmp_path / "pane"
+    pane_out.mkdir()
+    watch = DirectoryWatch(pane_out)
+    subprocess.run(["tmux", *sock, "pipe-pane", "-t", session, f"cat >> {pane_out}/out"],
+                   check=True)
+
+    def screen() -> str:
+        return subprocess.run(["tmux", *sock, "capture-pane", "-p", "-t", session],
+                              capture_output=True, text=True).stdout
+
     try:
-        screen = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            screen = subprocess.run(["tmux", *sock, "capture-pane", "-p", "-t", session],
-                                    capture_output=True, text=True).stdout
-            if "per uid" in screen and re.search(r"\b42\s+<1GB", screen):
-                break
-            time.sleep(0.1)
-        assert "npu top" in screen and "devices" in screen, screen
-        assert re.search(r"reference\s+█*·* ?1/4", screen), screen
-        assert re.search(r"\b42\s+<1GB\s+normal\s+loaded", screen), screen
-        assert re.search(r"foreground \(100\)\s+reference\s+[\d.]+\s+[\d.]+ ms", screen), screen
+        shown = [""]
+
+        def showing(pred: Callable[[str], object]) -> bool:
+            shown[0] = screen()
+            return bool(pred(shown[0]))
+
+        watch.wait_until(lambda: showing(
+            lambda s: "per uid" in s and re.search(r"\b42\s+<1GB", s)), 30)
+        first_screen = shown[0]
+        assert "npu top" in first_screen and "devices" in first_screen, first_screen
+        assert re.search(r"reference\s+█*·* ?1/4", first_screen), first_screen
+        assert re.search(r"\b42\s+<1GB\s+normal\s+loaded", first_screen), first_screen
+        assert re.search(r"foreground \(100\)\s+reference\s+[\d.]+\s+[\d.]+ ms",
+                         first_screen), first_screen
         # The clock in the header moves: the view is live.
-        first = re.search(r"\d\d:\d\d:\d\d", screen)
+        first = re.search(r"\d\d:\d\d:\d\d", first_screen)
         assert first
-        moved = False
-        while time.monotonic() < deadline and not moved:
-            time.sleep(0.2)
-            again = subprocess.run(["tmux", *sock, "capture-pane", "-p", "-t", session],
-                                   capture_output=True, text=True).stdout
-            m = re.search(r"\d\d:\d\d:\d\d", again)
-            moved = bool(m and m.group(0) != first.group(0))
-        assert moved, "the frame did not refresh"
+
+        def moved(s: str) -> bool:
+            m = re.search(r"\d\d:\d\d:\d\d", s)
+            return bool(m and first and m.group(0) != first.group(0))
+
+        assert watch.wait_until(lambda: showing(moved), 30), "the frame did not refresh"
         subprocess.run(["tmux", *sock, "send-keys", "-t", session, "C-c"], check=True)
-        while time.monotonic() < deadline:
-            alive = subprocess.run(["tmux", *sock, "has-session", "-t", session],
-                                   capture_output=True).returncode == 0
-            if not alive:
-                break
-            time.sleep(0.1)
+        # Returns when signalled, or fails to connect once the last session is gone (the
+        # server exits with it): either way npu top quit. A hang is the failure.
+        subprocess.run(["tmux", *sock, "wait-for", done], capture_output=True, timeout=30)
+        alive = subprocess.run(["tmux", *sock, "has-session", "-t", session],
+                               capture_output=True).returncode == 0
         assert not alive, "npu top did not quit on Ctrl-C"
     finally:
+        watch.close()
         subprocess.run(["tmux", *sock, "kill-server"], capture_output=True)

@@ -85,20 +85,17 @@ def test_killed_driver_gives_device_unavailable_then_works_again(npud: DaemonPro
             model = dev.prepare_model(add_model(), grant=cb.listener)
             x = np.zeros((1, 4), np.float32)
             np.testing.assert_array_equal(model.execute({"x": x})["y"], x + 1)
+            up = "driver reference is up"
+            starts = npud.count_output(up)
             os.kill(_driver_pid(runtime_dir), signal.SIGKILL)
             t0 = time.monotonic()
             with pytest.raises(DeviceUnavailable):
                 model.execute({"x": x})
             assert time.monotonic() - t0 < 5, "a dead driver must not hang its clients"
             assert mgr.dump() is not None  # npud keeps serving
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    model = dev.prepare_model(add_model(), grant=cb.listener)
-                    break
-                except DeviceUnavailable:
-                    assert time.monotonic() < deadline, "the driver did not come back"
-                    time.sleep(0.1)
+            # npud says so once the restarted driver has its handshake (and the grants).
+            assert npud.wait_for_output(up, 30, count=starts + 1), "the driver did not come back"
+            model = dev.prepare_model(add_model(), grant=cb.listener)
             np.testing.assert_array_equal(model.execute({"x": x})["y"], x + 1)
             model.release()
             cb.listener.notify_model_unloaded(req)

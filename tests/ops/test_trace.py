@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,10 @@ from npumanager import (
     ThermalStatus,
     nn,
 )
-from npumanager.hal.wire import SERVICE
-from npumanager.paths import driver_socket
 from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.onnx_models import add_model
 from npumanager.trace.chrome import request_spans, summarize, to_chrome
-from npumanager.trace.recorder import Recording
-from npumanager.wire.client import SyncRpcClient
+from npumanager.trace.recorder import Recording, TraceRecorder
 from tests.cli.conftest import npu
 
 T0 = 1000.0
@@ -142,10 +138,22 @@ class Hold(ModelLoadRequestCallback):
 
 @pytest.mark.slow
 def test_trace_record_against_a_real_npud(npud_drivers: DaemonProcess, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     rt = npud_drivers.runtime_dir
     out, png, summ = tmp_path / "t.json", tmp_path / "t.png", tmp_path / "s.json"
     result: dict[str, Any] = {}
+    # The recorder says when it has started: connected to npud, its clock running and the
+    # drivers' step recording on (start() polls device.trace before it returns).
+    started = threading.Event()
+    real_start = TraceRecorder.start
+
+    def start(self: TraceRecorder) -> TraceRecorder:
+        recorder = real_start(self)
+        started.set()
+        return recorder
+
+    monkeypatch.setattr(TraceRecorder, "start", start)
 
     def record() -> None:
         result["rc"] = npu(capsys, "trace", "record", "--duration", "3", "-o", str(out),
@@ -154,15 +162,8 @@ def test_trace_record_against_a_real_npud(npud_drivers: DaemonProcess, tmp_path:
     t = threading.Thread(target=record)
     t.start()
     with NpuManager(rt) as mgr, nn.device("reference", rt) as dev:
-        # Start the workload once the recorder is connected (its clock started before)...
-        deadline = time.monotonic() + 30
-        while mgr.dump()["daemon"]["clients"] < 2:
-            assert time.monotonic() < deadline, "the recorder never connected"
-            time.sleep(0.01)
-        # ...and the driver keeps steps (the recorder's first device.trace poll may follow
-        # a few ms later; this poll takes the same lease and reads nothing away).
-        with SyncRpcClient(str(driver_socket("reference", rt)), SERVICE) as drv:
-            drv.call("device.trace", b"0")
+        # Start the workload once the recorder has started.
+        assert started.wait(30), "the recorder never started"
         cb = Hold()
         req = ModelLoadRequest(9, priority=ModelPriority.BACKGROUND)
         mgr.request_can_load_model(req, cb)

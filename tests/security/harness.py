@@ -40,6 +40,8 @@ class Lifecycle(ModelLoadRequestCallback):
         self.cond = threading.Condition()
         self.seen: list[str] = []
         self.listener: Any = None
+        #: Set once notify_model_loaded has gone out on the connection.
+        self.loaded_sent = threading.Event()
 
     def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
         with self.cond:
@@ -48,6 +50,7 @@ class Lifecycle(ModelLoadRequestCallback):
             self.cond.notify_all()
         if status == LoadStatus.CAN_LOAD_NOW:
             listener.notify_model_loaded(request)
+            self.loaded_sent.set()
 
     def on_model_load_request_complete(self, request: Any, status: Any) -> None:
         with self.cond:
@@ -89,6 +92,11 @@ def holding_app(runtime_dir: str | Path, request_ids: list[int]) -> dict[int, st
             mgr.request_can_load_model(ModelLoadRequest(id=rid), cbs[rid])
         for cb in cbs.values():
             cb.wait_for("CAN_LOAD_NOW")
+            assert cb.loaded_sent.wait(10)
+        # A call on the same connection is handled after the notifications sent before it:
+        # once it answers, npud has every request as loaded.
+        mgr.dump()
+        procs.announce("holding")
         procs.receive(timeout=None)
         return {rid: cb.listener.grant_id for rid, cb in cbs.items()}
 
@@ -129,18 +137,6 @@ def open_fds() -> int:
 def fd_count(pid: int) -> int:
     """Open fds of another process (the test is root)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def wait_until(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``pred`` until it is true (a state another process reaches), or fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def send_with_fds(s: socket.socket, data: bytes, fds: list[int]) -> None:

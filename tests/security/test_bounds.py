@@ -20,7 +20,6 @@ from tests.security.harness import (
     assert_served,
     needs_root,
     served,
-    wait_until,
 )
 
 pytestmark = needs_root
@@ -52,7 +51,7 @@ def test_connections_per_uid_are_bounded_with_a_typed_error(
     npud = start_npud(manager={"max_connections_per_uid": 4})
     hog = procs.spawn_as(ATTACKER, None, hog_connections, str(runtime_dir), 4)
     try:
-        wait_until(lambda: "refusing another" in npud.output, what="the attacker at its bound")
+        assert npud.wait_for_output("refusing another"), "the attacker never reached its bound"
         procs.run_as(BYSTANDER, None, served, str(runtime_dir), 1)  # served meanwhile
         hog.send("go on")
         out = hog.wait()
@@ -75,6 +74,7 @@ def hog_requests(runtime_dir: str, n: int) -> dict[str, Any]:
             refused = "not refused"
         except LimitExceeded as exc:
             refused = f"LimitExceeded: {exc}"
+        procs.announce("at the bound")  # the refusal answered: npud holds the n before it
         procs.receive(timeout=30)
         mgr.cancel_model_load(ModelLoadRequest(id=1))
         cbs[0].wait_for("CANCELLED")
@@ -87,9 +87,9 @@ def test_live_requests_per_uid_are_bounded_with_a_typed_error(
     start_npud(manager={"max_requests_per_uid": 3}, policy={"name": "BUDGET", "max_budget": 8})
     hog = procs.spawn_as(ATTACKER, None, hog_requests, str(runtime_dir), 3)
     try:
+        hog.expect("at the bound")
         with NpuManager(runtime_dir) as admin:
-            wait_until(lambda: sum(r["uid"] == ATTACKER for r in admin.dump()["requests"]) == 3,
-                       what="the attacker at its bound")
+            assert sum(r["uid"] == ATTACKER for r in admin.dump()["requests"]) == 3
         procs.run_as(BYSTANDER, None, served, str(runtime_dir), 1)
         hog.send("go on")
         out = hog.wait()

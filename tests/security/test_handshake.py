@@ -29,7 +29,6 @@ from tests.security.harness import (
     needs_root,
     raw_connect,
     read_until_closed,
-    wait_until,
 )
 
 pytestmark = needs_root
@@ -97,7 +96,7 @@ def test_out_of_fds_npud_backs_off_logs_once_and_apps_get_service_unavailable(
     resource.prlimit(npud.pid, resource.RLIMIT_NOFILE, (fd_count(npud.pid) + 3, hard))
     hog = procs.spawn_as(ATTACKER, None, hold_connections, str(manager_socket(runtime_dir)), 12)
     try:
-        wait_until(lambda: "accept failed" in npud.output, what="npud out of fds")
+        assert npud.wait_for_output("accept failed"), "npud never ran out of fds"
         outcome, took = procs.run_as(BYSTANDER, None, hello_while_starved, str(runtime_dir),
                                      timeout=30)
         assert outcome.startswith("ServiceUnavailable:") and "hello within 10.0 s" in outcome
@@ -110,7 +109,7 @@ def test_out_of_fds_npud_backs_off_logs_once_and_apps_get_service_unavailable(
     finally:
         hog.kill()
     assert_served(runtime_dir)
-    wait_until(lambda: "accepting again" in npud.output, what="the recovery line")
+    assert npud.wait_for_output("accepting again"), "no recovery line"
     assert npud.output.count("accept failed") == 1
     with NpuManager(runtime_dir) as admin:
         failures = admin.dump()["daemon"]["accept_failures"]

@@ -25,7 +25,6 @@ from tests.security.harness import (
     assert_served,
     holding_app,
     needs_root,
-    wait_until,
 )
 
 pytestmark = needs_root
@@ -56,10 +55,11 @@ def test_non_admin_sees_own_requests_and_only_counts_of_others(
     victim = procs.spawn_as(BYSTANDER, None, holding_app, str(runtime_dir), [7, 8])
     mine = procs.spawn_as(ATTACKER, None, holding_app, str(runtime_dir), [1])
     try:
-        with NpuManager(runtime_dir) as admin:  # both hold their grants before we look
-            wait_until(lambda: sorted((r["uid"], r["state"]) for r in admin.dump()["requests"])
-                       == [(ATTACKER, "loaded"), (BYSTANDER, "loaded"), (BYSTANDER, "loaded")],
-                       what="three loaded requests")
+        victim.expect("holding")  # both hold their grants before we look
+        mine.expect("holding")
+        with NpuManager(runtime_dir) as admin:
+            assert sorted((r["uid"], r["state"]) for r in admin.dump()["requests"]) == [
+                (ATTACKER, "loaded"), (BYSTANDER, "loaded"), (BYSTANDER, "loaded")]
             seen = procs.run_as(ATTACKER, None, snoop, str(runtime_dir))
             full = admin.dump()
         victim.send("done")
@@ -98,8 +98,7 @@ def test_admin_status_renders_every_request(start_npud: StartDaemon, runtime_dir
     start_npud(policy={"name": "STATUS_QUO"})
     victim = procs.spawn_as(BYSTANDER, None, holding_app, str(runtime_dir), [7])
     try:
-        with NpuManager(runtime_dir) as admin:
-            wait_until(lambda: admin.dump()["requests"], what="the bystander's request")
+        victim.expect("holding")
         assert npu(["status", "--runtime-dir", str(runtime_dir)]) == 0
         out = capsys.readouterr().out
         assert str(BYSTANDER) in out and "other uids' requests" not in out

@@ -72,12 +72,9 @@ class Recorder(ModelLoadRequestCallback):
         self.events.put(("complete", status))
 
 
-def wait_for(cond: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.02)
+def _cooled(line: str) -> bool:
+    """npud's line for a thermal status change down to LIGHT or NONE."""
+    return "thermal status" in line and ("-> LIGHT" in line or "-> NONE" in line)
 
 
 def test_driver_heat_unloads_background_and_cooling_lets_it_back(runtime_dir: Path) -> None:
@@ -110,6 +107,7 @@ def test_driver_heat_unloads_background_and_cooling_lets_it_back(runtime_dir: Pa
             assert bg_rec.events.get() == ("unload", UnloadReason.THERMAL)
             status = fg.thermal_status()
             assert status.status >= ThermalStatus.SEVERE
+            cooled_lines = npud.count_output(_cooled)  # LIGHT and NONE on the way up
             assert status.details["sensors"][0]["name"] == "driver/reference"
             bg_rec.listener.notify_model_unloaded(bg_req)
 
@@ -123,7 +121,9 @@ def test_driver_heat_unloads_background_and_cooling_lets_it_back(runtime_dir: Pa
             got = [bg_rec.events.get(timeout=10)]  # the COMPLETE for request 2
             assert rec3.events.get(timeout=10) == ("can_load", LoadStatus.NOT_PRIORITIZED)
             assert rec3.events.get(timeout=15) == ("can_load", LoadStatus.CAN_LOAD_NOW)
-            wait_for(lambda: fg.thermal_status().status <= ThermalStatus.LIGHT)
+            # npud logs each status change: wait for the one back down to LIGHT or NONE.
+            assert npud.wait_for_output(_cooled, 15, count=cooled_lines + 1), "never cooled"
+            assert fg.thermal_status().status <= ThermalStatus.LIGHT
             assert got[0][0] == "complete"
             model.release()
     assert "thermal status" in npud.output and "driver/reference" in npud.output

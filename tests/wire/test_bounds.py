@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import resource
-import select
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -79,16 +78,31 @@ def _send_fds(s: socket.socket, data: bytes, fds: list[int]) -> None:
 
 
 async def _all_eof(reads: list[int], timeout: float = 5.0) -> bool:
-    """Every pipe's write end (we sent it, then closed ours) was closed by the server."""
-    deadline = time.monotonic() + timeout
+    """Every pipe's write end (we sent it, then closed ours) was closed by the server:
+    woken by the loop when a pipe turns readable, no polling."""
+    loop = asyncio.get_running_loop()
     left = set(reads)
-    while left and time.monotonic() < deadline:
-        ready, _, _ = select.select(list(left), [], [], 0)
-        for fd in ready:
-            if os.read(fd, 1) == b"":
-                left.discard(fd)
-                os.close(fd)
-        await asyncio.sleep(0.005)
+    done = asyncio.Event()
+
+    def readable(fd: int) -> None:
+        if os.read(fd, 1) == b"":
+            loop.remove_reader(fd)
+            os.close(fd)
+            left.discard(fd)
+            if not left:
+                done.set()
+
+    if not left:
+        return True
+    for fd in reads:
+        loop.add_reader(fd, readable, fd)
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+    except TimeoutError:
+        pass
+    finally:
+        for fd in left:
+            loop.remove_reader(fd)
     return not left
 
 
@@ -332,7 +346,9 @@ def _starve_accept(path: str) -> dict[str, Any]:
     logging.getLogger("npumanager.wire.server").addHandler(Keep())
 
     async def main() -> dict[str, Any]:
-        srv = RpcServer(path, "t", {})
+        all_in = asyncio.Event()
+        srv = RpcServer(path, "t", {}, on_connect=lambda conn: len(srv.connections) >= 8
+                        and all_in.set())
         await srv.start()
         clients = []
         for _ in range(8):
@@ -345,8 +361,7 @@ def _starve_accept(path: str) -> dict[str, Any]:
         await asyncio.sleep(1.5)
         starved = srv.accept_failures
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        while len(srv.connections) < 8:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(all_in.wait(), 30)  # every queued client gets in
         for c in clients:
             c.close()
         await srv.close()
