@@ -43,20 +43,21 @@ What it owns, and how it decides (ARCHITECTURE "The HAL and the driver"):
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 from npumanager.constants import ThermalStatus
 from npumanager.drivers import events as ev
+from npumanager.drivers.admission import Grants
 from npumanager.drivers.bounds import Holdings, Ledger
 from npumanager.drivers.classes import ExecClass, Protection, exec_class
+from npumanager.drivers.configs import SchedulingConfigs
 from npumanager.drivers.debounce import Debouncer
+from npumanager.drivers.decisions import DecisionLog
 from npumanager.drivers.events import JobState, WorkKind
 from npumanager.drivers.records import (
     ClientRecord,
     DriverParams,
-    Grant,
     GrantCheck,
     ModelRecord,
     PrepareRecord,
@@ -64,8 +65,6 @@ from npumanager.drivers.records import (
 )
 from npumanager.drivers.runqueue import Job, RunQueue
 from npumanager.errors import (
-    AttributionDenied,
-    DirectAccessDenied,
     GrantRequired,
     GrantRevoked,
     InvalidArgument,
@@ -77,8 +76,6 @@ from npumanager.hal.types import (
     SchedulingConfig,
     StartReason,
     WorkInfo,
-    default_config,
-    validate_configs,
 )
 from npumanager.tensorio.specs import InputCheck
 
@@ -101,7 +98,7 @@ class DriverState:
         self.manager_attached = False
         #: When the manager that had attached went away (None: attached, or never was).
         self.orphaned_at: float | None = None
-        self.configs: dict[int, SchedulingConfig] = {}
+        self.scheduling = SchedulingConfigs()
         self.stats = WorkStats()
         self.protection = Protection(p.foreground_priority, p.reserved_channels)
         self._queue = RunQueue(p.channels, self.protection.reserved(p.channels))
@@ -110,12 +107,10 @@ class DriverState:
         self._models: dict[int, ModelRecord] = {}
         #: Models dropped while a step of theirs still runs: released when it ends.
         self._releasing: dict[int, ModelRecord] = {}
-        self._grants: dict[str, Grant] = {}
+        self.grants = Grants(p.name, p.tombstones)
         self._prepares: dict[int, PrepareRecord] = {}
         #: What each uid holds, against the bounds.
         self.ledger = Ledger(p.limits, p.name)
-        self._ended_grants: OrderedDict[str, bool] = OrderedDict()
-        self._tombstones: OrderedDict[int, tuple[int, str]] = OrderedDict()
         self._jobs: dict[int, Job] = {}  # ticket -> job
         self._work_ids = itertools.count(1)
         self._model_ids = itertools.count(1)
@@ -123,10 +118,7 @@ class DriverState:
         self._seq = itertools.count()
         self._cutoff: int | None = None  # effective priorities above it are held back
         self._timer_at: float | None = None
-        # Decisions as plain tuples (at, stimulus, kind, key, what, details): built into
-        # Decision objects only when read.
-        self._log: deque[tuple[float, str, str, int | str, str, dict[str, object]]] = deque(
-            maxlen=p.decision_log_size)
+        self._log = DecisionLog(p.decision_log_size)
         self._out: list[ev.Instruction] = []
         self._ev: ev.Event | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -169,20 +161,17 @@ class DriverState:
 
     # --- public reads ---------------------------------------------------------------
 
+    @property
+    def configs(self) -> dict[int, SchedulingConfig]:
+        """npud's scheduling configs by uid (uids without one get the default)."""
+        return self.scheduling.by_uid
+
     def config(self, uid: int) -> SchedulingConfig:
-        return self.configs.get(uid) or default_config(uid)
+        return self.scheduling.of(uid)
 
     def effective_priority(self, uid: int, original_uid: int | None, job_priority: int) -> int:
         """Check access and attribution; the attributed uid's app priority + clamped job."""
-        cfg = self.configs.get(uid) or default_config(uid)
-        if not cfg.has_direct_access:
-            raise DirectAccessDenied(f"uid {uid} has no direct access to this device")
-        attributed = cfg
-        if original_uid is not None and original_uid != uid:
-            if not cfg.can_attribute_other_uid:
-                raise AttributionDenied(f"uid {uid} may not attribute work to uid {original_uid}")
-            attributed = self.config(original_uid)
-        return attributed.app_priority + attributed.clamp(job_priority)
+        return self.scheduling.effective_priority(uid, original_uid, job_priority)
 
     def model_class(self, uid: int) -> ExecClass:
         """The class a model prepared by ``uid`` is compiled in (its session's threads,
@@ -193,21 +182,7 @@ class DriverState:
     def check_grant(self, grant_id: str, uid: int) -> GrantCheck:
         """May ``uid`` prepare a model under ``grant_id`` now? Raises GrantRequired
         (enforced and none named, or another uid's) or GrantRevoked (it ended)."""
-        grant = self._grants.get(grant_id) if grant_id else None
-        if not self.enforce_admission:
-            return GrantCheck.LIVE if grant is not None and grant.uid == uid \
-                else GrantCheck.NOT_NEEDED
-        if not grant_id:
-            raise GrantRequired(
-                f"driver {self.params.name} admits models only with a grant: ask npud first "
-                "(NpuManager.request_can_load_model) and pass grant=listener")
-        if grant is not None:
-            if grant.uid != uid:
-                raise GrantRequired(f"that grant was not issued to uid {uid}")
-            return GrantCheck.LIVE
-        if grant_id in self._ended_grants:
-            raise GrantRevoked(f"grant {grant_id[:8]}… has already ended")
-        return GrantCheck.UNKNOWN
+        return self.grants.check(grant_id, uid, self.enforce_admission)
 
     def load(self) -> tuple[int, int, int]:
         """(channels, channels busy, jobs queued)."""
@@ -229,35 +204,20 @@ class DriverState:
         return sorted(self._models)
 
     def grant_ids(self) -> list[str]:
-        return sorted(self._grants)
+        return sorted(self.grants.live)
 
     def held_grants(self) -> list[tuple[str, int, int, int, int]]:
         """(grant_id, uid, request_id, memory bytes, models) of every live grant: what a
         newly attached npud adopts."""
-        out = []
-        for gid in sorted(self._grants):
-            g = self._grants[gid]
-            nbytes = sum(self._models[m].memory_bytes for m in g.models if m in self._models)
-            out.append((gid, g.uid, g.request_id, nbytes, len(g.models)))
-        return out
+        return self.grants.held({m: r.memory_bytes for m, r in self._models.items()})
 
     def story(self, work_id: int | None = None, *, model_id: int | None = None,
               grant_id: str | None = None) -> list[ev.Decision]:
         """What happened to one work item, model or grant (as far as the log reaches)."""
-        if work_id is not None:
-            want: tuple[str, int | str] = ("work", work_id)
-        elif model_id is not None:
-            want = ("model", model_id)
-        elif grant_id is not None:
-            want = ("grant", grant_id)
-        else:
-            raise InvalidArgument("story needs a work id, a model id or a grant id")
-        return [ev.Decision(at, sid, f"{kind} {key}", what, details)
-                for at, sid, kind, key, what, details in self._log if (kind, key) == want]
+        return self._log.story(work_id, model_id=model_id, grant_id=grant_id)
 
     def decisions(self) -> list[ev.Decision]:
-        return [ev.Decision(at, sid, f"{kind} {key}", what, details)
-                for at, sid, kind, key, what, details in self._log]
+        return self._log.all()
 
     def validate(self) -> None:
         """Check every invariant (tests call it after each step); AssertionError if broken."""
@@ -269,7 +229,7 @@ class DriverState:
         q = self._queue
         return (f"<DriverState {self.params.name}: {len(q.running)}/{q.channels} channels busy"
                 f" | {len(q)} queued ({q.held_count(self._cutoff)} held back) | "
-                f"{len(self._models)} models, {len(self._grants)} grants | "
+                f"{len(self._models)} models, {len(self.grants.live)} grants | "
                 f"thermal={self.thermal.name} | callback {'on' if self.listening else 'off'}>")
 
     # --- connections, configs, callback, manager ---------------------------------------
@@ -291,12 +251,7 @@ class DriverState:
             self._close_pool(client, pool_id)
 
     def _on_configs(self, e: ev.ConfigsSet) -> None:
-        validate_configs(list(e.configs))
-        if e.replace:
-            self.configs = {c.uid: c for c in e.configs}
-        else:
-            for c in e.configs:
-                self.configs[c.uid] = c
+        self.scheduling.set(e.configs, e.replace)
 
     def _on_callback(self, e: ev.CallbackSet) -> None:
         self.listening = e.listening
@@ -333,10 +288,7 @@ class DriverState:
                "the model was released")
         models = sorted(self._models)
         self._decide("driver", self.params.name, "orphan grace over", models=len(models))
-        for grant_id in sorted(self._grants):
-            self._grants[grant_id].models.clear()
-            del self._grants[grant_id]
-            self._end_grant_record(grant_id, True)
+        self.grants.end_all()
         for model_id in models:
             self._drop_model(self._models[model_id], why)
         self._out.append(ev.GraceExpired(len(models)))
@@ -344,20 +296,11 @@ class DriverState:
     # --- grants and models ---------------------------------------------------------------
 
     def _on_grant_issued(self, e: ev.GrantIssued) -> None:
-        if e.grant_id and e.grant_id not in self._grants:
-            self._grants[e.grant_id] = Grant(e.grant_id, e.uid, e.request_id)
-            self._ended_grants.pop(e.grant_id, None)
+        if self.grants.issue(e.grant_id, e.uid, e.request_id):
             self._decide("grant", e.grant_id, "issued", uid=e.uid, request_id=e.request_id)
 
-    def _end_grant_record(self, grant_id: str, revoked: bool) -> None:
-        self._ended_grants[grant_id] = revoked
-        self._ended_grants.move_to_end(grant_id)
-        while len(self._ended_grants) > self.params.tombstones:
-            self._ended_grants.popitem(last=False)
-
     def _on_grant_ended(self, e: ev.GrantEnded) -> None:
-        grant = self._grants.pop(e.grant_id, None)
-        self._end_grant_record(e.grant_id, e.revoked)
+        grant = self.grants.end(e.grant_id, e.revoked)
         if grant is None:
             return
         self._decide("grant", e.grant_id, "revoked" if e.revoked else "ended",
@@ -397,7 +340,7 @@ class DriverState:
         uid = client.uid
         grant = None
         if e.grant_id is not None:
-            grant = self._grants.get(e.grant_id)
+            grant = self.grants.live.get(e.grant_id)
             if grant is None:
                 raise GrantRevoked(f"grant {e.grant_id[:8]}… ended while the model was prepared")
             if grant.uid != uid:
@@ -437,14 +380,12 @@ class DriverState:
         if client is not None:
             client.models.discard(model.model_id)
         if model.grant_id is not None:
-            grant = self._grants.get(model.grant_id)
+            grant = self.grants.live.get(model.grant_id)
             if grant is not None:
                 grant.models.discard(model.model_id)
         reason = EndReason.CANCELLED_USER
         if revoked is not None:
-            self._tombstones[model.model_id] = (model.conn, revoked)
-            while len(self._tombstones) > self.params.tombstones:
-                self._tombstones.popitem(last=False)
+            self.grants.bury(model.model_id, model.conn, revoked)
             reason = EndReason.CANCELLED_SYSTEM
         self._decide("model", model.model_id, "revoked" if revoked else "released",
                      jobs=len(model.jobs))
@@ -483,9 +424,9 @@ class DriverState:
         client = self._client(e.conn)
         model = self._models.get(e.model_id)
         if model is None or model.conn != e.conn:
-            tomb = self._tombstones.get(e.model_id)
-            if tomb is not None and tomb[0] == e.conn:
-                raise GrantRevoked(tomb[1])
+            why = self.grants.revoked(e.model_id, e.conn)
+            if why is not None:
+                raise GrantRevoked(why)
             raise InvalidArgument(f"no prepared model {e.model_id} on this connection")
         if model.check is not None and e.values is not None:
             # Names, kinds, element types, ranks and fixed dims, against the prepared specs.
@@ -694,4 +635,4 @@ class DriverState:
     def _decide(self, kind: str, key: int | str, what: str, **details: object) -> None:
         e = self._ev
         assert e is not None
-        self._log.append((e.now, e.stimulus_id, kind, key, what, details))
+        self._log.record(e, kind, key, what, details)

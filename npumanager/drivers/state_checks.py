@@ -71,7 +71,7 @@ def validate_driver_state(s: DriverState) -> None:
         assert client is not None and model_id in client.models, (
             f"model {model_id}: its connection does not list it")
         if model.grant_id is not None:
-            grant = s._grants.get(model.grant_id)
+            grant = s.grants.live.get(model.grant_id)
             assert grant is not None and model_id in grant.models, (
                 f"model {model_id} lives on under an ended grant")
         for job in model.jobs:
@@ -79,9 +79,9 @@ def validate_driver_state(s: DriverState) -> None:
     for model_id, model in s._releasing.items():
         assert model.jobs, f"model {model_id} waits to be released for no running step"
         assert all(j.state is JobState.RUNNING for j in model.jobs)
-    for grant_id, grant in s._grants.items():
+    for grant_id, grant in s.grants.live.items():
         assert grant.grant_id == grant_id
-        assert grant_id not in s._ended_grants, f"grant {grant_id} live and ended"
+        assert grant_id not in s.grants.ended, f"grant {grant_id} live and ended"
         for model_id in grant.models:
             model = s._models.get(model_id)
             assert model is not None and model.grant_id == grant_id, (
