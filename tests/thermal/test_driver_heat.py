@@ -77,9 +77,12 @@ def _cooled(line: str) -> bool:
     return "thermal status" in line and ("-> LIGHT" in line or "-> NONE" in line)
 
 
-def test_driver_heat_unloads_background_and_cooling_lets_it_back(runtime_dir: Path) -> None:
+def test_driver_heat_unloads_background_and_cooling_lets_it_back(runtime_dir: Path,
+                                                                  state_dir: Path) -> None:
+    # Its own state dir: the driver host's default one (/var/lib/npu) is the machine's.
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
     with (
-        DaemonProcess(runtime_dir, CONFIG, drivers=True) as npud,
+        DaemonProcess(runtime_dir, CONFIG, drivers=True, env=env) as npud,
         NpuManager(runtime_dir) as fg,
         NpuManager(runtime_dir) as bg,
     ):
