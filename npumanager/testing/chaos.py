@@ -67,8 +67,8 @@ class Report:
             lines.append(f"{proc}: fds {s.get('fds', '?')} -> {e.get('fds', '?')}, "
                          f"RSS {s.get('rss_kb', 0) // 1024} -> {e.get('rss_kb', 0) // 1024} MiB")
         lines.append(f"apps: {self.executes_ok}/{self.executes} executes succeeded "
-                     f"({share:.1%}); longest gap between successful executes of one app "
-                     f"{self.longest_gap_s:.2f} s")
+                     f"({share:.1%}); longest gap without a successful execute while an app held "
+                     f"a grant {self.longest_gap_s:.2f} s")
         if self.failures:
             lines.append("failed executes: " + ", ".join(
                 f"{k} {v}" for k, v in sorted(self.failures.items())))
@@ -141,6 +141,7 @@ def app_main(rt: str, seed: int, stats: str, until: float) -> None:
                 pass
             continue
         model = None
+        out.write(f"{time.time():.4f} g\n")  # granted: from here the app wants to execute
         ends = time.time() + rng.uniform(0.5, 4.0)
         while time.time() < ends and not cb.unload.is_set() and not cb.ended.is_set():
             try:
@@ -476,6 +477,11 @@ def _availability(stats: Path, report: Report) -> None:
             try:
                 t, ok = float(parts[0]), parts[1] == "1"
             except (ValueError, IndexError):
+                continue
+            if parts[1] == "g":
+                # A new grant: the gap that counts is between executes the app wanted to
+                # run (while it held a grant), not the time it spent waiting for one.
+                last_ok = t
                 continue
             report.executes += 1
             if not ok:
