@@ -84,7 +84,7 @@ def app_main(rt: str, seed: int, stats: str, until: float) -> None:
     from npumanager import nn
     from npumanager.client import ModelLoadRequest, ModelLoadRequestCallback, NpuManager
     from npumanager.constants import LoadStatus, ModelPriority, ModelSize
-    from npumanager.errors import DeviceUnavailable, NpuError
+    from npumanager.errors import DeviceUnavailable, NpuError, UnknownRequest
     from npumanager.testing.onnx_models import add_model
 
     rng = random.Random(seed)
@@ -121,7 +121,16 @@ def app_main(rt: str, seed: int, stats: str, until: float) -> None:
 
     mgr, dev = connected()
     rid = 0
+    abandoned: list[Any] = []  # cancels that failed (npud away): retried every cycle
     while time.time() < until:
+        for req in list(abandoned):
+            try:
+                mgr.cancel_model_load(req)
+                abandoned.remove(req)
+            except UnknownRequest:
+                abandoned.remove(req)  # it ended meanwhile
+            except NpuError:
+                break
         if mgr.phase == "lost":
             mgr.close()  # npud stayed away past the reconnect window: start over
             mgr, dev = connected()
@@ -137,8 +146,10 @@ def app_main(rt: str, seed: int, stats: str, until: float) -> None:
         if not cb.granted.wait(rng.uniform(0.5, 3.0)):
             try:
                 mgr.cancel_model_load(req)
-            except NpuError:
+            except UnknownRequest:
                 pass
+            except NpuError:
+                abandoned.append(req)
             continue
         model = None
         out.write(f"{time.time():.4f} g\n")  # granted: from here the app wants to execute
@@ -189,17 +200,21 @@ def _proc_stats(pid: int) -> dict[str, int]:
 
 
 def _driver_pid(rt: Path) -> int | None:
+    """The newest driver host on ``rt`` (an orphaned older one may still be exiting)."""
+    found: list[tuple[int, int]] = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
-        except OSError:
+            if b"driver" in cmd and str(rt).encode() in cmd and b"npumanager" in cmd:
+                with open(f"/proc/{pid}/stat") as f:
+                    started = int(f.read().rsplit(")", 1)[1].split()[19])
+                found.append((started, int(pid)))
+        except (OSError, ValueError, IndexError):
             continue
-        if b"driver" in cmd and str(rt).encode() in cmd and b"npumanager" in cmd:
-            return int(pid)
-    return None
+    return max(found)[1] if found else None
 
 
 class Npud:

@@ -342,6 +342,8 @@ class RpcConnection:
             if kind == REQUEST and not self.closed:
                 self._reply_error(call_id, ServiceUnavailable("call cancelled: shutting down"))
             raise
+        except GeneratorExit:
+            raise  # the coroutine is being closed (its loop is gone): nobody to answer
         except BaseException as exc:
             self._handler_failed(kind, call_id, method, exc)
             return

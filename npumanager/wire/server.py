@@ -307,8 +307,14 @@ class RpcServer:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-        for conn in list(self.connections):
+        conns = list(self.connections)
+        for conn in conns:
             if goodbye is not None:
                 conn.push("goodbye", goodbye.encode())
                 conn._flush_now()
             conn.close()
+        # Closing cancelled their handlers (a prepare waiting for its grant, an execute):
+        # let them finish unwinding now, not be destroyed pending when the loop ends.
+        pending = [t for conn in conns for t in conn._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=2.0)
