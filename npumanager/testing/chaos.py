@@ -50,6 +50,7 @@ class Report:
     longest_gap_s: float = 0.0
     npud_restarts: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+    prepare_failures: dict[str, int] = field(default_factory=dict)
 
     def count(self, what: str) -> None:
         self.events[what] = self.events.get(what, 0) + 1
@@ -72,6 +73,9 @@ class Report:
         if self.failures:
             lines.append("failed executes: " + ", ".join(
                 f"{k} {v}" for k, v in sorted(self.failures.items())))
+        if self.prepare_failures:
+            lines.append("failed prepares (retried): " + ", ".join(
+                f"{k} {v}" for k, v in sorted(self.prepare_failures.items())))
         return "\n".join(lines)
 
 
@@ -155,10 +159,17 @@ def app_main(rt: str, seed: int, stats: str, until: float) -> None:
         out.write(f"{time.time():.4f} g\n")  # granted: from here the app wants to execute
         ends = time.time() + rng.uniform(0.5, 4.0)
         while time.time() < ends and not cb.unload.is_set() and not cb.ended.is_set():
-            try:
-                if model is None:
+            if model is None:
+                try:
                     model = dev.prepare_model(onnx, grant=cb.listener)
                     cb.listener.notify_model_loaded(req)
+                except NpuError as exc:
+                    # Not an execute: the driver is restarting, or orphaned (it loads
+                    # nothing new until npud is back). Try again shortly.
+                    out.write(f"{time.time():.4f} p {type(exc).__name__}\n")
+                    time.sleep(0.2)
+                    continue
+            try:
                 steps = rng.choice((1, 1, 1, 5))
                 model.execute({"x": x}, steps=steps, feedback={"y": "x"} if steps > 1 else None)
                 out.write(f"{time.time():.4f} 1\n")
@@ -364,8 +375,9 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
     report.duration_s = time.time() - t0
     _availability(stats, report)
     text = log.read_text(errors="replace")
-    if "Traceback" in text:
-        report.violations.append(f"a traceback in {log}")
+    for sign in ("Traceback", "Task was destroyed", "Exception ignored"):
+        if sign in text:
+            report.violations.append(f"{text.count(sign)} x {sign!r} in {log}")
     for proc in ("npud", "driver"):
         s, e = report.start.get(proc, {}), report.end.get(proc, {})
         if s and e and e["fds"] > s["fds"] + 32:
@@ -492,6 +504,10 @@ def _availability(stats: Path, report: Report) -> None:
             try:
                 t, ok = float(parts[0]), parts[1] == "1"
             except (ValueError, IndexError):
+                continue
+            if parts[1] == "p":
+                why = parts[2] if len(parts) > 2 else "?"
+                report.prepare_failures[why] = report.prepare_failures.get(why, 0) + 1
                 continue
             if parts[1] == "g":
                 # A new grant: the gap that counts is between executes the app wanted to
