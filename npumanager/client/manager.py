@@ -121,6 +121,9 @@ class NpuManager:
         try:
             self._rpc = self._open()
         except BaseException:
+            # A connection refused during the handshake (LimitExceeded) reported its
+            # close already: this manager never existed, nothing may reconnect it.
+            self._closing = True
             self._dispatcher.stop()
             raise
         #: Seconds a call waits for npud's answer (the transport's default for npud if None).
@@ -240,8 +243,8 @@ class NpuManager:
 
     def _on_lost(self, generation: int, exc: BaseException | None) -> None:
         with self._lock:
-            if generation != self._generation or self._closing:
-                return
+            if generation != self._generation or self._closing or not hasattr(self, "_rpc"):
+                return  # a stale connection, a closed manager, or one still being made
             again = self._core.connection_lost(exc)
         if again:
             threading.Thread(target=self._reconnect, name="npu-reconnect", daemon=True).start()
