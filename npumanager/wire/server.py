@@ -155,6 +155,7 @@ class RpcServer:
         self._silent = Throttled(log)
         self._refused = Throttled(log)
         self._sock: socket.socket | None = None
+        self._bound: tuple[int, int] = (0, 0)  # (dev, inode) of the socket file we bound
         self._accept_task: asyncio.Task[None] | None = None
         # Connections refuse every method but hello until the handshake (RpcConnection's
         # gate: one flag test per call instead of a wrapper around every handler).
@@ -198,6 +199,8 @@ class RpcServer:
     async def start(self) -> None:
         raise_fd_limit()
         self._sock = make_unix_listener(self.path, self.mode)
+        st = os.lstat(self.path)
+        self._bound = (st.st_dev, st.st_ino)
         self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
 
     async def _accept_loop(self) -> None:
@@ -304,7 +307,11 @@ class RpcServer:
             self._sock.close()
             self._sock = None
             try:
-                os.unlink(self.path)
+                # Only our own socket file: a successor (a driver host npud started while
+                # this orphaned one served its last clients) may have bound the path since.
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self._bound:
+                    os.unlink(self.path)
             except FileNotFoundError:
                 pass
         conns = list(self.connections)
