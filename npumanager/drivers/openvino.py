@@ -49,8 +49,8 @@ from npumanager.drivers.openvino_ir import (
     unpack_ir,
     with_external_inline,
 )
+from npumanager.drivers.openvino_values import OV_TO_ML, from_ov, to_ov
 from npumanager.errors import GeneralFailure, InvalidArgument
-from npumanager.tensorio import contiguous
 
 log = logging.getLogger("npumanager.drivers.openvino")
 
@@ -94,7 +94,8 @@ def device_memory(core: Any, device: str, supported: set[str]) -> tuple[int, str
 
 
 #: OpenVINO element types whose numpy dtype (``Type.to_dtype``) is exact; the others map to
-#: a stand-in (bf16 -> float16, i4 -> int8, string -> |S0, f8 -> uint8) or to none (dynamic).
+#: a stand-in (bf16 -> float16, i4 -> int8, string -> |S0, f8 -> uint8) or to none (dynamic):
+#: those ml_dtypes has are that type (:mod:`.openvino_values`), the rest unknown.
 _EXACT_TYPES = {"f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
                 "boolean"}
 
@@ -104,7 +105,7 @@ def _dtype(port: Any) -> str:
     where numpy has no exact counterpart."""
     et = port.get_element_type()
     if et.get_type_name() not in _EXACT_TYPES:
-        return ""
+        return OV_TO_ML.get(et.get_type_name(), "")
     try:
         return str(np.dtype(et.to_dtype()))
     except Exception:
@@ -134,15 +135,6 @@ def _name(port: Any, i: int, kind: str, known: frozenset[str] = frozenset()) -> 
         return friendly
     ordered = sorted(names)
     return ordered[0] if ordered else f"{kind}{i}"
-
-
-def _shareable(arr: Any) -> Any:
-    """An input OpenVINO can share: contiguous, shape kept; a read-only 0-d array (one that
-    arrived inline) copied, which OpenVINO's scalar path insists on."""
-    arr = contiguous(arr)
-    if arr.ndim == 0 and not arr.flags.writeable:
-        arr = arr.copy()
-    return arr
 
 
 def _split(blob: bytes, n: int) -> list[bytes]:
@@ -190,7 +182,7 @@ class OvModel(PreparedModel):
     def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
         req = self._request()
         ports = self._ports
-        feed = {name: _shareable(arr) for name, arr in inputs.items() if name in ports}
+        feed = {name: to_ov(arr) for name, arr in inputs.items() if name in ports}
         with self._lock:
             self._running.add(req)
         try:
@@ -201,7 +193,7 @@ class OvModel(PreparedModel):
             with self._lock:
                 self._running.discard(req)
         return {
-            info.name: np.array(req.get_output_tensor(i).data, copy=True)
+            info.name: from_ov(req.get_output_tensor(i), info.dtype)
             for i, info in enumerate(self.outputs)
         }
 

@@ -100,6 +100,21 @@ class Report:
         return "\n".join(lines)
 
 
+def per_op(report: Report) -> str:
+    """One line per operator (an expanded function or small graph: its case's name):
+    cases, passed, failing in-process, failing through the driver."""
+    per: dict[str, list[Result]] = defaultdict(list)
+    for r in report.results:
+        per[r.case.op].append(r)
+    lines = [f"op\tcases\tpassed\t{report.backend} fails in-process\tfail through the driver"]
+    for op in sorted(per):
+        rs = per[op]
+        lines.append("\t".join([op, str(len(rs)), *(str(sum(r.verdict == v for r in rs))
+                                                   for v in (PASS, BACKEND_FAILS,
+                                                             DRIVER_FAILS))]))
+    return "\n".join(lines) + "\n"
+
+
 # --- collecting -----------------------------------------------------------------------------
 
 
@@ -318,7 +333,11 @@ def ort_in_process(case: Case) -> list[Any]:
 
 
 def openvino_in_process(case: Case) -> list[Any]:
-    import openvino as ov
+    """OpenVINO's Python API as an app calls it: numpy arrays in (shared), and the element
+    types numpy lacks as typed ``ov.Tensor``s in and reread as ml_dtypes out (OpenVINO
+    maps no ml_dtypes array to its own type: it refuses a float8 array for an f8 input, or
+    converts its bits as integers)."""
+    from npumanager.drivers.openvino_values import OV_TO_ML, from_ov, to_ov
 
     core = _ov_core()
     compiled = core.compile_model(core.read_model(case.model), "CPU")
@@ -327,13 +346,11 @@ def openvino_in_process(case: Case) -> list[Any]:
     for port in compiled.inputs:
         names = port.get_names() & set(case.inputs)
         if names:
-            feed[port] = case.inputs[next(iter(names))]
-    # As the driver calls it (shared inputs: without them OpenVINO reads an ml_dtypes
-    # bfloat16 array differently, and wrongly).
+            feed[port] = to_ov(case.inputs[next(iter(names))])
     req.infer(feed, share_inputs=True)
-    del ov
-    return [np.array(req.get_output_tensor(i).data, copy=True)
-            for i in range(len(compiled.outputs))]
+    return [from_ov(req.get_output_tensor(i),
+                    OV_TO_ML.get(port.get_element_type().get_type_name(), ""))
+            for i, port in enumerate(compiled.outputs)]
 
 
 _CORE: list[Any] = []
@@ -474,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="reference", choices=sorted(IN_PROCESS))
     ap.add_argument("--write", metavar="FILE", help="write the in-process failures there")
+    ap.add_argument("--per-op", metavar="FILE", help="write the counts per operator there")
     ap.add_argument("-k", metavar="TEXT", help="only cases whose name contains TEXT")
     ap.add_argument("--subset", action="store_true",
                     help="only the cases of the modules CI runs every time (SUBSETS)")
@@ -498,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAILS IN-PROCESS ONLY: {r.case.name}: {r.reason}")
     if args.write:
         Path(args.write).write_text(failures_text(report))
+    if args.per_op:
+        Path(args.per_op).write_text(per_op(report))
     return 1 if report.by_verdict(DRIVER_FAILS) or any(
         not r.driver_failed_too for r in report.by_verdict(BACKEND_FAILS)) else 0
 
