@@ -29,6 +29,7 @@ its transitions rather than keep a second copy of them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from npumanager.constants import (
@@ -54,6 +55,7 @@ from npumanager.service.events import (
 from npumanager.service.ranking import ManagedRequest, RequestState
 
 if TYPE_CHECKING:
+    from npumanager.service.devices import Device
     from npumanager.service.state import ManagerState
 
 #: The timer key of the adoption window.
@@ -64,7 +66,11 @@ _G, _L, _U = RequestState.GRANTED, RequestState.LOADED, RequestState.UNLOAD_REQU
 
 def on_driver_held(s: ManagerState, e: DriverHeld) -> None:
     """A driver attached and listed the grants it holds: wait for their clients."""
-    fresh = [g for g in e.grants if g.grant_id and g.grant_id not in s._table.grants]
+    # A held grant is valid on the reporting driver's device (its first, when it has several).
+    owned = s._devices.of_driver(e.name)
+    device = owned[0].name if owned else s._devices.get(None).name
+    fresh = [replace(g, device=device) for g in e.grants
+             if g.grant_id and g.grant_id not in s._table.grants]
     for g in fresh:
         s._held[g.grant_id] = g
     s._decide(None, "driver holds grants", name=e.name, grants=len(e.grants),
@@ -87,13 +93,15 @@ def on_claim(s: ManagerState, e: ClaimRequest) -> None:
         try:
             s._on_request(RequestLoad(stimulus_id=e.stimulus_id, now=e.now, uid=e.uid,
                                       pid=e.pid, conn=e.conn, request_id=e.request_id,
-                                      size=e.size, priority=e.priority))
+                                      size=e.size, priority=e.priority, device=e.device))
         except NpuError as exc:
             _refuse(s, e, str(exc))
         _settle(s)
         return
     try:
         s._table.check_new(e.uid, e.conn, e.request_id)
+        held_dev = s._held[e.grant_id].device if e.grant_id in s._held else None
+        dev = s._devices.get(held_dev or e.device)
         size = ModelSize(e.size)
         priority = ModelPriority(e.priority)
     except (NpuError, ValueError) as exc:
@@ -109,38 +117,40 @@ def on_claim(s: ManagerState, e: ClaimRequest) -> None:
                 f"{s._table.grants[e.grant_id]}")
         return
     s._held.pop(e.grant_id, None)
-    _adopt(s, e, size, priority, held)
+    _adopt(s, e, size, priority, held, dev)
     _settle(s)
 
 
 def _adopt(s: ManagerState, e: ClaimRequest, size: ModelSize, priority: ModelPriority,
-           held: HeldGrant | None) -> None:
+           held: HeldGrant | None, dev: Device) -> None:
     key = (e.uid, e.request_id)
     req = ManagedRequest(key, e.conn, e.pid, size, priority, e.now, next(s._seq),
-                         s.importance(e.uid) + int(priority))
+                         s.importance(e.uid) + int(priority), dev)
     s._table.add(req)
     s._table.add_holder(req, e.grant_id)
+    dev.holders[key] = req
     req.grant_id = e.grant_id
     req.last_status = LoadStatus.CAN_LOAD_NOW
     loaded = held is not None and e.state != "granted"
     req.loaded = loaded
     if held is not None:
         req.real_bytes = held.nbytes
-    req.charge = s._budget.charge(req)
-    s._budget.hold(req.charge)
+    budget = dev.budget
+    req.charge = budget.charge(req)
+    budget.hold(req.charge)
     req.state = _L if loaded else _G
     # The drivers learn (again) that this grant is live: a restarted one never had it,
     # and npud's supervisor re-sends it to drivers that come up later.
-    s._emit(IssueGrant(e.uid, e.request_id, e.grant_id))
+    s._emit(IssueGrant(e.uid, e.request_id, e.grant_id, dev.name))
     s._decide(key, "adopted", grant=e.grant_id[:8], state=req.state.value,
               held_by_driver=held is not None, claimed=e.state, charge=req.charge,
-              used=s._budget.used)
+              used=budget.used, device=dev.name)
     if e.state == "unload_requested" and req.state is _L:
         # It was asked before the restart and is unloading: keep asking, with a fresh
         # deadline, but no second callback (the app already has the first).
         reason = e.unload_reason if e.unload_reason is not None else UnloadReason.PREEMPTED
         s._ask_unload(req, reason, tell=False)
-    s._enforce(UnloadReason.POLICY_CHANGED)
+    s._enforce(dev, UnloadReason.POLICY_CHANGED)
 
 
 def _refuse(s: ManagerState, e: ClaimRequest, why: str, grant_id: str | None = None) -> None:
@@ -152,7 +162,8 @@ def _refuse(s: ManagerState, e: ClaimRequest, why: str, grant_id: str | None = N
     if gid and gid in s._held and (s._held[gid].uid, s._held[gid].request_id) == key:
         del s._held[gid]
         s._emit(EndGrant(gid, e.uid, e.request_id, revoked=True))
-    s._emit(SendComplete(e.conn, e.uid, e.request_id, RequestStatus.REVOKED))
+    s._emit(SendComplete(e.conn, e.uid, e.request_id, RequestStatus.REVOKED,
+                         e.device or ""))
     _settle(s)
 
 
@@ -162,7 +173,12 @@ def _settle(s: ManagerState) -> None:
         s._adopt_until = None
         s._emit(CancelTimer(ADOPT_TIMER))
         s._decide(None, "adoption complete")
-        s._pump()
+        _pump_all(s)
+
+
+def _pump_all(s: ManagerState) -> None:
+    for dev in s._devices:
+        s._pump(dev)
 
 
 def on_adopt_timer(s: ManagerState, e: TimerFired) -> None:
@@ -179,4 +195,4 @@ def on_adopt_timer(s: ManagerState, e: TimerFired) -> None:
     s._held.clear()
     s._adopt_until = None
     s._decide(None, "adoption complete")
-    s._pump()
+    _pump_all(s)

@@ -1,17 +1,19 @@
-"""A budget: what holders are charged against it and what new grants may still use.
+"""One device's budget: what holders are charged against it and what new grants may use.
 
 :class:`Budget` owns the policy settings in force, the running sums of the
-holders' charges, and the capacity that follows from the policy, the drivers'
-memory (MEMORY) and the thermal status — the thermal governor's arithmetic:
-the budget scale per status, the keep-rank above which holders must leave, and
-whether OPPORTUNISTIC requests wait. It decides nothing about requests;
+holders' charges on its device, and the capacity that follows from the policy,
+the device's memory (MEMORY), its own ceilings (:class:`~.policy.DeviceLimits`)
+and its thermal status — the thermal governor's arithmetic: the budget scale per
+status, the keep-rank above which holders must leave, and whether OPPORTUNISTIC
+requests wait. It decides nothing about requests;
 :class:`~npumanager.service.state.ManagerState` asks it whether a charge fits
-and whether a request is eligible at all. npud has one budget today; with
-per-device budgets each device gets its own.
+and whether a request is eligible at all. npud has one per device
+(:mod:`.devices`).
 
-Two capacities, because a driver that is down keeps its holders' grants while
-it restarts: new grants must fit ``grant_cap`` (live drivers only), while the
-invariant on what is held (``hold_cap``) still counts the restarting ones.
+Two capacities, because a device whose driver is down keeps its holders' grants
+while the driver restarts: new grants must fit ``grant_cap`` (its memory counts
+only while up), while the invariant on what is held (``hold_cap``) still counts
+the memory of a device that is down.
 """
 
 from __future__ import annotations
@@ -20,22 +22,23 @@ from typing import Any
 
 from npumanager.constants import ModelPriority, Policy, ThermalStatus
 from npumanager.service import policy as pol
-from npumanager.service.policy import ManagerParams, PolicySettings
+from npumanager.service.policy import DeviceLimits, ManagerParams, PolicySettings
 from npumanager.service.ranking import ManagedRequest
 
 _OPP = ModelPriority.OPPORTUNISTIC
 
 
 class Budget:
-    __slots__ = ("drivers", "drivers_down", "freeing", "grant_cap", "hold_cap", "keep", "params",
-                 "settings", "thermal", "used")
+    __slots__ = ("freeing", "grant_cap", "hold_cap", "keep", "limits", "memory_bytes", "params",
+                 "settings", "thermal", "up", "used")
 
-    def __init__(self, params: ManagerParams) -> None:
+    def __init__(self, params: ManagerParams, limits: DeviceLimits | None = None) -> None:
         self.params = params
         self.settings: PolicySettings = params.policy
-        self.thermal = ThermalStatus.NONE
-        self.drivers: dict[str, int] = {}  # name -> memory bytes, drivers that are up
-        self.drivers_down: dict[str, int] = {}  # restarting: their holders keep grants
+        self.limits = limits
+        self.thermal = ThermalStatus.NONE  # in effect here: max(global, the device's own)
+        self.memory_bytes = 0  # what the device's driver reported
+        self.up = False  # its driver is up: its memory counts for new grants
         self.used = 0  # charges of every holder
         self.freeing = 0  # charges of holders asked to unload
         self.grant_cap: int | None = None  # what new grants must fit in; None = unlimited
@@ -126,36 +129,40 @@ class Budget:
         self.refresh()
         return old
 
-    def driver_up(self, name: str, memory_bytes: int) -> None:
-        self.drivers[name] = memory_bytes
-        self.drivers_down.pop(name, None)
+    def device_up(self, memory_bytes: int) -> None:
+        self.memory_bytes = memory_bytes
+        self.up = True
         self.refresh()
 
-    def driver_down(self, name: str) -> None:
-        if name in self.drivers:
-            self.drivers_down[name] = self.drivers.pop(name)
+    def device_down(self) -> None:
+        self.up = False
         self.refresh()
+
+    @property
+    def total(self) -> int | None:
+        """The unscaled budget (what the device would allow at thermal NONE)."""
+        return pol.base_budget(self.settings, self.memory_bytes if self.up else 0, self.limits)
 
     def refresh(self) -> None:
         scale = self.thermal_scale
         in_bytes = self.settings.policy is Policy.MEMORY
-        live = sum(self.drivers.values())
-        down = sum(self.drivers_down.values())
-        self.grant_cap = pol.scale_budget(pol.base_budget(self.settings, live), scale,
-                                          in_bytes=in_bytes)
-        self.hold_cap = pol.scale_budget(pol.base_budget(self.settings, live + down), scale,
-                                         in_bytes=in_bytes)
+        live = self.memory_bytes if self.up else 0
+        self.grant_cap = pol.scale_budget(pol.base_budget(self.settings, live, self.limits),
+                                          scale, in_bytes=in_bytes)
+        self.hold_cap = pol.scale_budget(
+            pol.base_budget(self.settings, self.memory_bytes, self.limits), scale,
+            in_bytes=in_bytes)
         self.keep = pol.keep_rank(self.params.thermal_keep_rank, self.thermal)
 
     # --- for npu status -----------------------------------------------------------
 
     def dump(self) -> dict[str, Any]:
-        """The ``budget``, ``thermal`` and ``drivers`` sections of npud's dump."""
+        """This device's ``budget`` and ``thermal`` sections of npud's dump."""
         return {
             "budget": {
                 "used": self.used,
                 "unloading": self.freeing,
-                "total": pol.base_budget(self.settings, sum(self.drivers.values())),
+                "total": self.total,
                 "thermal_scaled": self.grant_cap,
             },
             "thermal": {
@@ -163,10 +170,5 @@ class Budget:
                 "budget_scale": self.thermal_scale,
                 "keep_rank": self.keep,
                 "opportunistic_wait": self.thermal >= self.params.opportunistic_wait_from,
-            },
-            "drivers": {
-                **{n: {"memory_bytes": b, "up": True} for n, b in sorted(self.drivers.items())},
-                **{n: {"memory_bytes": b, "up": False}
-                   for n, b in sorted(self.drivers_down.items())},
             },
         }

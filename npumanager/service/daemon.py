@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,6 @@ class Daemon:
         self.cfg = cfg
         self.runtime_dir = Path(runtime_dir)
         self.clock: LoopClock = clock if clock is not None else MonotonicClock()
-        self.state = state if state is not None else ManagerState(ManagerParams.from_config(cfg))
         if drivers is not None:
             self.drivers: DriverControl = drivers
         elif use_drivers:
@@ -138,6 +137,12 @@ class Daemon:
                                                driver_state_dir)
         else:
             self.drivers = NoDrivers()
+        if state is None:
+            # Each configured driver stands for its first device until it reports its own.
+            params = replace(ManagerParams.from_config(cfg),
+                             drivers=tuple(d.name for d in self.drivers.devices()))
+            state = ManagerState(params)
+        self.state = state
         self.conns: dict[int, RpcConnection] = {}
         self.clients: dict[RpcConnection, ManagerClient] = {}
         self._next_conn = itertools.count(1)

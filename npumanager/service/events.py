@@ -45,6 +45,8 @@ class RequestLoad(Event):
     request_id: int
     size: ModelSize = ModelSize.LESS_THAN_1GB
     priority: ModelPriority = ModelPriority.NORMAL
+    #: The device the model will be prepared on (``nn.devices()`` names); None: the first.
+    device: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,15 +98,21 @@ class PolicySet(Event):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkEnded(Event):
-    """HAL on_work_ended, attributed to ``uid`` (the work's original uid)."""
+    """HAL on_work_ended, attributed to ``uid`` (the work's original uid), on ``device``
+    (None: unknown, every device of the uid's holders)."""
 
     uid: int
     reason: EndReason
+    device: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ThermalChanged(Event):
+    """The machine's thermal status (``device`` None), or one device's own (its driver's
+    thermal model). A device's budget follows the worse of the two."""
+
     status: ThermalStatus
+    device: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,8 +122,12 @@ class TimerFired(Event):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DriverUp(Event):
+    """Driver ``name`` is up with ``devices`` ((device name, memory bytes), in its order;
+    empty: one device named like the driver, with ``memory_bytes``)."""
+
     name: str
-    memory_bytes: int
+    memory_bytes: int = 0
+    devices: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,6 +152,8 @@ class HeldGrant:
     uid: int
     request_id: int
     nbytes: int = 0
+    #: The device it is valid on (set by the state from the reporting driver).
+    device: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -167,6 +181,8 @@ class ClaimRequest(Event):
     state: str = "waiting"
     grant_id: str = ""
     unload_reason: UnloadReason | None = None
+    #: The device the request named (None: the first; a held grant's own device wins).
+    device: str | None = None
 
 
 # --- instructions ---------------------------------------------------------------
@@ -179,11 +195,13 @@ class Instruction:
 
 @dataclass(frozen=True, slots=True)
 class IssueGrant(Instruction):
-    """Tell the drivers a grant is live. Always precedes the CAN_LOAD_NOW it belongs to."""
+    """Tell the drivers a grant is live, for ``device`` only. Always precedes the
+    CAN_LOAD_NOW it belongs to."""
 
     uid: int
     request_id: int
     grant_id: str
+    device: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +211,7 @@ class SendCanLoad(Instruction):
     request_id: int
     status: LoadStatus
     grant_id: str | None = None  # set with CAN_LOAD_NOW
+    device: str = ""  # the request's device (metrics label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +220,7 @@ class AskUnload(Instruction):
     uid: int
     request_id: int
     reason: UnloadReason
+    device: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +231,7 @@ class SendComplete(Instruction):
     uid: int
     request_id: int
     status: RequestStatus
+    device: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +266,11 @@ class PushSchedulingConfigs(Instruction):
 
 @dataclass(frozen=True, slots=True)
 class SetDriverThermal(Instruction):
+    """The thermal status the drivers hold work back by: every device's (``device`` "")
+    or one device's."""
+
     status: ThermalStatus
+    device: str = ""
 
 
 @dataclass(frozen=True, slots=True)

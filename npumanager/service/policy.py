@@ -9,6 +9,15 @@ from the ``[manager]`` and ``[policy]`` config sections). The decisions that
 use these numbers live in :mod:`npumanager.service.state`.
 
 Budgets are ``int | None``; ``None`` is unlimited (STATUS_QUO).
+
+Devices: npud keeps one budget per device, all under the one policy in force
+(its name and weights are global: ``set_policy`` is Android's API and names no
+device). A device may carry its own ceiling (:class:`DeviceLimits`, from
+``[policy.devices."NAME"]``): its ``max_budget`` under BUDGET and its
+``memory_budget_bytes`` under MEMORY replace the global ones for that device
+only, and survive ``set_policy`` (they describe the hardware, not a choice of
+policy). Under MEMORY each device's budget is its own memory, as its driver
+reports it, unless a byte budget is set.
 """
 
 from __future__ import annotations
@@ -160,13 +169,54 @@ def charge(
     return settings.weights.get(int(size), 1)
 
 
-def base_budget(settings: PolicySettings, driver_bytes: int) -> int | None:
-    """The unscaled budget; ``None`` = unlimited."""
+def base_budget(settings: PolicySettings, device_bytes: int,
+                limits: DeviceLimits | None = None) -> int | None:
+    """The unscaled budget of one device; ``None`` = unlimited."""
     if settings.policy is Policy.STATUS_QUO:
         return None
     if settings.policy is Policy.MEMORY:
-        return settings.memory_budget_bytes or driver_bytes
+        if limits is not None and limits.memory_budget_bytes is not None:
+            return limits.memory_budget_bytes or device_bytes
+        return settings.memory_budget_bytes or device_bytes
+    if settings.policy is Policy.BUDGET and limits is not None and limits.max_budget is not None:
+        return limits.max_budget
     return settings.max_budget
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """One device's own ceilings (``[policy.devices."NAME"]``); ``None`` = the global one."""
+
+    max_budget: int | None = None
+    memory_budget_bytes: int | None = None  # 0 = the device's reported memory
+
+    def as_dict(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self.max_budget is not None:
+            out["max_budget"] = self.max_budget
+        if self.memory_budget_bytes is not None:
+            out["memory_budget_bytes"] = self.memory_budget_bytes
+        return out
+
+
+def parse_device_limits(table: Mapping[str, Any]) -> dict[str, DeviceLimits]:
+    """``[policy.devices]``: device name -> {max_budget, memory_budget_bytes}."""
+    out: dict[str, DeviceLimits] = {}
+    for name, entry in dict(table).items():
+        if not isinstance(entry, Mapping):
+            raise InvalidArgument(f"[policy.devices] {name!r} must be a table")
+        unknown = set(entry) - {"max_budget", "memory_budget_bytes"}
+        if unknown:
+            raise InvalidArgument(f"[policy.devices.{name!r}]: unknown key(s) {sorted(unknown)}; "
+                                  "use max_budget or memory_budget_bytes")
+        mem = entry.get("memory_budget_bytes")
+        if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem < 0):
+            raise InvalidArgument(f"[policy.devices.{name!r}] memory_budget_bytes must be >= 0")
+        mb = entry.get("max_budget")
+        out[str(name)] = DeviceLimits(
+            max_budget=None if mb is None else _positive(f"max budget of device {name}", mb),
+            memory_budget_bytes=mem)
+    return out
 
 
 def scale_budget(budget: int | None, scale: float, *, in_bytes: bool) -> int | None:
@@ -212,6 +262,12 @@ class ManagerParams:
     )
     #: From this status on, new OPPORTUNISTIC requests wait (queued).
     opportunistic_wait_from: ThermalStatus = ThermalStatus.MODERATE
+    #: Per-device ceilings by device name (``[policy.devices]``).
+    device_limits: Mapping[str, DeviceLimits] = field(default_factory=dict)
+    #: The configured drivers, in order: each stands for its first device until it reports
+    #: its devices (so a request before that goes to the right budget). Empty: one
+    #: anonymous device that the first driver to come up adopts (a pure manager, tests).
+    drivers: tuple[str, ...] = ()
 
     # Convenience accessors named as the brief names them.
     @property
@@ -276,6 +332,7 @@ class ManagerParams:
             thermal_budget_scale=scale,
             thermal_keep_rank=keep,
             opportunistic_wait_from=_status_key(opp),
+            device_limits=parse_device_limits(pol.get("devices", {})),
         )
 
 

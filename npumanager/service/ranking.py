@@ -14,9 +14,13 @@ import heapq
 import itertools
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from npumanager.constants import LoadStatus, ModelPriority, ModelSize, UnloadReason
 from npumanager.service.events import RequestKey
+
+if TYPE_CHECKING:
+    from npumanager.service.devices import Device
 
 
 class RequestState(Enum):
@@ -54,6 +58,7 @@ class ManagedRequest:
     created: float
     seq: int  # arrival order; ties in rank are served first come, first served
     rank: int
+    dev: Device  # the device it will be prepared on: its budget, queue and holders
     state: RequestState = RequestState.PENDING
     last_status: LoadStatus | None = None
     grant_id: str | None = None

@@ -8,10 +8,18 @@ exception before anything changes.
 This module holds the lifecycle: what each event does to which request, and
 the transitions with the instructions they emit. Its parts live next to it:
 the live requests and their indexes (:mod:`.table`), request records and the
-rank queue (:mod:`.ranking`), the budget and its thermal capacity
-(:mod:`.budget`), who is asked to unload (:mod:`.victims`), the decision log
-and stories (:mod:`.decisions`), the invariants and the dump
-(:mod:`.state_checks`).
+rank queue (:mod:`.ranking`), the devices with a budget, a queue and holders
+each (:mod:`.devices`), a budget and its thermal capacity (:mod:`.budget`), who
+is asked to unload (:mod:`.victims`), the decision log and stories
+(:mod:`.decisions`), the invariants and the dump (:mod:`.state_checks`).
+
+One budget per device. A request names its device (None: the first); it
+competes only with that device's holders and waiters, its victims are only that
+device's holders, and its grant is valid for that device only (``IssueGrant``
+names it). The policy and its weights are global; each device's budget follows
+its own memory (MEMORY), its own ceilings (``[policy.devices]``) and its own
+thermal status (the worse of the machine's and its driver's thermal model).
+Everything below about "the budget", "the queue" and "holders" is per device.
 
 How it decides (ARCHITECTURE "The manager", with these precise choices):
 
@@ -66,8 +74,8 @@ from npumanager.errors import InvalidArgument
 from npumanager.hal.types import EndReason, SchedulingConfig
 from npumanager.service import adoption
 from npumanager.service import policy as pol
-from npumanager.service.budget import Budget
 from npumanager.service.decisions import DecisionLog
+from npumanager.service.devices import Device, DeviceTable
 from npumanager.service.events import (
     ArmTimer,
     AskUnload,
@@ -100,7 +108,7 @@ from npumanager.service.events import (
     WorkEnded,
 )
 from npumanager.service.policy import ManagerParams, PolicySettings
-from npumanager.service.ranking import ManagedRequest, RankQueue, RequestState
+from npumanager.service.ranking import ManagedRequest, RequestState
 from npumanager.service.table import RequestTable
 from npumanager.service.victims import holders_to_shed, preemption_victims
 
@@ -117,6 +125,10 @@ def _default_grant_ids() -> str:
     return secrets.token_hex(16)
 
 
+def _by_seq(req: ManagedRequest) -> int:
+    return req.seq
+
+
 # Enum names by dict (an IntEnum hashes as its int): ``.name`` is a property call.
 _SIZE_NAMES = {m: m.name for m in ModelSize}
 _PRIORITY_NAMES = {m: m.name for m in ModelPriority}
@@ -127,9 +139,10 @@ class ManagerState:
     """The manager's whole state; see the module docstring for the rules.
 
     What it owns, by part: the live requests and their indexes
-    (:class:`~.table.RequestTable`), the waiters in rank order (:class:`~.ranking.RankQueue`)
-    or parked, the budget with its thermal capacity (:class:`~.budget.Budget`), the uids'
-    importance and last completed work, and the decision log (:class:`~.decisions.DecisionLog`).
+    (:class:`~.table.RequestTable`), the devices (:class:`~.devices.DeviceTable`), each with
+    its waiters in rank order (:class:`~.ranking.RankQueue`) or parked, its holders and its
+    budget with its thermal capacity (:class:`~.budget.Budget`), the uids' importance and
+    last completed work, and the decision log (:class:`~.decisions.DecisionLog`).
     """
 
     def __init__(
@@ -141,9 +154,8 @@ class ManagerState:
         self.params = params or ManagerParams()
         self._grant_ids = grant_ids
         self._table = RequestTable(self.params.max_requests_per_uid)
-        self._budget = Budget(self.params)
-        self._queue = RankQueue()
-        self._parked: dict[RequestKey, ManagedRequest] = {}
+        self._devices = DeviceTable(self.params)
+        self._settings: PolicySettings = self.params.policy
         self._importance: dict[int, int] = {}
         self._last_completed: dict[int, float] = {}
         self._seq = itertools.count()
@@ -161,20 +173,42 @@ class ManagerState:
 
     @property
     def settings(self) -> PolicySettings:
-        return self._budget.settings
+        return self._settings
 
     @property
     def thermal_status(self) -> ThermalStatus:
-        return self._budget.thermal
+        """The machine's thermal status (a device may be hotter: :meth:`device_thermal`)."""
+        return self._devices.thermal
 
     @property
     def budget_used(self) -> int:
-        return self._budget.used
+        """What the first device's holders hold (:meth:`used_on` for another)."""
+        return self._devices.first.budget.used
 
     @property
     def budget_total(self) -> int | None:
-        """The budget new grants must fit in (thermally scaled); None = unlimited."""
-        return self._budget.grant_cap
+        """The first device's budget for new grants (thermally scaled); None = unlimited."""
+        return self._devices.first.budget.grant_cap
+
+    def devices(self) -> list[str]:
+        """Every device's name, in order (the first takes requests that name none)."""
+        return list(self._devices.by_name)
+
+    def used_on(self, device: str) -> int:
+        return self._devices.get(device).budget.used
+
+    def total_on(self, device: str) -> int | None:
+        """``device``'s budget for new grants (thermally scaled); None = unlimited."""
+        return self._devices.get(device).budget.grant_cap
+
+    def device_thermal(self, device: str) -> ThermalStatus:
+        """The thermal status ``device``'s budget follows (the worse of the machine's and
+        its own)."""
+        return self._devices.get(device).budget.thermal
+
+    def device_of(self, uid: int, request_id: int) -> str | None:
+        req = self._table.requests.get((uid, request_id))
+        return None if req is None else req.dev.name
 
     def importance(self, uid: int) -> int:
         if uid == 0:
@@ -191,6 +225,11 @@ class ManagerState:
     def live_grants(self) -> list[tuple[str, int, int]]:
         """(grant_id, uid, request_id) of every live grant: re-issue them to a restarted driver."""
         return [(g, k[0], k[1]) for g, k in self._table.grants.items()]
+
+    def grant_devices(self) -> dict[str, str]:
+        """grant id -> the device it is valid for, of every live grant."""
+        reqs = self._table.requests
+        return {g: reqs[k].dev.name for g, k in self._table.grants.items()}
 
     def scheduling_table(self) -> list[SchedulingConfig]:
         """The full table for a (re)connecting driver: every uid whose importance was set."""
@@ -220,6 +259,7 @@ class ManagerState:
 
     def _on_request(self, ev: RequestLoad) -> None:
         self._table.check_new(ev.uid, ev.conn, ev.request_id)
+        dev = self._devices.get(ev.device)  # InvalidArgument naming the known devices
         try:
             size = ev.size if type(ev.size) is ModelSize else ModelSize(ev.size)
             priority = (
@@ -230,27 +270,28 @@ class ManagerState:
         key = (ev.uid, ev.request_id)
         req = ManagedRequest(
             key, ev.conn, ev.pid, size, priority, ev.now, next(self._seq),
-            self.importance(ev.uid) + int(priority),
+            self.importance(ev.uid) + int(priority), dev,
         )  # fmt: skip
         self._table.add(req)
         self._decide(key, "requested", size=_SIZE_NAMES[size],
-                     priority=_PRIORITY_NAMES[priority], rank=req.rank)
-        budget = self._budget
+                     priority=_PRIORITY_NAMES[priority], rank=req.rank, device=dev.name)
+        budget = dev.budget
         charge = budget.charge(req)
         if not budget.eligible(req, charge):
-            self._park(req)
+            req.dev.park(req)
             self._set_waiting(req, _Q)
         else:
-            head = self._queue.peek()
+            queue = dev.queue
+            head = queue.peek()
             if self._held or (head is not None and head.rank <= req.rank):
                 # Never granted past a better (or equal, earlier) waiter: it queues behind.
-                self._queue.push(req)
+                queue.push(req)
                 self._set_waiting(req, _Q)
             elif budget.fits(charge):
                 self._grant(req, charge)  # the hot path: O(1) whatever waits behind it
                 return
             else:
-                self._queue.push(req)  # the new head: it may ask victims
+                queue.push(req)  # the new head: it may ask victims
                 self._seek_victims(req)
         if req.state.waits and self.params.max_queue_wait_s > 0:
             self._arm(req, "wait", ev.now + self.params.max_queue_wait_s)
@@ -258,7 +299,7 @@ class ManagerState:
     def _on_cancel(self, ev: CancelLoad) -> None:
         req = self._table.get(ev.uid, ev.request_id)
         self._finish(req, RequestStatus.CANCELLED)
-        self._pump()
+        self._pump(req.dev)
 
     def _on_loaded(self, ev: ModelLoaded) -> None:
         req = self._table.get(ev.uid, ev.request_id)
@@ -275,14 +316,19 @@ class ManagerState:
         if req.state not in _HOLDS:
             raise InvalidArgument(f"request {ev.request_id} was not granted; it cannot be unloaded")
         self._finish(req, RequestStatus.COMPLETE)
-        self._pump()
+        self._pump(req.dev)
 
     def _on_client_gone(self, ev: ClientGone) -> None:
         table = self._table
+        touched: set[Device] = set()
         for key in table.of_conn(ev.conn):
-            self._finish(table.requests[key], None)
+            req = table.requests[key]
+            touched.add(req.dev)
+            self._finish(req, None)
         table.forget_conn(ev.conn)
-        self._pump()
+        for dev in self._devices:
+            if dev in touched:
+                self._pump(dev)
 
     def _on_importance(self, ev: ImportanceChanged) -> None:
         if isinstance(ev.importance, bool) or not isinstance(ev.importance, int):
@@ -302,19 +348,19 @@ class ManagerState:
             if new_rank == req.rank:
                 continue
             if req.state.waits:
-                self._unplace(req)
+                req.dev.unplace(req)
                 req.rank = new_rank
-                self._place(req)
+                req.dev.place(req)
             else:
                 req.rank = new_rank
         new_app = self.app_priority(ev.uid)
         if new_app != old_app:
             self._emit(PushSchedulingConfigs((SchedulingConfig(uid=ev.uid, app_priority=new_app),)))
-        self._enforce(UnloadReason.THERMAL)  # the capacity is unchanged: only the rank limit
-        self._pump()
+        for dev in self._devices:
+            self._enforce(dev, UnloadReason.THERMAL)  # the capacity is unchanged: the rank limit
+            self._pump(dev)
 
     def _on_policy(self, ev: PolicySet) -> None:
-        budget = self._budget
         settings = pol.make_settings(
             ev.policy,
             max_budget=ev.max_budget,
@@ -322,36 +368,44 @@ class ManagerState:
             memory_budget_bytes=ev.memory_budget_bytes,
             defaults=self.params.policy,
         )  # raises before anything changes
-        budget.set_policy(settings)
-        budget.reset_sums()
-        for h in self._table.holders.values():
-            h.charge = budget.charge(h)
-            budget.hold(h.charge)
-            if h.state is _U:
-                budget.unloading(h.charge)
+        self._settings = settings
+        for dev in self._devices:
+            budget = dev.budget
+            budget.set_policy(settings)
+            budget.reset_sums()
+            for h in dev.holders.values():
+                h.charge = budget.charge(h)
+                budget.hold(h.charge)
+                if h.state is _U:
+                    budget.unloading(h.charge)
         self._decide(None, "policy", **settings.as_dict())
-        self._rebalance(UnloadReason.POLICY_CHANGED)
+        self._rebalance(list(self._devices), UnloadReason.POLICY_CHANGED)
 
     def _on_work_ended(self, ev: WorkEnded) -> None:
         if ev.reason != EndReason.COMPLETED:
             return
         self._last_completed[ev.uid] = ev.now
-        asked = False
+        only = None if ev.device is None else self._devices.by_name.get(ev.device)
+        asked: set[Device] = set()
         for key in self._table.of_uid(ev.uid):
             h = self._table.requests[key]
-            if h.state in (_G, _L) and self._queue.peer_waiting(h.rank, ev.uid):
+            if (h.state in (_G, _L) and (only is None or h.dev is only)
+                    and h.dev.queue.peer_waiting(h.rank, ev.uid)):
                 self._ask_unload(h, UnloadReason.FAIRNESS)
-                asked = True
-        if asked:
-            self._pump()  # the head may now wait for this unload (WAIT_FOR_UNLOAD)
+                asked.add(h.dev)
+        for dev in self._devices:
+            if dev in asked:
+                self._pump(dev)  # the head may now wait for this unload (WAIT_FOR_UNLOAD)
 
     def _on_thermal(self, ev: ThermalChanged) -> None:
         status = ThermalStatus(ev.status)
-        self._emit(SetDriverThermal(status))
-        old = self._budget.set_thermal(status)
-        self._decide(None, "thermal", old=old.name, new=status.name,
-                     budget=self._budget.grant_cap)
-        self._rebalance(UnloadReason.THERMAL)
+        changed = self._devices.set_thermal(status, ev.device)  # raises on an unknown device
+        self._emit(SetDriverThermal(status, changed[0][0].name if ev.device else ""))
+        for dev, old in changed:
+            self._decide(None, "thermal", device=dev.name, old=old.name,
+                         new=dev.budget.thermal.name, cause=ev.device or "machine",
+                         budget=dev.budget.grant_cap)
+        self._rebalance([d for d, _ in changed], UnloadReason.THERMAL)
 
     def _on_timer(self, ev: TimerFired) -> None:
         if ev.key == adoption.ADOPT_TIMER:
@@ -379,19 +433,21 @@ class ManagerState:
             req.wait_timer = None
             self._decide(key, "max queue wait passed")
             self._finish(req, RequestStatus.CANCELLED)
-        self._pump()
+        self._pump(req.dev)
 
     def _on_driver_up(self, ev: DriverUp) -> None:
-        if ev.memory_bytes < 0:
-            raise InvalidArgument(f"driver {ev.name}: memory must be >= 0 bytes")
-        self._budget.driver_up(ev.name, ev.memory_bytes)
-        self._decide(None, "driver up", name=ev.name, memory_bytes=ev.memory_bytes)
-        self._rebalance(UnloadReason.MEMORY_PRESSURE)
+        reports = ev.devices or ((ev.name, ev.memory_bytes),)
+        # Raises before changing anything; a device met for the first time starts in step
+        # with the policy in force and the machine's thermal status.
+        devs = self._devices.driver_up(ev.name, reports, self._settings)
+        self._decide(None, "driver up", name=ev.name,
+                     devices={n: b for n, b in reports})
+        self._rebalance(devs, UnloadReason.MEMORY_PRESSURE)
 
     def _on_driver_down(self, ev: DriverDown) -> None:
-        self._budget.driver_down(ev.name)
-        self._decide(None, "driver down", name=ev.name)
-        self._rebalance(UnloadReason.MEMORY_PRESSURE)
+        devs = self._devices.driver_down(ev.name)
+        self._decide(None, "driver down", name=ev.name, devices=[d.name for d in devs])
+        self._rebalance(devs, UnloadReason.MEMORY_PRESSURE)
 
     def _on_model_memory(self, ev: ModelMemory) -> None:
         if ev.nbytes < 0:
@@ -402,11 +458,12 @@ class ManagerState:
         req = self._table.requests[key]
         # One report per model prepared under the grant: a grant's models add up.
         req.real_bytes += ev.nbytes
-        old, req.charge = req.charge, self._budget.charge(req)
-        self._budget.recharge(old, req.charge, unloading=req.state is _U)
+        budget = req.dev.budget
+        old, req.charge = req.charge, budget.charge(req)
+        budget.recharge(old, req.charge, unloading=req.state is _U)
         self._decide(key, "model memory", nbytes=ev.nbytes, charge=req.charge)
         if req.charge > old:
-            self._enforce(UnloadReason.MEMORY_PRESSURE)
+            self._enforce(req.dev, UnloadReason.MEMORY_PRESSURE)
 
     _HANDLERS: dict[type[Event], Callable[[ManagerState, Any], None]] = {
         RequestLoad: _on_request,
@@ -428,12 +485,13 @@ class ManagerState:
 
     # --- the rules --------------------------------------------------------------
 
-    def _pump(self) -> None:
-        """Grant the queue's head while it fits; a head that does not fit may ask victims."""
-        budget = self._budget
+    def _pump(self, dev: Device) -> None:
+        """Grant ``dev``'s queue head while it fits; a head that does not fit may ask victims."""
         if self._held:
             return  # adopting after a restart: held grants may still be claimed
-        while (head := self._queue.peek()) is not None:
+        budget = dev.budget
+        queue = dev.queue
+        while (head := queue.peek()) is not None:
             if budget.fits(budget.charge(head)):
                 self._grant(head)
                 continue
@@ -441,9 +499,10 @@ class ManagerState:
             return
 
     def _seek_victims(self, req: ManagedRequest) -> None:
-        """The head does not fit: ask victims to make room (WAIT_FOR_UNLOAD), if enough can."""
-        chosen = preemption_victims(req, self._table.holders.values(), self._budget,
-                                    self._last_completed)
+        """The head does not fit: ask victims on its device to make room (WAIT_FOR_UNLOAD),
+        if enough can."""
+        dev = req.dev
+        chosen = preemption_victims(req, dev.holders.values(), dev.budget, self._last_completed)
         if chosen is None:
             self._set_waiting(req, _Q)  # not enough: ask nobody
             return
@@ -451,48 +510,57 @@ class ManagerState:
             self._ask_unload(h, UnloadReason.PREEMPTED)
         self._set_waiting(req, _W)
 
-    def _enforce(self, reason: UnloadReason) -> None:
-        """Ask holders to unload until the thermal rank limit and the budget hold."""
-        for h, why in holders_to_shed(self._table.holders.values(), self._budget,
-                                      self._last_completed, reason):
+    def _enforce(self, dev: Device, reason: UnloadReason) -> None:
+        """Ask ``dev``'s holders to unload until its thermal rank limit and budget hold."""
+        for h, why in holders_to_shed(dev.holders.values(), dev.budget, self._last_completed,
+                                      reason):
             self._ask_unload(h, why)
 
-    def _rebalance(self, reason: UnloadReason) -> None:
-        """After the budget, policy or thermal status changed: shed, re-sort waiters, grant."""
-        self._enforce(reason)
-        for req in [r for r in self._table.requests.values() if r.state.waits]:
-            if self._budget.eligible(req) != req.in_queue:
-                self._unplace(req)
-                self._place(req)
-        self._pump()
+    def _rebalance(self, devs: list[Device], reason: UnloadReason) -> None:
+        """After a device's budget, the policy or a thermal status changed: shed, re-sort
+        waiters, grant — on each of ``devs``."""
+        for dev in devs:
+            self._enforce(dev, reason)
+            budget = dev.budget
+            waiters = [*dev.queue.ordered(), *dev.parked.values()]
+            for req in sorted(waiters, key=_by_seq):
+                if budget.eligible(req) != req.in_queue:
+                    req.dev.unplace(req)
+                    req.dev.place(req)
+            self._pump(dev)
 
     # --- transitions ------------------------------------------------------------
 
     def _grant(self, req: ManagedRequest, charge: int | None = None) -> None:
         state = req.state
         if state is _Q or state is _W:
-            self._unplace(req)
+            req.dev.unplace(req)
         if req.wait_timer is not None:
             self._cancel_timer(req, "wait")
         grant_id = self._grant_ids()
         self._table.add_holder(req, grant_id)
+        dev = req.dev
+        dev.holders[req.key] = req
         req.grant_id = grant_id
         req.state = _G
-        req.charge = self._budget.charge(req) if charge is None else charge
-        self._budget.hold(req.charge)
+        budget = dev.budget
+        req.charge = budget.charge(req) if charge is None else charge
+        budget.hold(req.charge)
         uid, rid = req.key
-        self._emit(IssueGrant(uid, rid, grant_id))
-        self._emit(SendCanLoad(req.conn, uid, rid, LoadStatus.CAN_LOAD_NOW, grant_id))
+        out = self._out
+        out.append(IssueGrant(uid, rid, grant_id, dev.name))
+        out.append(SendCanLoad(req.conn, uid, rid, LoadStatus.CAN_LOAD_NOW, grant_id, dev.name))
         req.last_status = LoadStatus.CAN_LOAD_NOW
         self._decide(req.key, "granted", grant=grant_id[:8], charge=req.charge,
-                     used=self._budget.used)
+                     used=budget.used)
 
     def _set_waiting(self, req: ManagedRequest, state: RequestState) -> None:
         req.state = state
         status = LoadStatus.NOT_PRIORITIZED if state is _Q else LoadStatus.WAIT_FOR_UNLOAD
         if req.last_status != status:
             req.last_status = status
-            self._emit(SendCanLoad(req.conn, req.uid, req.request_id, status))
+            self._emit(SendCanLoad(req.conn, req.uid, req.request_id, status, None,
+                                   req.dev.name))
             self._decide(req.key, status.name.lower(), rank=req.rank, parked=req.parked)
 
     def _ask_unload(self, h: ManagedRequest, reason: UnloadReason, *, tell: bool = True
@@ -500,11 +568,11 @@ class ManagerState:
         assert h.state in (_G, _L), f"{h.key} asked to unload in state {h.state}"
         h.state = _U
         h.unload_reason = reason
-        self._budget.unloading(h.charge)
+        h.dev.budget.unloading(h.charge)
         at = self._now() + self.params.unload_deadline_s
         h.unload_deadline = at
         if tell:
-            self._emit(AskUnload(h.conn, h.uid, h.request_id, reason))
+            self._emit(AskUnload(h.conn, h.uid, h.request_id, reason, h.dev.name))
         self._arm(h, "unload", at)
         self._decide(h.key, "asked to unload", reason=reason.name, deadline=at)
 
@@ -516,34 +584,19 @@ class ManagerState:
             self._cancel_timer(req, "unload")
         state = req.state
         if state is _Q or state is _W:
-            self._unplace(req)
+            req.dev.unplace(req)
         uid, rid = req.key
+        dev = req.dev
         if state in _HOLDS:
             grant_id = self._table.remove_holder(req)
-            self._budget.release(req.charge, unloading=state is _U)
+            del dev.holders[req.key]
+            dev.budget.release(req.charge, unloading=state is _U)
             self._emit(EndGrant(grant_id, uid, rid, revoked=status is RequestStatus.REVOKED))
         if status is not None:
-            self._emit(SendComplete(req.conn, uid, rid, status))
+            self._emit(SendComplete(req.conn, uid, rid, status, dev.name))
         self._table.remove(req)
         what = _ENDED[status] if status is not None else "dropped (client gone)"
         self._decide(req.key, what, was=state.value)
-
-    def _park(self, req: ManagedRequest) -> None:
-        req.parked = True
-        self._parked[req.key] = req
-
-    def _place(self, req: ManagedRequest) -> None:
-        if self._budget.eligible(req):
-            self._queue.push(req)
-        else:
-            self._park(req)
-
-    def _unplace(self, req: ManagedRequest) -> None:
-        if req.in_queue:
-            self._queue.remove(req)
-        elif req.parked:
-            req.parked = False
-            del self._parked[req.key]
 
     def _arm(self, req: ManagedRequest, kind: str, at: float) -> None:
         name = f"{kind}:{req.uid}:{req.request_id}:{req.seq}"
@@ -575,9 +628,6 @@ class ManagerState:
         assert ev is not None
         self._record((ev.now, ev.stimulus_id, key, what, details))
 
-    def _counts(self) -> dict[str, int]:
-        return self._table.counts()
-
     # --- introspection ---------------------------------------------------------
 
     def validate(self) -> None:
@@ -593,10 +643,9 @@ class ManagerState:
         return dump_state(self, now)
 
     def __repr__(self) -> str:
-        c = self._counts()
+        c = self._table.counts()
         parts = [f"{c['loaded']} loaded", f"{c['granted']} granted"]
         if c["unload_requested"]:
             parts.append(f"{c['unload_requested']} unloading")
         parts.append(f"{c['queued'] + c['waiting']} waiting")
-        return f"policy={self._budget.settings.name} {self._budget.describe()} | " + ", ".join(
-            parts)
+        return f"policy={self._settings.name} {self._devices.describe()} | " + ", ".join(parts)

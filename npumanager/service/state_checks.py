@@ -3,7 +3,7 @@
 Kept apart from the state machine so the rules in :mod:`.state` read on
 their own; both functions only read the state.
 
-The invariants, precisely:
+The invariants, precisely (every budget, queue and holder set is one device's):
 
 1. Every live request is in exactly one place: a holder (GRANTED, LOADED,
    UNLOAD_REQUESTED) with exactly one live grant, or a waiter (QUEUED,
@@ -23,6 +23,11 @@ The invariants, precisely:
 6. Every holder asked to unload has a deadline timer; every timer names a
    live request.
 7. The last ``handle`` emitted nothing for a request after its SendComplete.
+8. Devices: every request's device is in the device table; a device's holders,
+   queue and parked waiters are exactly its requests in those states; every
+   device's budget runs under the policy in force and the worse of the
+   machine's thermal status and its own; names are unique, ``first`` is the
+   first.
 """
 
 from __future__ import annotations
@@ -53,11 +58,26 @@ _EXPECTED_STATUS = {
 
 
 def validate_state(s: ManagerState) -> None:
-    t, b = s._table, s._budget
+    t = s._table
     reqs = t.requests
+    devs = s._devices
+    assert devs.first is next(iter(devs)), "the first device is not the table's first"
+    for name, dev in devs.by_name.items():
+        assert dev.name == name, f"device {dev.name} filed as {name}"
+        assert dev.budget.settings is s._settings, f"{name}: budget under another policy"
+        assert dev.budget.thermal == max(s._devices.thermal, dev.own_thermal), (
+            f"{name}: thermal {dev.budget.thermal.name}, machine {s._devices.thermal.name}, "
+            f"own {dev.own_thermal.name}")
+        for key, h in dev.holders.items():
+            assert h.dev is dev and h.key == key and h.state.holds, f"{key}: stray holder of {name}"
+        for key, r in dev.parked.items():
+            assert r.dev is dev and r.parked, f"{key}: stray parked waiter of {name}"
+    assert sum(len(d.holders) for d in devs) == len(t.holders), "per-device holders disagree"
     # 1. one place each, indexes agree
     for key, r in reqs.items():
         assert r.key == key, f"{key}: stored under the wrong key {r.key}"
+        assert devs.by_name.get(r.dev.name) is r.dev, f"{key}: its device {r.dev.name} is unknown"
+        b = r.dev.budget
         assert r.state is not RequestState.PENDING, f"{key}: left PENDING after an event"
         assert key in t.by_conn.get(r.conn, ()), f"{key}: missing from conn {r.conn} index"
         assert key in t.by_uid.get(r.uid, ()), f"{key}: missing from uid index"
@@ -67,6 +87,7 @@ def validate_state(s: ManagerState) -> None:
         )
         if r.state.holds:
             assert key in t.holders, f"{key}: holds but is not in the holder index"
+            assert r.dev.holders.get(key) is r, f"{key}: not among {r.dev.name}'s holders"
             assert r.grant_id is not None and t.grants.get(r.grant_id) == key, (
                 f"{key}: holder without its live grant"
             )
@@ -77,7 +98,7 @@ def validate_state(s: ManagerState) -> None:
             assert r.in_queue != r.parked, (
                 f"{key}: waiter queued={r.in_queue} parked={r.parked} (must be exactly one)"
             )
-            assert r.parked == (key in s._parked), f"{key}: parked flag disagrees with index"
+            assert r.parked == (key in r.dev.parked), f"{key}: parked flag disagrees with index"
         limit = pol.rank_allowed(r.rank, b.keep)
         assert r.rank == s.importance(r.uid) + int(r.priority), f"{key}: stale rank {r.rank}"
         if r.state.holds and not limit:
@@ -109,28 +130,39 @@ def validate_state(s: ManagerState) -> None:
     )
     for g, key in t.grants.items():
         assert key in t.holders and t.holders[key].grant_id == g, f"grant {g[:8]} has no holder"
-    for key in s._parked:
-        assert key in reqs, f"parked index names dead request {key}"
-    s._queue.check()
     waiting = sum(1 for r in reqs.values() if r.state.waits)
-    assert waiting == len(s._queue) + len(s._parked), "waiters are not all queued or parked"
-    # 2. sums and charges
-    used = sum(h.charge for h in t.holders.values())
-    freeing = sum(h.charge for h in t.holders.values() if h.state is RequestState.UNLOAD_REQUESTED)
-    assert (used, freeing) == (b.used, b.freeing), (
-        f"budget sums drifted: used {b.used} (really {used}), freeing {b.freeing} ({freeing})"
-    )
-    for h in t.holders.values():
-        assert h.charge == b.charge(h), f"{h.key}: charged {h.charge}, policy says {b.charge(h)}"
-    # 3. the budget
-    if b.hold_cap is not None:
-        assert used - freeing <= b.hold_cap, (
-            f"budget exceeded: {used - freeing} held (not unloading) > {b.hold_cap}"
+    queued = 0
+    for dev in devs:
+        b = dev.budget
+        for key in dev.parked:
+            assert key in reqs, f"parked index names dead request {key}"
+        dev.queue.check()
+        for r in dev.queue.ordered():
+            assert r.dev is dev, f"{r.key} of {r.dev.name} queued on {dev.name}"
+        queued += len(dev.queue) + len(dev.parked)
+        # 2. sums and charges
+        used = sum(h.charge for h in dev.holders.values())
+        freeing = sum(h.charge for h in dev.holders.values()
+                      if h.state is RequestState.UNLOAD_REQUESTED)
+        assert (used, freeing) == (b.used, b.freeing), (
+            f"{dev.name}: budget sums drifted: used {b.used} (really {used}), freeing "
+            f"{b.freeing} ({freeing})"
         )
-    # 5. liveness
-    head = s._queue.peek()
-    if head is not None and not s._held:  # while adopting, waiters wait for the claims
-        assert not b.fits(b.charge(head)), f"queue head {head.key} fits but was not granted"
+        for h in dev.holders.values():
+            assert h.charge == b.charge(h), (
+                f"{h.key}: charged {h.charge}, policy says {b.charge(h)}")
+        # 3. the budget
+        if b.hold_cap is not None:
+            assert used - freeing <= b.hold_cap, (
+                f"{dev.name}: budget exceeded: {used - freeing} held (not unloading) > "
+                f"{b.hold_cap}"
+            )
+        # 5. liveness
+        head = dev.queue.peek()
+        if head is not None and not s._held:  # while adopting, waiters wait for claims
+            assert not b.fits(b.charge(head)), (
+                f"{dev.name}: queue head {head.key} fits but was not granted")
+    assert waiting == queued, "waiters are not all queued or parked"
     # 6. timers
     for name, key in t.timers.items():
         assert key in reqs, f"timer {name} names dead request {key}"
@@ -147,8 +179,10 @@ def validate_state(s: ManagerState) -> None:
 
 
 def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
-    t, b = s._table, s._budget
-    queue_order = [list(r.key) for r in s._queue.ordered()]
+    t = s._table
+    devs = list(s._devices)
+    first = s._devices.first
+    queues = {d.name: [list(r.key) for r in d.queue.ordered()] for d in devs}
     uids = set(s._importance) | set(s._last_completed) | set(t.by_uid)
     requests = []
     for r in sorted(t.requests.values(), key=lambda r: r.seq):
@@ -156,6 +190,7 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
             {
                 "uid": r.uid,
                 "request_id": r.request_id,
+                "device": r.dev.name,
                 "conn": r.conn,
                 "pid": r.pid,
                 "state": r.state.value,
@@ -164,7 +199,7 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
                 "rank": r.rank,
                 "grant": r.grant_id[:8] if r.grant_id else None,
                 "age_s": round(now - r.created, 3),
-                "charge": r.charge if r.state.holds else b.charge(r),
+                "charge": r.charge if r.state.holds else r.dev.budget.charge(r),
                 "real_bytes": r.real_bytes,
                 "loaded": r.loaded,
                 "unload_reason": r.unload_reason.name if r.unload_reason is not None else None,
@@ -174,11 +209,37 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
                 "parked": r.parked,
             }
         )
-    sections = b.dump()
+    budgets = []
+    for d in devs:
+        sections = d.budget.dump()
+        budgets.append({
+            "device": d.name,
+            "driver": d.driver or None,
+            "up": d.budget.up,
+            "placeholder": d.placeholder,
+            "memory_bytes": d.budget.memory_bytes,
+            **sections["budget"],
+            "limits": d.budget.limits.as_dict() if d.budget.limits is not None else {},
+            "thermal": {**sections["thermal"], "own_status": d.own_thermal.name},
+            "holders": len(d.holders),
+            "waiting": len(d.queue) + len(d.parked),
+        })
+    drivers: dict[str, dict[str, Any]] = {}
+    for d in devs:
+        if d.driver:
+            e = drivers.setdefault(d.driver, {"memory_bytes": 0, "up": False, "devices": []})
+            e["memory_bytes"] += d.budget.memory_bytes
+            e["up"] = e["up"] or d.budget.up
+            e["devices"].append(d.name)
+    first_sections = first.budget.dump()
     return {
-        "policy": b.settings.as_dict(),
-        "budget": sections["budget"],
-        "thermal": sections["thermal"],
+        "policy": s._settings.as_dict(),
+        # The first device's budget (the one budget of a one-device machine); every
+        # device's is in "budgets".
+        "budget": {"device": first.name, **first_sections["budget"]},
+        "budgets": budgets,
+        "thermal": {**first_sections["thermal"], "status": s._devices.thermal.name,
+                    "devices": {d.name: d.budget.thermal.name for d in devs}},
         "uids": {
             str(u): {
                 "importance": s.importance(u),
@@ -192,10 +253,13 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
             for u in sorted(uids)
         },
         "requests": requests,
-        "queue": queue_order,
-        "parked": [list(k) for k in sorted(s._parked, key=lambda k: s._parked[k].seq)],
-        "counts": s._counts(),
-        "drivers": sections["drivers"],
+        # Service order per device, the devices in order.
+        "queue": [k for d in devs for k in queues[d.name]],
+        "queues": queues,
+        "parked": [list(r.key) for d in devs
+                   for r in sorted(d.parked.values(), key=lambda r: r.seq)],
+        "counts": s._table.counts(),
+        "drivers": drivers,
         "params": {
             "unload_deadline_s": s.params.unload_deadline_s,
             "max_queue_wait_s": s.params.max_queue_wait_s,

@@ -9,7 +9,7 @@ per-request instruction sequence that is not a legal lifecycle.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from npumanager.constants import (
@@ -162,12 +162,17 @@ class StreamChecker:
 
 
 class Harness:
-    """A ManagerState on virtual time. Conn defaults to the uid (one connection per uid)."""
+    """A ManagerState on virtual time. Conn defaults to the uid (one connection per uid).
 
-    def __init__(self, params: ManagerParams | None = None, *, policy: Any = None) -> None:
+    ``drivers``: the configured drivers (each a placeholder device until it reports)."""
+
+    def __init__(self, params: ManagerParams | None = None, *, policy: Any = None,
+                 drivers: tuple[str, ...] = ()) -> None:
         counter = itertools.count(1)
         if policy is not None:
             params = (params or ManagerParams()).with_policy(policy)
+        if drivers:
+            params = replace(params or ManagerParams(), drivers=drivers)
         self.state = ManagerState(params, grant_ids=lambda: f"grant-{next(counter):04d}")
         self.now = 1000.0
         self.checker = StreamChecker()
@@ -215,6 +220,7 @@ class Harness:
         size: int = 0,
         priority: int = 0,
         conn: int | None = None,
+        device: str | None = None,
     ) -> list[ev.Instruction]:
         return self.handle(
             self.mk(
@@ -225,6 +231,7 @@ class Harness:
                 request_id=rid,
                 size=ModelSize(size),
                 priority=ModelPriority(priority),
+                device=device,
             )
         )
 
@@ -246,14 +253,18 @@ class Harness:
     def policy(self, policy: int, **kw: Any) -> list[ev.Instruction]:
         return self.handle(self.mk(ev.PolicySet, policy=policy, **kw))
 
-    def completed(self, uid: int, reason: EndReason = EndReason.COMPLETED) -> list[ev.Instruction]:
-        return self.handle(self.mk(ev.WorkEnded, uid=uid, reason=reason))
+    def completed(self, uid: int, reason: EndReason = EndReason.COMPLETED,
+                  device: str | None = None) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.WorkEnded, uid=uid, reason=reason, device=device))
 
-    def thermal(self, status: ThermalStatus) -> list[ev.Instruction]:
-        return self.handle(self.mk(ev.ThermalChanged, status=status))
+    def thermal(self, status: ThermalStatus, device: str | None = None) -> list[ev.Instruction]:
+        return self.handle(self.mk(ev.ThermalChanged, status=status, device=device))
 
-    def driver_up(self, name: str, memory: int) -> list[ev.Instruction]:
-        return self.handle(self.mk(ev.DriverUp, name=name, memory_bytes=memory))
+    def driver_up(self, name: str, memory: int = 0,
+                  devices: dict[str, int] | None = None) -> list[ev.Instruction]:
+        """Driver ``name`` up with one device (``memory``) or ``devices`` (name -> bytes)."""
+        return self.handle(self.mk(ev.DriverUp, name=name, memory_bytes=memory,
+                                   devices=tuple((devices or {}).items())))
 
     def driver_down(self, name: str) -> list[ev.Instruction]:
         return self.handle(self.mk(ev.DriverDown, name=name))
@@ -268,9 +279,10 @@ class Harness:
                 return g
         raise AssertionError(f"({uid}, {rid}) holds no grant")
 
-    def hold(self, uid: int, rid: int, size: int = 0, priority: int = 0) -> None:
+    def hold(self, uid: int, rid: int, size: int = 0, priority: int = 0,
+             device: str | None = None) -> None:
         """Request and load; the request must be granted at once."""
-        out = self.request(uid, rid, size, priority)
+        out = self.request(uid, rid, size, priority, device=device)
         assert status_of(out, uid, rid) == LoadStatus.CAN_LOAD_NOW, out
         self.loaded(uid, rid)
 
@@ -317,9 +329,10 @@ BIG, MID, SMALL = 2, 1, 0
 BGP, OPP = int(ModelPriority.BACKGROUND), int(ModelPriority.OPPORTUNISTIC)
 
 
-def budget(**kw: object) -> Harness:
+def budget(**kw: Any) -> Harness:
     """A harness (BUDGET unless ``policy=``) whose uids have the cast's importances."""
-    h = Harness(policy=kw.pop("policy", Policy.BUDGET))
+    h = Harness(kw.pop("params", None), policy=kw.pop("policy", Policy.BUDGET),
+                drivers=kw.pop("drivers", ()))
     for uid, imp in (
         (FG, Importance.FOREGROUND),
         (FGS, Importance.FOREGROUND_SERVICE),

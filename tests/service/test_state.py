@@ -38,8 +38,8 @@ def test_lifecycle_grant_load_unload_complete() -> None:
     out = h.request(FG, 1)
     assert [type(i) for i in out] == [ev.IssueGrant, ev.SendCanLoad]
     assert out == [
-        ev.IssueGrant(FG, 1, "grant-0001"),
-        ev.SendCanLoad(FG, FG, 1, LoadStatus.CAN_LOAD_NOW, "grant-0001"),
+        ev.IssueGrant(FG, 1, "grant-0001", "default"),
+        ev.SendCanLoad(FG, FG, 1, LoadStatus.CAN_LOAD_NOW, "grant-0001", "default"),
     ]
     assert h.state_of(FG, 1) == "granted"
     assert h.loaded(FG, 1) == []
@@ -47,7 +47,7 @@ def test_lifecycle_grant_load_unload_complete() -> None:
     out = h.unloaded(FG, 1)
     assert out == [
         ev.EndGrant("grant-0001", FG, 1, revoked=False),
-        ev.SendComplete(FG, FG, 1, RequestStatus.COMPLETE),
+        ev.SendComplete(FG, FG, 1, RequestStatus.COMPLETE, "default"),
     ]
     assert h.state_of(FG, 1) is None
     assert h.state.budget_used == 0
@@ -70,7 +70,7 @@ def test_cancel_queued_request() -> None:
     h.hold(FG, 1, BIG)
     assert status_of(h.request(BG, 2), BG, 2) == LoadStatus.NOT_PRIORITIZED
     out = h.cancel(BG, 2)
-    assert out == [ev.SendComplete(BG, BG, 2, RequestStatus.CANCELLED)]
+    assert out == [ev.SendComplete(BG, BG, 2, RequestStatus.CANCELLED, "default")]
 
 
 def test_cancel_granted_request_ends_its_grant() -> None:
@@ -79,7 +79,7 @@ def test_cancel_granted_request_ends_its_grant() -> None:
     out = h.cancel(FG, 1)
     assert out == [
         ev.EndGrant("grant-0001", FG, 1, revoked=False),
-        ev.SendComplete(FG, FG, 1, RequestStatus.CANCELLED),
+        ev.SendComplete(FG, FG, 1, RequestStatus.CANCELLED, "default"),
     ]
 
 
@@ -183,7 +183,7 @@ def test_revocation_after_the_deadline() -> None:
     out = h.advance(0.2)
     assert for_key(out, BG, 1) == [
         ev.EndGrant("grant-0001", BG, 1, revoked=True),
-        ev.SendComplete(BG, BG, 1, RequestStatus.REVOKED),
+        ev.SendComplete(BG, BG, 1, RequestStatus.REVOKED, "default"),
     ]
     assert granted(out) == [(FG, 2)]
     story = [d.what for d in h.state.story(BG, 1)]
@@ -315,6 +315,7 @@ def test_hot_path_never_scans_the_queue(monkeypatch: pytest.MonkeyPatch) -> None
 
     from npumanager.service.ranking import RankQueue
     from npumanager.service.state import ManagerState
+    from npumanager.service.table import RequestTable
 
     ids = itertools.count()
     s = ManagerState(grant_ids=lambda: f"g{next(ids)}")
@@ -335,7 +336,7 @@ def test_hot_path_never_scans_the_queue(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(RankQueue, "ordered", boom)
     monkeypatch.setattr(ManagerState, "_rebalance", boom)
-    monkeypatch.setattr(ManagerState, "_counts", boom)
+    monkeypatch.setattr(RequestTable, "counts", boom)
     pops = 0
     real_peek = RankQueue.peek
 

@@ -47,7 +47,7 @@ def test_a_claim_the_driver_holds_is_adopted_loaded_without_a_callback() -> None
 def test_a_claim_no_driver_knows_becomes_granted_not_loaded() -> None:
     h = budget()
     out = claim(h, 1000, 1, "loaded", "g-lost")
-    assert out == [ev.IssueGrant(1000, 1, "g-lost")]
+    assert out == [ev.IssueGrant(1000, 1, "g-lost", "default")]
     assert h.state_of(1000, 1) == "granted"
     h.loaded(1000, 1)  # the app prepares again under its grant
     assert h.state_of(1000, 1) == "loaded"
@@ -134,3 +134,19 @@ def test_client_gone_during_adoption_drops_its_adopted_requests() -> None:
     out = h.gone(1000)
     assert [i for i in out if isinstance(i, ev.EndGrant)] == [
         ev.EndGrant("g-a", 1000, 1, revoked=False)]
+
+
+def test_a_held_grant_is_adopted_on_the_device_of_the_driver_that_holds_it() -> None:
+    h = budget(drivers=("reference", "openvino"))
+    h.handle(h.mk(ev.DriverHeld, name="openvino", grants=(ev.HeldGrant("g-ov", 1000, 1),)))
+    out = claim(h, 1000, 1, "loaded", "g-ov", size=2)
+    assert out[0] == ev.IssueGrant(1000, 1, "g-ov", "openvino")
+    assert h.state.device_of(1000, 1) == "openvino"
+    assert (h.state.used_on("openvino"), h.state.used_on("reference")) == (4, 0)
+    # A waiting claim keeps the device it named.
+    out = claim(h, 1001, 2, "waiting", device="openvino")
+    assert h.state.device_of(1001, 2) == "openvino"
+    # openvino is full: its adopted holder (ranked worse) is the victim, on openvino.
+    assert status_of(out, 1001, 2) == LoadStatus.WAIT_FOR_UNLOAD
+    assert [(i.uid, i.device) for i in out if isinstance(i, ev.AskUnload)] == [
+        (1000, "openvino")]

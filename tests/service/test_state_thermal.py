@@ -224,6 +224,7 @@ def test_dump_shows_thermal_state() -> None:
         "budget_scale": 0.5,
         "keep_rank": 230,
         "opportunistic_wait": True,
+        "devices": {"default": "SEVERE"},
     }
     assert d["budget"]["total"] == 4 and d["budget"]["thermal_scaled"] == 2
     assert "thermal=SEVERE" in repr(h.state)

@@ -298,7 +298,7 @@ def test_holder_ignoring_thermal_unload_is_revoked_at_deadline() -> None:
     out = g.advance(0.1)
     ends = [i for i in out if isinstance(i, ev.EndGrant)]
     assert len(ends) == 1 and ends[0].uid == CACHED and ends[0].revoked
-    assert ev.SendComplete(CACHED, CACHED, 1, RequestStatus.REVOKED) in out
+    assert ev.SendComplete(CACHED, CACHED, 1, RequestStatus.REVOKED, g.state.devices()[0]) in out
     assert g.state_of(CACHED, 1) is None
     assert g.state_of(FG, 1) == "loaded"
     assert any(d.what == "unload deadline passed" for d in g.state.story(CACHED, 1))
@@ -309,7 +309,7 @@ def test_holder_that_complies_is_complete_not_revoked() -> None:
     g.hold(SVC, 1)
     g.thermal(T.SEVERE)
     out = g.handle(ev.ModelUnloaded, uid=SVC, conn=SVC, request_id=1)
-    assert ev.SendComplete(SVC, SVC, 1, RequestStatus.COMPLETE) in out
+    assert ev.SendComplete(SVC, SVC, 1, RequestStatus.COMPLETE, g.state.devices()[0]) in out
     assert g.advance(10.0) == []  # the deadline timer was cancelled
 
 
@@ -343,7 +343,7 @@ def test_heating_a_zone_makes_background_leave_and_foreground_stay(tmp_path: Pat
     assert step(79.5) == []  # within hysteresis: still SEVERE, nothing new
     g.handle(ev.ModelUnloaded, uid=SVC, conn=SVC, request_id=1)
     out = g.advance(g.state.params.unload_deadline_s)  # CACHED ignored the request
-    assert ev.SendComplete(CACHED, CACHED, 1, RequestStatus.REVOKED) in out
+    assert ev.SendComplete(CACHED, CACHED, 1, RequestStatus.REVOKED, g.state.devices()[0]) in out
     assert g.state_of(FG, 1) == "loaded"
     out = step(50.0)  # cooled down: the opportunistic waiter gets in
     assert granted(out) == [(CACHED, 2)]
