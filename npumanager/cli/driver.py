@@ -16,13 +16,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from npumanager.cli.main import add_runtime_dir
 from npumanager.errors import UnsafePath
 
 if TYPE_CHECKING:
     from npumanager.drivers.host import DriverHost
+    from npumanager.hal.host_config import HostConfig
 
 log = logging.getLogger("npumanager.driver")
 
@@ -73,7 +74,7 @@ async def serve(args: argparse.Namespace) -> int:
             f"cannot create its state dir {state}: {getattr(exc, 'strerror', None) or exc}; "
             f"set {how} to a "
             f"directory this user ({_user()}) may write") from None
-    driver, counts = instantiate(hc.plugin, hc.options)
+    driver, counts = instantiate(hc.plugin, plugin_options(hc, state))
     host = DriverHost(hc, driver, rt, state_root, cache_counts=counts)
     await host.start()
     stop = asyncio.Event()
@@ -91,6 +92,13 @@ async def serve(args: argparse.Namespace) -> int:
             watch.cancel()
         await host.close()
     return 0
+
+
+def plugin_options(hc: HostConfig, state: Path) -> dict[str, Any]:
+    """The plugin's options: its [driver.options], with ``state_dir`` defaulting to the
+    host's own private state dir (a plugin that must write, like torch's verified
+    package copies, writes there rather than in a world-readable temporary dir)."""
+    return {"state_dir": str(state), **hc.options}
 
 
 async def _exit_when_orphaned(host: DriverHost, stop: asyncio.Event) -> None:

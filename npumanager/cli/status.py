@@ -106,6 +106,14 @@ def _budget_line(budget: dict[str, Any], policy: dict[str, Any]) -> str:
     return line
 
 
+def _device_thermal(b: dict[str, Any]) -> str:
+    """A device's thermal status where it is not NONE (its own or the machine's), and
+    whether its driver is down."""
+    th = b.get("thermal") or {}
+    out = f"; thermal {th['status']}" if th.get("status") not in (None, "NONE") else ""
+    return out + ("" if b.get("up", True) or b.get("placeholder") else "; driver down")
+
+
 def _thermal_line(thermal: dict[str, Any]) -> str:
     line = str(thermal.get("status", "?"))
     if thermal.get("override") or thermal.get("overridden"):
@@ -184,7 +192,14 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
         f"{daemon.get('clients', 0)} client(s)"
         + (f"  {daemon['internal_errors']} internal error(s)"
            if daemon.get("internal_errors") else ""))
-    rows = [("policy", _policy_line(policy)), ("budget", _budget_line(budget, policy)),
+    budgets = [b for b in dump.get("budgets") or [] if isinstance(b, dict)]
+    if len(budgets) > 1:  # one budget per device: a line each
+        budget_rows = [("budget" if i == 0 else "", f"{b.get('device')}: "
+                        + _budget_line(b, policy) + _device_thermal(b))
+                       for i, b in enumerate(budgets)]
+    else:
+        budget_rows = [("budget", _budget_line(budget, policy))]
+    rows = [("policy", _policy_line(policy)), *budget_rows,
             ("thermal", _thermal_line(thermal)),
             ("requests", _counts_line(dump.get("counts") or {}))]
     if params:
@@ -199,7 +214,7 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
     elif settings.get("persisted"):
         rows.append(("settings", f"admin settings kept in {settings.get('path')}"))
     for label, text in rows:
-        console.print(f"{label + ':':9s} {text}")
+        console.print(f"{label + ':' if label else '':9s} {text}")
 
     queue_pos = {(k[0], k[1]): i + 1 for i, k in enumerate(dump.get("queue") or [])
                  if isinstance(k, (list, tuple)) and len(k) == 2}

@@ -56,7 +56,8 @@ def _devices(payload: bytes) -> list[DeviceSummary]:
 
 def request(req: ModelLoadRequest) -> Call[None]:
     return Call("request", LoadRequest(request_id=req.id, size=int(req.size),
-                                       priority=int(req.priority)), _nothing)
+                                       priority=int(req.priority), device=req.device or ""),
+                _nothing)
 
 
 def request_ref(method: str, request_id: int) -> Call[None]:

@@ -333,7 +333,7 @@ class ClientCore(Generic[L]):
         for x in self._live.values():
             c = Claim(request_id=x.request.id, size=int(x.request.size),
                       priority=int(x.request.priority), state=x.state.value,
-                      grant_id=x.grant_id or "")
+                      grant_id=x.grant_id or "", device=x.request.device or "")
             if x.unload_reason is not None:
                 c.unload_reason = int(x.unload_reason)
             claims.append(c)

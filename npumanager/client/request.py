@@ -37,7 +37,8 @@ def _check_int(value: object, what: str) -> int:
 
 @dataclass(frozen=True)
 class ModelLoadRequest:
-    """What an app asks to load: an id unique per connection, a size class and a priority.
+    """What an app asks to load: an id unique per connection, a size class, a priority and
+    the device the model will be prepared on (``nn.devices()`` names; None: the first).
 
     Frozen and hashable, so it can key a dict; the same id from two uids is two
     requests (npud keys requests by (uid, id))."""
@@ -45,9 +46,13 @@ class ModelLoadRequest:
     id: int
     size: ModelSize = ModelSize.LESS_THAN_1GB
     priority: ModelPriority = ModelPriority.NORMAL
+    #: The grant is valid on this device only (npud keeps one budget per device).
+    device: str | None = None
 
     def __post_init__(self) -> None:
         _check_int(self.id, "request id")
+        if self.device is not None and (not isinstance(self.device, str) or not self.device):
+            raise InvalidArgument(f"device must be a device name or None, got {self.device!r}")
         # Already enum members (the usual case): nothing to convert (an Enum call is ~0.7 µs).
         if type(self.size) is not ModelSize:
             try:
@@ -67,6 +72,7 @@ class ModelLoadRequest:
             self._id = id
             self._size = ModelSize.LESS_THAN_1GB
             self._priority = ModelPriority.NORMAL
+            self._device: str | None = None
 
         def set_size(self, size: ModelSize | int) -> ModelLoadRequest.Builder:
             self._size = size  # type: ignore[assignment]  # validated in build()
@@ -76,8 +82,12 @@ class ModelLoadRequest:
             self._priority = priority  # type: ignore[assignment]
             return self
 
+        def set_device(self, device: str | None) -> ModelLoadRequest.Builder:
+            self._device = device
+            return self
+
         def build(self) -> ModelLoadRequest:
-            return ModelLoadRequest(self._id, self._size, self._priority)
+            return ModelLoadRequest(self._id, self._size, self._priority, self._device)
 
 
 class ModelLoadRequestCallback:

@@ -40,7 +40,8 @@ class ClientConn:
 
 
 def params_from(hc: HostConfig) -> DriverParams:
-    return DriverParams(name=hc.name, channels=hc.channels, thermal_cutoff=hc.thermal_cutoff,
+    return DriverParams(name=hc.name, channels=hc.channels, device_number=hc.device_number,
+                        thermal_cutoff=hc.thermal_cutoff,
                         inline_run_us=hc.inline_run_us,
                         inline_idle_run_us=hc.inline_idle_run_us,
                         enforce_admission=hc.enforce_admission,

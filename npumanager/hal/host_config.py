@@ -52,12 +52,18 @@ class HostConfig:
     background_sched: str = "nice"
     background_nice: int = 10
     options: dict[str, Any] = field(default_factory=dict)
+    #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what
+    #: ``WorkInfo.device_number`` says, so npud charges work to the right device.
+    device_number: int = 0
 
     @classmethod
     def from_config(cls, cfg: Config, name: str) -> HostConfig:
-        entries = [d for d in cfg.drivers() if d.get("name") == name]
+        listed = cfg.drivers()
+        entries = [d for d in listed if d.get("name") == name]
+        number = 0
         if entries:
             d = entries[0]
+            number = listed.index(d)
         else:  # `npu driver X` for a driver the config does not list: X is the plugin
             template = Config().drivers()[0]
             d = {**template, "name": name, "plugin": name}
@@ -85,4 +91,5 @@ class HostConfig:
             background_sched=str(d.get("background_sched", "nice")),
             background_nice=int(d.get("background_nice", 10)),
             options=dict(d.get("options", {})),
+            device_number=number,
         )

@@ -45,8 +45,8 @@ def devices(runtime_dir: str | os.PathLike[str] | None = None) -> list[Device]:
     except ServiceUnavailable as exc:
         raise DeviceUnavailable(f"cannot list devices: {exc}") from None
     listed = DeviceList.FromString(payload)
-    return [Device(d.name, runtime_dir, socket_path=d.socket_path or None)
-            for d in listed.devices]
+    return [Device(d.name, runtime_dir, socket_path=d.socket_path or None,
+                   number=d.device_number) for d in listed.devices]
 
 
 def device(name: str, runtime_dir: str | os.PathLike[str] | None = None) -> Device:

@@ -140,8 +140,11 @@ class Device:
     """A device (driver) as the runtime sees it."""
 
     def __init__(self, name: str, runtime_dir: str | os.PathLike[str] | None = None,
-                 socket_path: str | None = None) -> None:
+                 socket_path: str | None = None, number: int | None = None) -> None:
         self.name = name
+        #: Its index in ``nn.devices()`` (what ``WorkInfo.device_number`` says); None when
+        #: opened by name without listing.
+        self.number = number
         self.socket_path = socket_path or str(paths.driver_socket(name, runtime_dir))
         self._lock = threading.Lock()
         self._rpc: SyncRpcClient | None = None

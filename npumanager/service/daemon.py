@@ -241,7 +241,7 @@ class Daemon:
                                                  grant_id=ins.grant_id or ""))
 
         def issue_grant(ins: ev.IssueGrant) -> None:
-            drivers.grant_issued(ins.uid, ins.request_id, ins.grant_id)
+            drivers.grant_issued(ins.uid, ins.request_id, ins.grant_id, ins.device)
 
         def complete(ins: ev.SendComplete) -> None:
             if say:
@@ -271,8 +271,9 @@ class Daemon:
             drivers.update_scheduling_configs(self.extras.merge_configs(ins.entries))
 
         def driver_thermal(ins: ev.SetDriverThermal) -> None:
-            decision("driver thermal status", status=ThermalStatus(ins.status).name)
-            drivers.set_thermal_status(ins.status)
+            decision("driver thermal status", status=ThermalStatus(ins.status).name,
+                     device=ins.device or "all")
+            drivers.set_thermal_status(ins.status, ins.device)
 
         return {
             ev.SendCanLoad: can_load,
@@ -368,7 +369,16 @@ class Daemon:
             observe(self.observers, "on_work_ended", driver, info, reason)
         self.submit_quietly(ev.WorkEnded(stimulus_id=self.stimulus("work-ended"),
                                          now=self.clock.now(), uid=info.original_uid,
-                                         reason=reason))
+                                         reason=reason, device=self._device_of(driver, info)))
+
+    def _device_of(self, driver: str, info: WorkInfo) -> str | None:
+        """The device a driver's work ran on (its ``device_number`` in ``nn.devices()``),
+        if npud knows it; None: the uid's holders on every device count."""
+        names = self.state.devices()
+        n = info.device_number
+        if 0 <= n < len(names) and (names[n] == driver or names[n].startswith(driver + ":")):
+            return names[n]
+        return driver if driver in names else None
 
     def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None:
         self.submit_quietly(ev.ModelMemory(stimulus_id=self.stimulus("model-memory"),

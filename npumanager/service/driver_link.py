@@ -34,9 +34,13 @@ class DriverControl(Protocol):
         """The full table; the supervisor also re-pushes the last one on every (re)connect."""
         ...
     def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None: ...
-    def grant_issued(self, uid: int, request_id: int, grant_id: str) -> None: ...
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
+        """A grant valid on ``device`` only (its driver alone is told; "": every driver)."""
+        ...
     def grant_ended(self, grant_id: str, revoked: bool) -> None: ...
-    def set_thermal_status(self, status: ThermalStatus) -> None: ...
+    def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
+        """The machine's thermal status (``device`` "") or one device's own."""
+        ...
     def temperatures(self) -> dict[str, float]:
         """Latest temperature (Celsius) each driver's own thermal model reported."""
         ...
@@ -60,13 +64,13 @@ class NoDrivers:
     def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:
         pass
 
-    def grant_issued(self, uid: int, request_id: int, grant_id: str) -> None:
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
         pass
 
     def grant_ended(self, grant_id: str, revoked: bool) -> None:
         pass
 
-    def set_thermal_status(self, status: ThermalStatus) -> None:
+    def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
         pass
 
     def temperatures(self) -> dict[str, float]:

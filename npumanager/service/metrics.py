@@ -7,8 +7,9 @@ knows nothing about metrics. Gauges (requests per state, budget, thermal,
 drivers up) are read from npud at scrape time, on npud's event loop, so a scrape
 never sees a half-applied event.
 
-One budget exists today: its ``device`` label is the first configured driver's
-name (the one device of the reference setup). Names are listed in API.md
+npud keeps one budget per device: ``npu_budget_used`` and ``npu_budget_max``
+carry one sample per device (``device`` label: its ``nn.devices()`` name); the
+request counts carry the first device's label. Names are listed in API.md
 ("Operations").
 """
 
@@ -150,7 +151,12 @@ class MetricsObserver(DaemonObserver):
         thermal = d.thermal_info()
         headroom = thermal.get("headroom")
         cap = budget.get("thermal_scaled")
+        budgets = {str(b.get("device")): (
+            float(b.get("used") or 0),
+            float(b["thermal_scaled"] if b.get("thermal_scaled") is not None
+                  else b.get("total") or 0)) for b in dump.get("budgets") or []}
         return {
+            "budgets": budgets,
             "requests": {k: sum(int(counts.get(c, 0)) for c in parts)
                          for k, parts in REQUEST_STATES.items()},
             "budget_used": float(budget.get("used") or 0),
@@ -216,13 +222,17 @@ class _Gauges:
         for state, n in snap["requests"].items():
             g.add_metric([dev, state], n)
         yield g
+        # One budget per device; a state with none reported yet shows the first's.
+        budgets = snap["budgets"] or {dev: (snap["budget_used"], snap["budget_max"])}
         g = GaugeMetricFamily("npu_budget_used", "Budget held by granted and loaded "
                               "requests.", labels=["device"])
-        g.add_metric([dev], snap["budget_used"])
+        for name, (used, _) in budgets.items():
+            g.add_metric([name], used)
         yield g
         g = GaugeMetricFamily("npu_budget_max", "The budget, after thermal scaling.",
                               labels=["device"])
-        g.add_metric([dev], snap["budget_max"])
+        for name, (_, top) in budgets.items():
+            g.add_metric([name], top)
         yield g
         yield GaugeMetricFamily("npu_thermal_status", "Thermal status, 0 NONE .. 6 SHUTDOWN.",
                                 value=snap["thermal_status"])

@@ -93,6 +93,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
             stimulus_id=stimulus("request"), now=clock.now(), uid=client.key,
             pid=ctx.conn.peer.pid, conn=client.cid, request_id=m.request_id,
             size=size, priority=priority,  # type: ignore[arg-type]  # checked above
+            device=m.device or None,
         ))
         return EMPTY
 
@@ -126,7 +127,8 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
                 stimulus_id=stimulus("claim"), now=clock.now(), uid=client.key,
                 pid=ctx.conn.peer.pid, conn=client.cid, request_id=c.request_id,
                 size=c.size, priority=c.priority,  # type: ignore[arg-type]  # checked there
-                state=c.state, grant_id=c.grant_id, unload_reason=reason))
+                state=c.state, grant_id=c.grant_id, unload_reason=reason,
+                device=c.device or None))
         return EMPTY
 
     cancel = by_request_ref(ev.CancelLoad, "cancel")

@@ -89,8 +89,10 @@ class DriverSupervisor:
         self.enforce_admission = bool(cfg.section("manager").get("enforce_admission", True))
         self.poll_s = float(cfg.section("thermal").get("poll_interval_s", 1.0))
         self.table: dict[int, SchedulingConfig] = {}
-        self.grants: dict[str, tuple[int, int]] = {}
-        self.thermal = ThermalStatus.NONE
+        #: grant id -> (uid, request id, the driver it is valid on)
+        self.grants: dict[str, tuple[int, int, str]] = {}
+        self.thermal = ThermalStatus.NONE  # the machine's
+        self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
         self.stopping = False
         self.slots: list[DriverSlot] = []
         for i, entry in enumerate(cfg.drivers()):
@@ -147,18 +149,49 @@ class DriverSupervisor:
             self.table[c.uid] = c
         self._push_all("hal.update_scheduling_configs", configs_msg(entries))
 
-    def grant_issued(self, uid: int, request_id: int, grant_id: str) -> None:
-        self.grants[grant_id] = (uid, request_id)
-        self._push_all("hal.grant_issued",
-                       pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))
+    def driver_of(self, device: str) -> DriverSlot | None:
+        """The slot serving ``device`` (``DRIVER`` or ``DRIVER:DEVICE``), if any."""
+        for slot in self.slots:
+            if device == slot.name or device.startswith(slot.name + ":"):
+                return slot
+        return None
+
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
+        # A grant is valid on its device only: only that device's driver hears of it, so
+        # a prepare on any other device is refused (GrantRequired) by its own driver.
+        slot = self.driver_of(device)
+        self.grants[grant_id] = (uid, request_id, slot.name if slot is not None else "")
+        msg = pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id)
+        if slot is None:
+            self._push_all("hal.grant_issued", msg)
+        else:
+            self._push(slot, "hal.grant_issued", msg)
 
     def grant_ended(self, grant_id: str, revoked: bool) -> None:
-        self.grants.pop(grant_id, None)
-        self._push_all("hal.grant_ended", pb.GrantEnded(grant_id=grant_id, revoked=revoked))
+        entry = self.grants.pop(grant_id, None)
+        msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked)
+        slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None
+        if slot is None:
+            self._push_all("hal.grant_ended", msg)
+        else:
+            self._push(slot, "hal.grant_ended", msg)
 
-    def set_thermal_status(self, status: ThermalStatus) -> None:
-        self.thermal = status
-        self._push_all("hal.set_thermal_status", pb.ThermalStatusMsg(status=int(status)))
+    def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
+        """The machine's status (``device`` ""), or one device's own: each driver holds
+        work back by the worse of the machine's and its own."""
+        slot = self.driver_of(device) if device else None
+        if device and slot is None:
+            return
+        if slot is None:
+            self.thermal = status
+        else:
+            self.own_thermal[slot.name] = status
+        for s in self.slots if slot is None else [slot]:
+            self._push(s, "hal.set_thermal_status",
+                       pb.ThermalStatusMsg(status=int(self.thermal_of(s))))
+
+    def thermal_of(self, slot: DriverSlot) -> ThermalStatus:
+        return max(self.thermal, self.own_thermal.get(slot.name, ThermalStatus.NONE))
 
     def temperatures(self) -> dict[str, float]:
         return {s.name: s.temperature for s in self.slots
@@ -186,11 +219,15 @@ class DriverSupervisor:
     # --- internals -------------------------------------------------------------------
 
     def _push_all(self, method: str, msg: Any) -> None:
+        for slot in self.slots:
+            self._push(slot, method, msg)
+
+    @staticmethod
+    def _push(slot: DriverSlot, method: str, msg: Any) -> None:
         # Pushes go out synchronously, in order, before npud answers its client
         # (a grant reaches the driver before the client can use it).
-        for slot in self.slots:
-            if slot.up and slot.conn is not None and not slot.conn.closed:
-                slot.conn.push(method, msg)
+        if slot.up and slot.conn is not None and not slot.conn.closed:
+            slot.conn.push(method, msg)
 
     def _command(self, slot: DriverSlot) -> list[str]:
         from npumanager.hal.host_config import HostConfig
@@ -342,11 +379,13 @@ class DriverSupervisor:
             hook(slot.name, held)
         await conn.call("hal.set_scheduling_configs", configs_msg(list(self.table.values())))
         await conn.call("hal.set_callback", pb.SetCallback(debounce_ms=DEBOUNCE_DURATION_MS))
-        for grant_id, (uid, request_id) in self.grants.items():
-            conn.push("hal.grant_issued",
-                      pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))
-        if self.thermal != ThermalStatus.NONE:
-            conn.push("hal.set_thermal_status", pb.ThermalStatusMsg(status=int(self.thermal)))
+        for grant_id, (uid, request_id, driver) in self.grants.items():
+            if driver in ("", slot.name):
+                conn.push("hal.grant_issued",
+                          pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))
+        if self.thermal_of(slot) != ThermalStatus.NONE:
+            conn.push("hal.set_thermal_status",
+                      pb.ThermalStatusMsg(status=int(self.thermal_of(slot))))
         payload, _ = await conn.call("device.capabilities", Empty())
         caps = pb.Capabilities.FromString(payload)
         slot.info = DeviceInfo(

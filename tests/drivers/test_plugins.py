@@ -73,3 +73,25 @@ def test_driver_host_refuses_a_bad_plugin_at_start(runtime_dir: Path, tmp_path: 
     assert "DriverRefused" in proc.stderr and "'npumanager.testing.fake_driver:OldHalDriver'" \
         in proc.stderr and "HAL version 0" in proc.stderr
     assert not (runtime_dir / "drivers" / "old.sock").exists()
+
+
+def test_a_host_knows_its_device_number_and_gives_its_plugin_its_state_dir(
+        tmp_path: Path) -> None:
+    from npumanager.cli.driver import plugin_options
+    from npumanager.config import Config
+    from npumanager.drivers.messages import params_from
+    from npumanager.hal.host_config import HostConfig
+
+    cfg_path = tmp_path / "npu.toml"
+    cfg_path.write_text('[[driver]]\nname = "a"\nplugin = "reference"\n'
+                        '[[driver]]\nname = "b"\nplugin = "reference"\n'
+                        'options = { intra_op_threads = 2 }\n')
+    cfg = Config.load(cfg_path)
+    a, b = HostConfig.from_config(cfg, "a"), HostConfig.from_config(cfg, "b")
+    # WorkInfo.device_number is the device's index in nn.devices(): the entry's position.
+    assert (a.device_number, b.device_number) == (0, 1)
+    assert params_from(b).device_number == 1
+    state = tmp_path / "state" / "drivers" / "b"
+    assert plugin_options(b, state) == {"state_dir": str(state), "intra_op_threads": 2}
+    b.options["state_dir"] = "/elsewhere"  # a configured one wins
+    assert plugin_options(b, state)["state_dir"] == "/elsewhere"

@@ -44,8 +44,8 @@ class RecordingDrivers(NoDrivers):
     def devices(self) -> list[DeviceInfo]:
         return [DeviceInfo(name="fake", version="1", available=True, channels=2)]
 
-    def grant_issued(self, uid: int, request_id: int, grant_id: str) -> None:
-        self.log.append(("driver.grant_issued", request_id, grant_id))
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
+        self.log.append(("driver.grant_issued", request_id, grant_id, device))
 
     def grant_ended(self, grant_id: str, revoked: bool) -> None:
         self.log.append(("driver.grant_ended", grant_id, revoked))
@@ -56,8 +56,9 @@ class RecordingDrivers(NoDrivers):
     def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
         self.log.append(("driver.table", tuple(table)))
 
-    def set_thermal_status(self, status: ThermalStatus) -> None:
-        self.log.append(("driver.thermal", status))
+    def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
+        self.log.append(("driver.thermal", status) if not device
+                        else ("driver.thermal", status, device))
 
 
 class Recorder(ModelLoadRequestCallback):
@@ -81,13 +82,14 @@ Scenario = Callable[[Daemon, AsyncNpuManager, list[tuple[Any, ...]], VirtualCloc
 
 
 def run_scenario(runtime_dir: Path, scenario: Scenario, sections: dict[str, Any] | None = None,
+                 drivers: Callable[[list[tuple[Any, ...]]], Any] | None = None,
                  **manager: Any) -> Daemon:
     log: list[tuple[Any, ...]] = []
     clock = VirtualClock()
     cfg = Config.load(overrides={"manager": {"drivers": False, **manager}, **(sections or {})})
 
     async def main() -> Daemon:
-        d = Daemon(cfg, runtime_dir, clock=clock, drivers=RecordingDrivers(log))
+        d = Daemon(cfg, runtime_dir, clock=clock, drivers=(drivers or RecordingDrivers)(log))
         await d.start()
         mgr = await AsyncNpuManager.connect(runtime_dir)
         try:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from npumanager.proto.v1 import common_pb2 as npumanager_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!npumanager/proto/v1/manager.proto\x12\rnpumanager.v1\x1a npumanager/proto/v1/common.proto\"A\n\x0bLoadRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\"\x8a\x01\n\x05\x43laim\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08grant_id\x18\x05 \x01(\t\x12\x1a\n\runload_reason\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_unload_reason\"/\n\x07Reclaim\x12$\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x14.npumanager.v1.Claim\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\"?\n\x07\x43\x61nLoad\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"/\n\tUnloadAsk\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\r\"5\n\x0fRequestComplete\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\"*\n\nSizeWeight\x12\x0c\n\x04size\x18\x01 \x01(\x05\x12\x0e\n\x06weight\x18\x02 \x01(\x03\"\xa9\x01\n\tSetPolicy\x12\x0e\n\x06policy\x18\x01 \x01(\x05\x12\x17\n\nmax_budget\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12*\n\x07weights\x18\x03 \x03(\x0b\x32\x19.npumanager.v1.SizeWeight\x12 \n\x13memory_budget_bytes\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\r\n\x0b_max_budgetB\x16\n\x14_memory_budget_bytes\"0\n\rSetImportance\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nimportance\x18\x02 \x01(\x05\"/\n\x0cStoryRequest\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x03\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t\"8\n\nDeviceList\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.npumanager.v1.DeviceInfo\"!\n\x0fThermalOverride\x12\x0e\n\x06status\x18\x01 \x01(\r\"Z\n\x0cThermalReply\x12\x0e\n\x06status\x18\x01 \x01(\r\x12\x12\n\noverridden\x18\x02 \x01(\x08\x12\x10\n\x08headroom\x18\x03 \x01(\x01\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!npumanager/proto/v1/manager.proto\x12\rnpumanager.v1\x1a npumanager/proto/v1/common.proto\"Q\n\x0bLoadRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\"\x9a\x01\n\x05\x43laim\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08grant_id\x18\x05 \x01(\t\x12\x1a\n\runload_reason\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\tB\x10\n\x0e_unload_reason\"/\n\x07Reclaim\x12$\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x14.npumanager.v1.Claim\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\"?\n\x07\x43\x61nLoad\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"/\n\tUnloadAsk\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\r\"5\n\x0fRequestComplete\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\"*\n\nSizeWeight\x12\x0c\n\x04size\x18\x01 \x01(\x05\x12\x0e\n\x06weight\x18\x02 \x01(\x03\"\xa9\x01\n\tSetPolicy\x12\x0e\n\x06policy\x18\x01 \x01(\x05\x12\x17\n\nmax_budget\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12*\n\x07weights\x18\x03 \x03(\x0b\x32\x19.npumanager.v1.SizeWeight\x12 \n\x13memory_budget_bytes\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\r\n\x0b_max_budgetB\x16\n\x14_memory_budget_bytes\"0\n\rSetImportance\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nimportance\x18\x02 \x01(\x05\"/\n\x0cStoryRequest\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x03\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t\"8\n\nDeviceList\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.npumanager.v1.DeviceInfo\"!\n\x0fThermalOverride\x12\x0e\n\x06status\x18\x01 \x01(\r\"Z\n\x0cThermalReply\x12\x0e\n\x06status\x18\x01 \x01(\r\x12\x12\n\noverridden\x18\x02 \x01(\x08\x12\x10\n\x08headroom\x18\x03 \x01(\x01\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,33 +33,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'npumanager.proto.v1.manager
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LOADREQUEST']._serialized_start=86
-  _globals['_LOADREQUEST']._serialized_end=151
-  _globals['_CLAIM']._serialized_start=154
-  _globals['_CLAIM']._serialized_end=292
-  _globals['_RECLAIM']._serialized_start=294
-  _globals['_RECLAIM']._serialized_end=341
-  _globals['_REQUESTREF']._serialized_start=343
-  _globals['_REQUESTREF']._serialized_end=375
-  _globals['_CANLOAD']._serialized_start=377
-  _globals['_CANLOAD']._serialized_end=440
-  _globals['_UNLOADASK']._serialized_start=442
-  _globals['_UNLOADASK']._serialized_end=489
-  _globals['_REQUESTCOMPLETE']._serialized_start=491
-  _globals['_REQUESTCOMPLETE']._serialized_end=544
-  _globals['_SIZEWEIGHT']._serialized_start=546
-  _globals['_SIZEWEIGHT']._serialized_end=588
-  _globals['_SETPOLICY']._serialized_start=591
-  _globals['_SETPOLICY']._serialized_end=760
-  _globals['_SETIMPORTANCE']._serialized_start=762
-  _globals['_SETIMPORTANCE']._serialized_end=810
-  _globals['_STORYREQUEST']._serialized_start=812
-  _globals['_STORYREQUEST']._serialized_end=859
-  _globals['_JSONREPLY']._serialized_start=861
-  _globals['_JSONREPLY']._serialized_end=886
-  _globals['_DEVICELIST']._serialized_start=888
-  _globals['_DEVICELIST']._serialized_end=944
-  _globals['_THERMALOVERRIDE']._serialized_start=946
-  _globals['_THERMALOVERRIDE']._serialized_end=979
-  _globals['_THERMALREPLY']._serialized_start=981
-  _globals['_THERMALREPLY']._serialized_end=1071
+  _globals['_LOADREQUEST']._serialized_end=167
+  _globals['_CLAIM']._serialized_start=170
+  _globals['_CLAIM']._serialized_end=324
+  _globals['_RECLAIM']._serialized_start=326
+  _globals['_RECLAIM']._serialized_end=373
+  _globals['_REQUESTREF']._serialized_start=375
+  _globals['_REQUESTREF']._serialized_end=407
+  _globals['_CANLOAD']._serialized_start=409
+  _globals['_CANLOAD']._serialized_end=472
+  _globals['_UNLOADASK']._serialized_start=474
+  _globals['_UNLOADASK']._serialized_end=521
+  _globals['_REQUESTCOMPLETE']._serialized_start=523
+  _globals['_REQUESTCOMPLETE']._serialized_end=576
+  _globals['_SIZEWEIGHT']._serialized_start=578
+  _globals['_SIZEWEIGHT']._serialized_end=620
+  _globals['_SETPOLICY']._serialized_start=623
+  _globals['_SETPOLICY']._serialized_end=792
+  _globals['_SETIMPORTANCE']._serialized_start=794
+  _globals['_SETIMPORTANCE']._serialized_end=842
+  _globals['_STORYREQUEST']._serialized_start=844
+  _globals['_STORYREQUEST']._serialized_end=891
+  _globals['_JSONREPLY']._serialized_start=893
+  _globals['_JSONREPLY']._serialized_end=918
+  _globals['_DEVICELIST']._serialized_start=920
+  _globals['_DEVICELIST']._serialized_end=976
+  _globals['_THERMALOVERRIDE']._serialized_start=978
+  _globals['_THERMALOVERRIDE']._serialized_end=1011
+  _globals['_THERMALREPLY']._serialized_start=1013
+  _globals['_THERMALREPLY']._serialized_end=1103
 # @@protoc_insertion_point(module_scope)

@@ -8,30 +8,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LoadRequest(_message.Message):
-    __slots__ = ("request_id", "size", "priority")
+    __slots__ = ("request_id", "size", "priority", "device")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     size: int
     priority: int
-    def __init__(self, request_id: _Optional[int] = ..., size: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    device: str
+    def __init__(self, request_id: _Optional[int] = ..., size: _Optional[int] = ..., priority: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class Claim(_message.Message):
-    __slots__ = ("request_id", "size", "priority", "state", "grant_id", "unload_reason")
+    __slots__ = ("request_id", "size", "priority", "state", "grant_id", "unload_reason", "device")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]
     UNLOAD_REASON_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     size: int
     priority: int
     state: str
     grant_id: str
     unload_reason: int
-    def __init__(self, request_id: _Optional[int] = ..., size: _Optional[int] = ..., priority: _Optional[int] = ..., state: _Optional[str] = ..., grant_id: _Optional[str] = ..., unload_reason: _Optional[int] = ...) -> None: ...
+    device: str
+    def __init__(self, request_id: _Optional[int] = ..., size: _Optional[int] = ..., priority: _Optional[int] = ..., state: _Optional[str] = ..., grant_id: _Optional[str] = ..., unload_reason: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class Reclaim(_message.Message):
     __slots__ = ("claims",)
