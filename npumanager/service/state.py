@@ -10,7 +10,8 @@ the transitions with the instructions they emit. Its parts live next to it:
 the live requests and their indexes (:mod:`.table`), request records and the
 rank queue (:mod:`.ranking`), the devices with a budget, a queue and holders
 each (:mod:`.devices`), a budget and its thermal capacity (:mod:`.budget`), who
-is asked to unload (:mod:`.victims`), the decision log and stories
+is asked to unload (:mod:`.victims`), the events that change a device's capacity
+(:mod:`.capacity`), the decision log and stories
 (:mod:`.decisions`), the invariants and the dump (:mod:`.state_checks`).
 
 One budget per device. A request names its device (None: the first); it
@@ -72,7 +73,7 @@ from npumanager.constants import (
 )
 from npumanager.errors import InvalidArgument
 from npumanager.hal.types import EndReason, SchedulingConfig
-from npumanager.service import adoption
+from npumanager.service import adoption, capacity
 from npumanager.service import policy as pol
 from npumanager.service.decisions import DecisionLog
 from npumanager.service.devices import Device, DeviceTable
@@ -102,7 +103,6 @@ from npumanager.service.events import (
     RequestLoad,
     SendCanLoad,
     SendComplete,
-    SetDriverThermal,
     ThermalChanged,
     TimerFired,
     WorkEnded,
@@ -360,27 +360,6 @@ class ManagerState:
             self._enforce(dev, UnloadReason.THERMAL)  # the capacity is unchanged: the rank limit
             self._pump(dev)
 
-    def _on_policy(self, ev: PolicySet) -> None:
-        settings = pol.make_settings(
-            ev.policy,
-            max_budget=ev.max_budget,
-            weights=ev.weights,
-            memory_budget_bytes=ev.memory_budget_bytes,
-            defaults=self.params.policy,
-        )  # raises before anything changes
-        self._settings = settings
-        for dev in self._devices:
-            budget = dev.budget
-            budget.set_policy(settings)
-            budget.reset_sums()
-            for h in dev.holders.values():
-                h.charge = budget.charge(h)
-                budget.hold(h.charge)
-                if h.state is _U:
-                    budget.unloading(h.charge)
-        self._decide(None, "policy", **settings.as_dict())
-        self._rebalance(list(self._devices), UnloadReason.POLICY_CHANGED)
-
     def _on_work_ended(self, ev: WorkEnded) -> None:
         if ev.reason != EndReason.COMPLETED:
             return
@@ -396,16 +375,6 @@ class ManagerState:
         for dev in self._devices:
             if dev in asked:
                 self._pump(dev)  # the head may now wait for this unload (WAIT_FOR_UNLOAD)
-
-    def _on_thermal(self, ev: ThermalChanged) -> None:
-        status = ThermalStatus(ev.status)
-        changed = self._devices.set_thermal(status, ev.device)  # raises on an unknown device
-        self._emit(SetDriverThermal(status, changed[0][0].name if ev.device else ""))
-        for dev, old in changed:
-            self._decide(None, "thermal", device=dev.name, old=old.name,
-                         new=dev.budget.thermal.name, cause=ev.device or "machine",
-                         budget=dev.budget.grant_cap)
-        self._rebalance([d for d, _ in changed], UnloadReason.THERMAL)
 
     def _on_timer(self, ev: TimerFired) -> None:
         if ev.key == adoption.ADOPT_TIMER:
@@ -435,36 +404,6 @@ class ManagerState:
             self._finish(req, RequestStatus.CANCELLED)
         self._pump(req.dev)
 
-    def _on_driver_up(self, ev: DriverUp) -> None:
-        reports = ev.devices or ((ev.name, ev.memory_bytes),)
-        # Raises before changing anything; a device met for the first time starts in step
-        # with the policy in force and the machine's thermal status.
-        devs = self._devices.driver_up(ev.name, reports, self._settings)
-        self._decide(None, "driver up", name=ev.name,
-                     devices={n: b for n, b in reports})
-        self._rebalance(devs, UnloadReason.MEMORY_PRESSURE)
-
-    def _on_driver_down(self, ev: DriverDown) -> None:
-        devs = self._devices.driver_down(ev.name)
-        self._decide(None, "driver down", name=ev.name, devices=[d.name for d in devs])
-        self._rebalance(devs, UnloadReason.MEMORY_PRESSURE)
-
-    def _on_model_memory(self, ev: ModelMemory) -> None:
-        if ev.nbytes < 0:
-            raise InvalidArgument(f"model memory must be >= 0 bytes, got {ev.nbytes}")
-        key = self._table.grants.get(ev.grant_id)
-        if key is None:
-            return  # the grant already ended
-        req = self._table.requests[key]
-        # One report per model prepared under the grant: a grant's models add up.
-        req.real_bytes += ev.nbytes
-        budget = req.dev.budget
-        old, req.charge = req.charge, budget.charge(req)
-        budget.recharge(old, req.charge, unloading=req.state is _U)
-        self._decide(key, "model memory", nbytes=ev.nbytes, charge=req.charge)
-        if req.charge > old:
-            self._enforce(req.dev, UnloadReason.MEMORY_PRESSURE)
-
     _HANDLERS: dict[type[Event], Callable[[ManagerState, Any], None]] = {
         RequestLoad: _on_request,
         CancelLoad: _on_cancel,
@@ -472,13 +411,13 @@ class ManagerState:
         ModelUnloaded: _on_unloaded,
         ClientGone: _on_client_gone,
         ImportanceChanged: _on_importance,
-        PolicySet: _on_policy,
+        PolicySet: capacity.on_policy,
         WorkEnded: _on_work_ended,
-        ThermalChanged: _on_thermal,
+        ThermalChanged: capacity.on_thermal,
         TimerFired: _on_timer,
-        DriverUp: _on_driver_up,
-        DriverDown: _on_driver_down,
-        ModelMemory: _on_model_memory,
+        DriverUp: capacity.on_driver_up,
+        DriverDown: capacity.on_driver_down,
+        ModelMemory: capacity.on_model_memory,
         DriverHeld: adoption.on_driver_held,
         ClaimRequest: adoption.on_claim,
     }

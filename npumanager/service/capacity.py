@@ -1,0 +1,96 @@
+"""Events that change what a device may hold: the policy, a thermal status, a driver
+coming up or going down, a model's real memory.
+
+Each changes one or more devices' budgets (:mod:`.budget`, via the
+:class:`~.devices.DeviceTable`), then asks the state to rebalance those devices
+only: shed the holders that no longer fit, re-sort the waiters, grant what fits.
+Friends of :class:`~.state.ManagerState` (like :mod:`.adoption`): they use its
+transitions rather than keep a second copy of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from npumanager.constants import ThermalStatus, UnloadReason
+from npumanager.errors import InvalidArgument
+from npumanager.service import policy as pol
+from npumanager.service.events import (
+    DriverDown,
+    DriverUp,
+    ModelMemory,
+    PolicySet,
+    SetDriverThermal,
+    ThermalChanged,
+)
+from npumanager.service.ranking import RequestState
+
+if TYPE_CHECKING:
+    from npumanager.service.state import ManagerState
+
+_U = RequestState.UNLOAD_REQUESTED
+
+
+def on_policy(s: ManagerState, ev: PolicySet) -> None:
+    settings = pol.make_settings(
+        ev.policy,
+        max_budget=ev.max_budget,
+        weights=ev.weights,
+        memory_budget_bytes=ev.memory_budget_bytes,
+        defaults=s.params.policy,
+    )  # raises before anything changes
+    s._settings = settings
+    for dev in s._devices:
+        budget = dev.budget
+        budget.set_policy(settings)
+        budget.reset_sums()
+        for h in dev.holders.values():
+            h.charge = budget.charge(h)
+            budget.hold(h.charge)
+            if h.state is _U:
+                budget.unloading(h.charge)
+    s._decide(None, "policy", **settings.as_dict())
+    s._rebalance(list(s._devices), UnloadReason.POLICY_CHANGED)
+
+
+def on_thermal(s: ManagerState, ev: ThermalChanged) -> None:
+    status = ThermalStatus(ev.status)
+    changed = s._devices.set_thermal(status, ev.device)  # raises on an unknown device
+    s._emit(SetDriverThermal(status, changed[0][0].name if ev.device else ""))
+    for dev, old in changed:
+        s._decide(None, "thermal", device=dev.name, old=old.name,
+                  new=dev.budget.thermal.name, cause=ev.device or "machine",
+                  budget=dev.budget.grant_cap)
+    s._rebalance([d for d, _ in changed], UnloadReason.THERMAL)
+
+
+def on_driver_up(s: ManagerState, ev: DriverUp) -> None:
+    reports = ev.devices or ((ev.name, ev.memory_bytes),)
+    # Raises before changing anything; a device met for the first time starts in step
+    # with the policy in force and the machine's thermal status.
+    devs = s._devices.driver_up(ev.name, reports, s._settings)
+    s._decide(None, "driver up", name=ev.name, devices=dict(reports))
+    s._rebalance(devs, UnloadReason.MEMORY_PRESSURE)
+
+
+def on_driver_down(s: ManagerState, ev: DriverDown) -> None:
+    devs = s._devices.driver_down(ev.name)
+    s._decide(None, "driver down", name=ev.name, devices=[d.name for d in devs])
+    s._rebalance(devs, UnloadReason.MEMORY_PRESSURE)
+
+
+def on_model_memory(s: ManagerState, ev: ModelMemory) -> None:
+    if ev.nbytes < 0:
+        raise InvalidArgument(f"model memory must be >= 0 bytes, got {ev.nbytes}")
+    key = s._table.grants.get(ev.grant_id)
+    if key is None:
+        return  # the grant already ended
+    req = s._table.requests[key]
+    # One report per model prepared under the grant: a grant's models add up.
+    req.real_bytes += ev.nbytes
+    budget = req.dev.budget
+    old, req.charge = req.charge, budget.charge(req)
+    budget.recharge(old, req.charge, unloading=req.state is _U)
+    s._decide(key, "model memory", nbytes=ev.nbytes, charge=req.charge)
+    if req.charge > old:
+        s._enforce(req.dev, UnloadReason.MEMORY_PRESSURE)
