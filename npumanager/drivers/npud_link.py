@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from npumanager.clock import LoopClock, wake_at
@@ -50,10 +51,13 @@ def admin(fn: Handler) -> Handler:
 class NpudLink:
     def __init__(self, hc: HostConfig, driver: Driver, state: DriverState, clock: LoopClock,
                  submit: Callable[[ev.Event], object], stimulus: Callable[[str], str],
-                 busy_s: Callable[[], float]) -> None:
+                 busy_s: Callable[[], float],
+                 lock: AbstractContextManager[object] | None = None) -> None:
         self.hc = hc
         self.driver = driver
         self.state = state  # read only here (grant checks); events go through ``submit``
+        #: Held while the state is read here: burst threads change it too.
+        self._lock: AbstractContextManager[object] = lock or nullcontext()
         self.clock = clock
         self._submit = submit
         self._stimulus = stimulus
@@ -121,7 +125,8 @@ class NpudLink:
         is waited for up to ``grant_wait_s``."""
         deadline = self.clock.now() + self.hc.grant_wait_s
         while True:
-            check = self.state.check_grant(grant_id, uid)
+            with self._lock:
+                check = self.state.check_grant(grant_id, uid)
             if check is GrantCheck.LIVE:
                 return grant_id
             if check is GrantCheck.NOT_NEEDED:
@@ -183,10 +188,12 @@ class NpudLink:
                                         now=self.clock.now(),
                                         enforce_admission=msg.enforce_admission))
         # A new npud after a restart adopts what we hold (the grants its clients claim).
+        with self._lock:
+            held = self.state.held_grants()
         return pb.HeldGrants(grants=[
             pb.HeldGrant(grant_id=g, uid=uid, request_id=rid, memory_bytes=nbytes,
                          models=models)
-            for g, uid, rid, nbytes, models in self.state.held_grants()])
+            for g, uid, rid, nbytes, models in held])
 
     def _set_thermal(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.ThermalStatusMsg.FromString(payload)

@@ -10,12 +10,17 @@ timer; reports meant for npud go to :class:`~npumanager.drivers.npud_link.NpudLi
 
 Events caused here (a step finished, a timer fired) go back to the host
 through the two callbacks it passes in, never by calling into the state.
+
+Burst threads (:mod:`.burst`) carry out instructions too, under the host's lock:
+:meth:`HostResources.carry_out_here` does at once only what is safe off the event
+loop and hands the rest to the loop, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,13 +47,16 @@ StepFinished = Callable[[int, "str | None", float], None]
 class HostResources:
     def __init__(self, runner: StepRunner, stats: ExecStats, clock: LoopClock,
                  npud: NpudLink, step_finished: StepFinished,
-                 timer_fired: Callable[[str], None]) -> None:
+                 timer_fired: Callable[[str], None],
+                 lock: threading.RLock | None = None) -> None:
         self.runner = runner
         self.stats = stats
         self.clock = clock
         self.npud = npud
         self._step_finished = step_finished
         self._timer_fired = timer_fired
+        #: The host's lock: what the loop is handed from a burst thread runs under it.
+        self.lock = lock or threading.RLock()
         self.prepared: dict[int, PreparedModel] = {}  # model id -> prepared model
         self.pools: dict[int, tuple[ClientConn, tensorio.MappedPool]] = {}  # by pool id
         self.executions: dict[int, Execution] = {}  # ticket -> execution
@@ -88,6 +96,45 @@ class HostResources:
                 runners[type(ins)](ins)
             except Exception:
                 log.exception("carrying out %r failed; continuing with the rest", ins)
+
+    def carry_out_here(self, out: list[ev.Instruction], here: Execution) -> ev.RunStep | None:
+        """From a burst thread (the lock held): carry out what is safe here, hand the rest
+        to the loop in order. Returns the step of ``here`` the state started, which the
+        burst thread runs itself (a BACKGROUND step goes to the lowered workers as for
+        plain work). Other work starts on worker threads; aborts and burst endings are
+        thread-safe; reports, timers, releases and plain replies are the loop's."""
+        mine: ev.RunStep | None = None
+        later: list[ev.Instruction] = []
+        now: list[ev.Instruction] = []
+        for ins in out:
+            kind = type(ins)
+            if kind is ev.RunStep:
+                assert isinstance(ins, ev.RunStep)
+                if ins.ticket == here.ticket and not ins.background:
+                    mine = ins
+                    continue
+                if not ins.inline:
+                    now.append(ins)  # runner.start: a worker thread
+                    continue
+            elif kind is ev.AbortStep:
+                now.append(ins)
+                continue
+            elif kind is ev.FinishJob:
+                assert isinstance(ins, ev.FinishJob)
+                ex = self.executions.get(ins.ticket)
+                if ex is None or ex.done is not None:
+                    now.append(ins)
+                    continue
+            later.append(ins)
+        self.carry_out(now)
+        if later:
+            assert self.loop is not None, "host not started"
+            self.loop.call_soon_threadsafe(self._carry_out_locked, later)
+        return mine
+
+    def _carry_out_locked(self, out: list[ev.Instruction]) -> None:
+        with self.lock:
+            self.carry_out(out)
 
     def take_inline(self) -> ev.RunStep | None:
         """The inline step the current execute call is to run itself, if the state chose one."""
@@ -146,7 +193,10 @@ class HostResources:
                 close_fds(result[1])
             outcome = job_error(ins)
         fut = ex.future
-        if fut is None:
+        if ex.done is not None:  # a burst execution: its thread answers
+            ex.outcome = outcome
+            ex.done.set()
+        elif fut is None:
             ex.outcome = outcome  # the execute call itself answers
         elif fut.done():  # its caller is gone
             if isinstance(outcome, tuple):

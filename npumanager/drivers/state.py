@@ -200,6 +200,11 @@ class DriverState:
         """What ``uid`` holds now (a copy)."""
         return self.ledger.of(uid)
 
+    def owns_model(self, conn: int, model_id: int) -> bool:
+        """Whether ``model_id`` is a live model prepared on connection ``conn``."""
+        model = self._models.get(model_id)
+        return model is not None and model.conn == conn
+
     def model_ids(self) -> list[int]:
         return sorted(self._models)
 

@@ -84,6 +84,10 @@ class Execution:
     future: asyncio.Future[Reply] | None = None
     #: The reply (or error) when the job ended before anyone waited: the inline path.
     outcome: Reply | BaseException | None = None
+    #: A burst execution (:mod:`.burst`): set when it ends, with ``outcome`` filled in.
+    done: threading.Event | None = None
+    #: Bytes of outputs the reply may carry inline (0: half the frame bound).
+    inline_budget: int = 0
 
 
 def error_text(exc: BaseException) -> str:
@@ -195,7 +199,7 @@ class StepRunner:
         for view, start in bound.values():
             offset = max(offset, start + view.nbytes)
         end = ex.out_offset + ex.out_capacity
-        inline_budget = self.max_frame // 2
+        inline_budget = ex.inline_budget or self.max_frame // 2
         limit = self.inline_limit
         out_pool = ex.out_pool
 

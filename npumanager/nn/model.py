@@ -23,6 +23,7 @@ from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import TensorSpec
 
 if TYPE_CHECKING:
+    from npumanager.nn.burst import Burst
     from npumanager.nn.device import Device
     from npumanager.wire.client import SyncRpcClient
 
@@ -96,6 +97,7 @@ class Model:
         self._staging_end = 0
         self._staging_lock = threading.Lock()
         self._all_pools: list[tensorio.ClientPool] = []
+        self._bursts: list[Burst] = []
 
     def __repr__(self) -> str:
         state = "released" if self.released else "prepared"
@@ -338,6 +340,27 @@ class Model:
                 reply_map.close()
         return out
 
+    # --- bursts ------------------------------------------------------------------------
+
+    def burst(self, *, spin_us: float = 0.0) -> Burst:
+        """A burst of executions at a stream's own pace (NNAPI's ANeuralNetworksBurst):
+        ``with model.burst() as b: b.execute(...)``. Sets up a shared-memory channel with
+        the driver once; each execution is then one wake-up each way. See
+        :mod:`npumanager.nn.burst`."""
+        from npumanager.nn.burst import Burst
+
+        if self.released:
+            raise InvalidArgument("this model was released")
+        b = Burst(self, spin_us=spin_us)
+        with self._lock:
+            self._bursts.append(b)
+        return b
+
+    def _forget_burst(self, b: Burst) -> None:
+        with self._lock:
+            if b in self._bursts:
+                self._bursts.remove(b)
+
     def cancel(self) -> None:
         """Cancel this model's queued and running executions (from another thread)."""
         if not self.released:
@@ -345,6 +368,10 @@ class Model:
 
     def release(self) -> None:
         """Free the model in the driver; safe to call twice."""
+        with self._lock:
+            bursts = list(self._bursts)
+        for b in bursts:
+            b.close()
         with self._lock:
             if self.released:
                 return

@@ -399,3 +399,39 @@ class Release(_message.Message):
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     model_id: int
     def __init__(self, model_id: _Optional[int] = ...) -> None: ...
+
+class OpenBurst(_message.Message):
+    __slots__ = ("model_id", "size", "req_size", "resp_size")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    REQ_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RESP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    model_id: int
+    size: int
+    req_size: int
+    resp_size: int
+    def __init__(self, model_id: _Optional[int] = ..., size: _Optional[int] = ..., req_size: _Optional[int] = ..., resp_size: _Optional[int] = ...) -> None: ...
+
+class BurstOpened(_message.Message):
+    __slots__ = ("burst_id", "pool_id")
+    BURST_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    burst_id: int
+    pool_id: int
+    def __init__(self, burst_id: _Optional[int] = ..., pool_id: _Optional[int] = ...) -> None: ...
+
+class BurstId(_message.Message):
+    __slots__ = ("burst_id",)
+    BURST_ID_FIELD_NUMBER: _ClassVar[int]
+    burst_id: int
+    def __init__(self, burst_id: _Optional[int] = ...) -> None: ...
+
+class BurstError(_message.Message):
+    __slots__ = ("type", "message", "need_bytes")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NEED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    message: str
+    need_bytes: int
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., need_bytes: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,349 @@
+"""Bursts in the driver host: a thread per (client, model) serving a shared-memory channel.
+
+NNAPI's answer to streams at their own pace (``ANeuralNetworksBurst``, the
+HAL's ``IBurst`` over fast message queues). A plain execute crosses several
+wake-ups (client -> event loop -> worker thread -> event loop -> client); a
+burst execution crosses one each way: the client writes its request into the
+burst's memfd (:mod:`npumanager.tensorio.burst`) and rings; the burst's own
+thread here wakes, submits the execution to :class:`DriverState` under the
+host's lock exactly as a plain one (admission, effective priority, thermal
+hold-back, revocation, debouncing), runs the step itself when the state
+starts it at once, writes the response and rings back. Work the state queues
+instead (a busy device, more important work, a thermal hold-back) runs where
+any job runs, and this thread waits for its end.
+
+The doorbell is a ``SOCK_SEQPACKET`` socketpair the driver creates (the client
+gets one end in the reply), not an eventfd: an eventfd's counter and file
+flags are shared with whoever holds it, so a client that fills the counter to
+2**64-2 and clears ``O_NONBLOCK`` would block the driver's next ring forever.
+The driver sends with ``MSG_DONTWAIT`` (a full buffer means it already rang),
+and a hung-up end tells either side that the other is gone.
+
+Trust: everything read from the memfd is checked (lengths against the areas,
+the request copied out before it is parsed, tensors bounds-checked); any bad
+request gets a typed error in the response area and the thread keeps serving.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import DecodeError
+
+from npumanager import tensorio
+from npumanager.drivers import events as ev
+from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
+from npumanager.drivers.steps import Execution, Reply
+from npumanager.errors import (
+    DeviceUnavailable,
+    GeneralFailure,
+    InvalidArgument,
+    LimitExceeded,
+    NpuError,
+    error_to_wire,
+)
+from npumanager.fds import close_fds
+from npumanager.proto.v1 import driver_pb2 as pb
+from npumanager.proto.v1.wire_pb2 import Empty
+from npumanager.tensorio import burst as layout
+from npumanager.wire.conn import CallContext
+
+if TYPE_CHECKING:
+    from npumanager.drivers.host import DriverHost
+
+log = logging.getLogger("npumanager.drivers.burst")
+
+#: Open bursts per connection (each is a thread and a mapping).
+MAX_BURSTS_PER_CONN = 8
+#: Doorbell bytes drained per wake-up before the request is looked at (a client that
+#: floods its doorbell gets its requests served, not an endless drain).
+_DRAIN_MAX = 256
+#: A waiting burst execution re-checks whether its burst closed this often.
+_WAIT_TICK_S = 1.0
+
+
+class BurstServer:
+    """One burst: its mapped memfd, its doorbell and the thread that serves it."""
+
+    def __init__(self, burst_id: int, client: ClientConn, model_id: int,
+                 pool: tensorio.MappedPool, pool_id: int, req_size: int, resp_size: int,
+                 execute: Callable[[BurstServer, pb.Execute], Reply]) -> None:
+        self.burst_id = burst_id
+        self.client = client
+        self.model_id = model_id
+        self.pool = pool
+        self.pool_id = pool_id
+        self.req_off = layout.HEADER
+        self.req_size = req_size
+        self.resp_off = layout.HEADER + req_size
+        self.resp_size = resp_size
+        self.data_start = layout.data_start(req_size, resp_size)
+        self._execute = execute
+        self.closing = False
+        #: The execution this burst waits for, when the state queued it.
+        self.waiting: Execution | None = None
+        self.sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.peer_fd = peer.detach()  # goes to the client with the reply, then closed here
+        self._stop = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.thread = threading.Thread(target=self._serve, daemon=True,
+                                       name=f"npu-burst-{burst_id}")
+
+    def __repr__(self) -> str:
+        return (f"<BurstServer {self.burst_id} model {self.model_id} conn {self.client.cid}"
+                f"{' closing' if self.closing else ''}>")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end (from any thread); it closes its fds on the way out."""
+        if self.closing:
+            return
+        self.closing = True
+        ex = self.waiting
+        if ex is not None and ex.done is not None:
+            ex.done.set()
+        try:
+            os.eventfd_write(self._stop, 1)
+        except OSError:
+            pass  # already closed: the thread is gone
+
+    # --- the thread ----------------------------------------------------------------
+
+    def _serve(self) -> None:
+        sock = self.sock
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        poller.register(self._stop, select.POLLIN)
+        last = 0
+        try:
+            while not self.closing:
+                poller.poll()
+                if self.closing:
+                    break
+                gone = self._drain()
+                if self.peer_fd >= 0:  # the client has its end: a hang-up now means gone
+                    os.close(self.peer_fd)
+                    self.peer_fd = -1
+                seq, length = layout.read_request_header(self.pool.buf)
+                if seq != last:
+                    last = seq
+                    self._answer(seq, length)
+                if gone:
+                    break
+        except Exception:
+            if not self.closing:  # (a closing burst's memory may go away under it)
+                log.exception("burst %d failed; closing it", self.burst_id)
+        finally:
+            self.closing = True
+            sock.close()
+            os.close(self._stop)
+            if self.peer_fd >= 0:
+                os.close(self.peer_fd)
+                self.peer_fd = -1
+            # Its last act, once every fd of its own is closed (tests wait for this line).
+            log.info("burst %d of uid %d ended", self.burst_id, self.client.conn.peer.uid)
+
+    def _drain(self) -> bool:
+        """Take the rung doorbells; True when the client's end hung up."""
+        for _ in range(_DRAIN_MAX):
+            try:
+                if not self.sock.recv(16, socket.MSG_DONTWAIT):
+                    return True
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+        return False
+
+    def _answer(self, seq: int, length: int) -> None:
+        status, payload = layout.ERROR, b""
+        try:
+            if not 0 < length <= self.req_size:
+                raise InvalidArgument(f"burst request length {length} lies outside the "
+                                      f"request area of {self.req_size} bytes")
+            # Copied out first: the client may rewrite the memory while it is parsed.
+            data = bytes(self.pool.buf[self.req_off:self.req_off + length])
+            try:
+                msg = pb.Execute.FromString(data)
+            except DecodeError:
+                raise InvalidArgument("the burst request is not an Execute message") from None
+            result, fds = self._execute(self, msg)
+            if fds:  # outputs that fit neither the response nor the data area
+                need = sum(os.fstat(fd).st_size for fd in fds)
+                close_fds(fds)
+                raise _TooBig(need, "the outputs do not fit the burst's shared memory")
+            payload = result.SerializeToString()
+            if len(payload) > self.resp_size:
+                raise _TooBig(len(payload), "the response does not fit the burst's "
+                                            "response area")
+            status = layout.OK
+        except _TooBig as exc:
+            payload = pb.BurstError(type="LimitExceeded", message=str(exc),
+                                    need_bytes=exc.need).SerializeToString()
+        except NpuError as exc:
+            kind, message = error_to_wire(exc)
+            payload = pb.BurstError(type=kind, message=message).SerializeToString()
+        except Exception as exc:
+            log.exception("burst %d: an execution failed", self.burst_id)
+            kind, message = error_to_wire(GeneralFailure(f"{type(exc).__name__}: {exc}"))
+            payload = pb.BurstError(type=kind, message=message).SerializeToString()
+        if len(payload) > self.resp_size:  # an error message too long for the area
+            payload = pb.BurstError(type="LimitExceeded",
+                                    message="the response area is too small").SerializeToString()
+            payload = payload[:self.resp_size]
+        buf = self.pool.buf
+        buf[self.resp_off:self.resp_off + len(payload)] = payload
+        layout.write_response_header(buf, seq, status, len(payload))
+        try:
+            self.sock.send(b"\1", socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass  # the client has not read the last ring yet: it is rung already
+        except OSError:
+            self.closing = True  # the client is gone
+
+
+class _TooBig(LimitExceeded):
+    def __init__(self, need: int, message: str) -> None:
+        super().__init__(f"{message} ({need} bytes more needed)")
+        self.need = need
+
+
+class Bursts:
+    """The host's open bursts: open and close calls, and burst executions through the
+    host's state (on the burst's thread, under the host's lock)."""
+
+    def __init__(self, host: DriverHost) -> None:
+        self.host = host
+        self._servers: dict[int, BurstServer] = {}
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._servers)
+
+    # --- device.open_burst / device.close_burst (on the event loop) -----------------
+
+    def open(self, ctx: CallContext, payload: bytes) -> tuple[pb.BurstOpened, list[int]]:
+        host = self.host
+        fds, ctx.fds = ctx.fds, []
+        try:
+            msg = pb.OpenBurst.FromString(payload)
+            if len(fds) != 1:
+                raise InvalidArgument(f"open_burst takes one memfd, got {len(fds)} fds")
+            req, resp = msg.req_size, msg.resp_size
+            for what, n in (("request", req), ("response", resp)):
+                if not layout.MIN_AREA <= n <= layout.MAX_AREA:
+                    raise InvalidArgument(f"a burst's {what} area is {layout.MIN_AREA}.."
+                                          f"{layout.MAX_AREA} bytes, not {n}")
+            if msg.size < layout.data_start(req, resp):
+                raise InvalidArgument(f"a burst of {msg.size} bytes cannot hold its "
+                                      f"{req}+{resp}-byte areas")
+            client = host._clients.get(ctx.conn)
+            if client is None:
+                raise InvalidArgument("the connection closed")
+            mine = [s for s in self._servers.values() if s.client is client]
+            if len(mine) >= MAX_BURSTS_PER_CONN:
+                raise LimitExceeded(f"a connection may hold {MAX_BURSTS_PER_CONN} bursts")
+            if not host.state.owns_model(client.cid, msg.model_id):
+                raise InvalidArgument(f"no prepared model {msg.model_id} on this connection")
+            pool = tensorio.MappedPool(fds[0], msg.size)
+            size = os.fstat(fds[0]).st_size
+        finally:
+            close_fds(fds)
+        try:
+            pool_id = host.register_pool(client, pool, size)
+        except BaseException:
+            pool.close()
+            raise
+        layout.init_header(pool.buf)
+        burst_id = next(self._ids)
+        server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
+                             self.execute)
+        self._servers[burst_id] = server
+        server.start()
+        peer = server.peer_fd
+        # The reply carries the client's end; the host closes it once sent.
+        return pb.BurstOpened(burst_id=burst_id, pool_id=pool_id), [peer]
+
+    def close(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.BurstId.FromString(payload)
+        server = self._servers.get(msg.burst_id)
+        client = self.host._clients.get(ctx.conn)
+        if server is None or server.client is not client:
+            raise InvalidArgument(f"no burst {msg.burst_id} on this connection")
+        self._end(server)
+        self.host.unregister_pool(client, server.pool_id)
+        return Empty()
+
+    def client_gone(self, client: ClientConn) -> None:
+        """The connection closed: its bursts end (their pools close with the client)."""
+        for server in [s for s in self._servers.values() if s.client is client]:
+            self._end(server)
+
+    def close_all(self, timeout: float = 5.0) -> None:
+        servers = list(self._servers.values())
+        for server in servers:
+            self._end(server)
+        deadline = time.monotonic() + timeout
+        for server in servers:
+            server.thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _end(self, server: BurstServer) -> None:
+        self._servers.pop(server.burst_id, None)
+        server.stop()
+
+    # --- a burst execution (on the burst's thread) ------------------------------------
+
+    def execute(self, server: BurstServer, msg: pb.Execute) -> Reply:
+        """Submit ``msg`` as an execution of the burst's model, exactly as device.execute
+        does; run its steps here while the state starts them at once, else wait."""
+        host = self.host
+        t0 = time.perf_counter()
+        client = server.client
+        msg.model_id = server.model_id  # a burst executes its own model, whatever it says
+        done = threading.Event()
+        with host.lock:
+            if server.closing or client.conn.closed:
+                raise DeviceUnavailable("the burst is closed")
+            inputs = decode_inputs(msg, client.pools)
+            ex, event = host.new_execution(client, msg, inputs, t0)
+            ex.done = done
+            # Outputs: inline while they fit the response area, large ones into the
+            # burst's data area unless the request named another area of its pools.
+            ex.inline_budget = server.resp_size // 2
+            if msg.out_pool_id:
+                set_output_area(ex, msg, client.pools)
+            else:
+                ex.out_pool, ex.out_pool_id = server.pool, server.pool_id
+                ex.out_offset = server.data_start
+                ex.out_capacity = server.pool.size - server.data_start
+            step = host.submit_here(ex, event)
+        while step is not None:
+            error, run_us = host.runner.run(ex, step)
+            with host.lock:
+                step = host.submit_here(ex, ev.StepFinished(
+                    stimulus_id=host._stimulus("step"), now=host.clock.now(),
+                    ticket=ex.ticket, run_us=run_us, error=error))
+        if ex.outcome is None:
+            # Queued or paused: another thread runs it; its end sets ``done``.
+            server.waiting = ex
+            try:
+                while not done.wait(_WAIT_TICK_S):
+                    if server.closing:
+                        break
+            finally:
+                server.waiting = None
+        outcome = ex.outcome
+        if outcome is None:
+            raise DeviceUnavailable("the burst closed while its execution waited")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome

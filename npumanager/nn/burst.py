@@ -1,0 +1,342 @@
+"""Bursts: executions of one model at a stream's own pace, one wake-up each way.
+
+NNAPI's ``ANeuralNetworksBurst``::
+
+    with model.burst() as b:
+        for frame in camera:
+            out = b.execute({"x": frame})
+
+Opening a burst sets up, once, a shared-memory channel with the driver: a
+sealed memfd (header, request area, response area, tensors; layout in
+:mod:`npumanager.tensorio.burst`) sent with ``SCM_RIGHTS`` on the model's
+connection, and a doorbell socket the driver sends back. Each execution writes
+its request and tensors into the memfd, rings once, and blocks until the
+driver's burst thread rings back: no frame through the RPC socket, no event
+loop or worker hand-off in the driver. The driver still decides when the work
+runs (priority, preemption, thermal hold-back, revocation) exactly as for
+``model.execute``.
+
+``spin_us`` (default 0) polls the response for that long before blocking: on a
+machine with a core to spare it saves the client's own wake-up for a model
+that answers within the spin, at the price of that CPU (bench/execute_overhead.py
+measures both). One execution at a time per burst; open one burst per thread.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from npumanager import tensorio
+from npumanager.errors import (
+    DeviceUnavailable,
+    InvalidArgument,
+    LimitExceeded,
+    NpuError,
+    error_from_wire,
+)
+from npumanager.fds import close_fds
+from npumanager.proto.v1 import driver_pb2 as pb
+from npumanager.tensorio import burst as layout
+
+if TYPE_CHECKING:
+    from npumanager.nn.model import Model
+
+#: Numeric tensors up to this size travel inside the request; larger ones in the data area.
+_INLINE = 1024
+_MIN_DATA = 64 * 1024
+_MIN_AREA = 64 * 1024
+#: Tries of one execution whose outputs outgrew the shared memory (each grows it).
+_GROW_TRIES = 4
+
+
+class _Grow(Exception):
+    def __init__(self, req: int = 0, resp: int = 0, data: int = 0) -> None:
+        super().__init__("grow")
+        self.req, self.resp, self.data = req, resp, data
+
+
+class Burst:
+    """A burst of executions of one model; see the module docstring."""
+
+    def __init__(self, model: Model, *, spin_us: float = 0.0) -> None:
+        if spin_us < 0:
+            raise InvalidArgument(f"spin_us must be >= 0, got {spin_us}")
+        self.model = model
+        self.spin_s = spin_us / 1e6
+        self.closed = False
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._pool: tensorio.ClientPool | None = None
+        self._sock: socket.socket | None = None
+        self._poll = select.poll()
+        self.burst_id = 0
+        self._req, self._resp, self._data_start = 0, 0, 0
+        self._timeout = float(getattr(model._rpc, "call_timeout", 300.0))
+        self._open(_MIN_AREA, _MIN_AREA, self._data_guess())
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        size = self._pool.size if self._pool is not None else 0
+        return f"<Burst {self.burst_id} of model {self.model.model_id} {state}, {size} bytes>"
+
+    # --- the channel ---------------------------------------------------------------
+
+    def _data_guess(self) -> int:
+        m = self.model
+        ins = [s.static_nbytes() for s in m.inputs]
+        in_need = sum(tensorio.align(n) for n in ins if n is not None and n > _INLINE)
+        out_need = sum(tensorio.align(n) for s in m.outputs
+                       if (n := s.static_nbytes()) is not None and n > _INLINE)
+        dynamic = sum(s.static_nbytes() is None for s in m.outputs)
+        return max(_MIN_DATA, in_need + out_need + dynamic * max(in_need, _MIN_DATA))
+
+    def _open(self, req: int, resp: int, data: int) -> None:
+        m = self.model
+        size = layout.data_start(req, resp) + tensorio.align(data)
+        pool = tensorio.ClientPool(size)
+        try:
+            payload, fds = m.device.call(
+                m._rpc, "device.open_burst",
+                pb.OpenBurst(model_id=m.model_id, size=size, req_size=req, resp_size=resp),
+                fds=[pool.fd])
+        except BaseException:
+            pool.close()
+            raise
+        if len(fds) != 1:
+            close_fds(fds)
+            pool.close()
+            raise DeviceUnavailable("the driver sent no doorbell for the burst")
+        msg = pb.BurstOpened.FromString(payload)
+        pool.pool_id = msg.pool_id
+        self.burst_id = msg.burst_id
+        self._pool = pool
+        self._sock = socket.socket(fileno=fds[0])
+        self._poll = select.poll()
+        self._poll.register(self._sock.fileno(), select.POLLIN)
+        self._req, self._resp = req, resp
+        self._data_start = layout.data_start(req, resp)
+        self._seq = 0
+
+    def _close_channel(self) -> None:
+        pool, sock, self._pool, self._sock = self._pool, self._sock, None, None
+        m = self.model
+        if pool is not None and not m._rpc.closed:
+            try:
+                m.device.call(m._rpc, "device.close_burst", pb.BurstId(burst_id=self.burst_id))
+            except NpuError:
+                pass  # the driver or the connection is gone: the burst went with it
+        if sock is not None:
+            sock.close()
+        if pool is not None:
+            pool.close()
+
+    def _drop(self) -> None:
+        """The driver's end is gone: close ours (nothing to tell it)."""
+        self.closed = True
+        pool, sock, self._pool, self._sock = self._pool, self._sock, None, None
+        if sock is not None:
+            sock.close()
+        if pool is not None:
+            pool.close()
+
+    def _grow(self, g: _Grow) -> None:
+        assert self._pool is not None
+        data = self._pool.size - self._data_start
+        req = max(self._req, _area(g.req))
+        resp = max(self._resp, _area(g.resp))
+        if g.data:
+            data = max(2 * data, data + g.data)
+        self._close_channel()
+        self._open(req, resp, data)
+
+    def close(self) -> None:
+        """End the burst (the driver's thread ends, the memory is unmapped); safe twice."""
+        with self._lock:
+            self.closed = True
+            self._close_channel()
+        self.model._forget_burst(self)
+
+    def __enter__(self) -> Burst:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- execute ---------------------------------------------------------------------
+
+    def execute(
+        self,
+        inputs: Mapping[str, Any],
+        job_priority: int = 0,
+        feature_id: int | None = None,
+        original_uid: int | None = None,
+        steps: int = 1,
+        feedback: Mapping[str, str] | None = None,
+        *,
+        group_id: bytes | None = None,
+        copy_outputs: bool = True,
+    ) -> dict[str, Any]:
+        """As :meth:`Model.execute`, through the burst's channel. With
+        ``copy_outputs=False`` large outputs are views of the burst's memory, valid
+        until its next execution."""
+        if steps < 1:
+            raise InvalidArgument(f"steps must be >= 1, got {steps}")
+        if group_id is not None and len(group_id) != 16:
+            raise InvalidArgument("group_id is a 16-byte UUID")
+        with self._lock:
+            if self.closed or self.model.released:
+                raise InvalidArgument("this burst was closed" if self.closed
+                                      else "this model was released")
+            for _ in range(_GROW_TRIES):
+                try:
+                    return self._execute(inputs, job_priority, feature_id, original_uid,
+                                         steps, feedback, group_id, copy_outputs)
+                except _Grow as g:
+                    self._grow(g)
+            raise LimitExceeded("the outputs kept outgrowing the burst's shared memory")
+
+    def _execute(self, inputs: Mapping[str, Any], job_priority: int, feature_id: int | None,
+                 original_uid: int | None, steps: int, feedback: Mapping[str, str] | None,
+                 group_id: bytes | None, copy: bool) -> dict[str, Any]:
+        pool, sock = self._pool, self._sock
+        if pool is None or sock is None:
+            raise DeviceUnavailable("the burst's channel is gone")
+        msg = pb.Execute(
+            model_id=self.model.model_id, job_priority=int(job_priority),
+            has_feature_id=feature_id is not None, feature_id=feature_id or 0,
+            has_original_uid=original_uid is not None, original_uid=original_uid or 0,
+            steps=steps, feedback=dict(feedback or {}), group_id=group_id or b"",
+        )
+        pos = self._place_inputs(msg, inputs, pool)
+        pos = tensorio.align(pos)
+        if pool.size - pos < _MIN_DATA // 4:
+            raise _Grow(data=pos - self._data_start + _MIN_DATA)
+        msg.out_pool_id, msg.out_offset, msg.out_capacity = pool.pool_id, pos, pool.size - pos
+        data = msg.SerializeToString()
+        if len(data) > self._req:
+            raise _Grow(req=len(data))
+        buf = pool.buf
+        start = layout.HEADER
+        buf[start:start + len(data)] = data
+        self._seq += 1
+        seq = self._seq
+        layout.write_request_header(buf, seq, len(data))
+        try:
+            sock.send(b"\1")
+        except OSError:
+            raise self._gone() from None
+        status, length = self._wait(seq, buf, sock)
+        at = layout.HEADER + self._req
+        if not 0 <= length <= self._resp:
+            raise DeviceUnavailable(f"the driver answered {length} bytes into a "
+                                    f"{self._resp}-byte response area")
+        payload = bytes(buf[at:at + length])
+        if status != layout.OK:
+            err = pb.BurstError.FromString(payload)
+            if err.need_bytes and err.type == "LimitExceeded":
+                raise _Grow(resp=int(err.need_bytes) if "response" in err.message else 0,
+                            data=int(err.need_bytes))
+            raise error_from_wire(err.type, err.message)
+        return self.model._outputs(pb.ExecuteResult.FromString(payload), pool, [], copy)
+
+    def _place_inputs(self, msg: pb.Execute, inputs: Mapping[str, Any],
+                      pool: tensorio.ClientPool) -> int:
+        """Small tensors into the request, large ones into the data area; the data end."""
+        pos = self._data_start
+        values: dict[str, Any] = {}
+        value_inputs = self.model._value_inputs
+
+        def place(t: pb.Tensor, arr: np.ndarray) -> None:
+            nonlocal pos
+            if arr.nbytes <= _INLINE or arr.dtype.kind in "OUS":
+                tensorio.fill_inline(t, arr)
+                return
+            start = tensorio.align(pos)
+            if start + arr.nbytes > pool.size:
+                raise _Grow(data=start + arr.nbytes - self._data_start + _MIN_DATA)
+            view = tensorio.view_in(pool.buf, start, arr.nbytes, t.dtype, arr.shape, t.name)
+            np.copyto(view, arr)
+            del view
+            t.pool_id, t.offset, t.nbytes = pool.pool_id, start, arr.nbytes
+            pos = start + arr.nbytes
+
+        for name, a in inputs.items():
+            if type(a) is not np.ndarray:
+                if a is None or name in value_inputs or isinstance(a, dict):
+                    values[name] = a
+                    continue
+                try:
+                    a = tensorio.contiguous(np.asarray(a))
+                except (ValueError, TypeError) as exc:
+                    raise InvalidArgument(f"input {name!r}: {type(a).__name__} is not a "
+                                          f"tensor: {exc}") from None
+            elif not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
+            if a.nbytes <= _INLINE or a.dtype.kind in "OUS":
+                tensorio.add_inline(msg.inputs, name, a)
+            else:
+                place(msg.inputs.add(name=name, dtype=tensorio.dtype_name(a.dtype),
+                                     shape=a.shape), a)
+        for name, value in values.items():
+            tensorio.encode_value(msg.values.add(name=name), value, place)
+        return pos
+
+    def _wait(self, seq: int, buf: Any, sock: socket.socket) -> tuple[int, int]:
+        """Until the driver answered ``seq``: (status, length)."""
+        read = layout.read_response_header
+        if self.spin_s:
+            clock = time.perf_counter
+            end = clock() + self.spin_s
+            while True:
+                got, status, length = read(buf)
+                if got == seq:
+                    self._take_rings(sock)
+                    return status, length
+                if clock() >= end:
+                    break
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._drop()
+                raise DeviceUnavailable(f"the driver did not answer a burst execution within "
+                                        f"{self._timeout} s")
+            events = self._poll.poll(min(left, 1.0) * 1000)
+            if events:
+                hung_up = self._take_rings(sock)
+                got, status, length = read(buf)
+                if got == seq:
+                    return status, length
+                if hung_up:
+                    raise self._gone()
+
+    def _take_rings(self, sock: socket.socket) -> bool:
+        """Drain the doorbell; True when the driver's end hung up."""
+        while True:
+            try:
+                if not sock.recv(16, socket.MSG_DONTWAIT):
+                    return True
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+
+    def _gone(self) -> NpuError:
+        self._drop()
+        return DeviceUnavailable(f"device {self.model.device.name}: the burst's driver end "
+                                 "closed (the driver restarted or dropped the model)")
+
+
+def _area(n: int) -> int:
+    """An area size that holds ``n`` bytes with room to spare."""
+    size = _MIN_AREA
+    while size < 2 * n:
+        size *= 2
+    return min(size, layout.MAX_AREA)

@@ -1,0 +1,79 @@
+"""The layout of a burst's shared memory, shared by the client runtime and the driver host.
+
+One sealed memfd per burst (NNAPI's ``ANeuralNetworksBurst``: a request/response
+channel for one model, set up once)::
+
+    0                 header (64 bytes, below)
+    64                request area:  a serialized ``Execute`` (req_size bytes)
+    64 + req_size     response area: an ``ExecuteResult`` or a ``BurstError``
+    data_start        tensors: inputs the client wrote, outputs the driver wrote
+
+Header (little-endian): magic, version, then the client's ``req_seq`` and
+``req_len``, then the driver's ``resp_seq``, ``resp_status`` and ``resp_len``.
+A side writes its payload first and its sequence number last; the other side
+reads the number first. The doorbell (one byte on a socketpair) is a system
+call, a full barrier on every architecture; a client that spins on ``resp_seq``
+instead relies on x86's store order and re-reads the payload only after it saw
+the number change.
+
+Everything the driver reads from here is checked: lengths against the areas,
+the request copied out before it is parsed (the client may change the memory
+at any time), tensors bounds-checked as in any pool.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from npumanager.tensorio.codec import ALIGN
+
+MAGIC = 0x4E505542  # "NPUB"
+VERSION = 1
+HEADER = 64
+_HDR = struct.Struct("<IIQI")  # magic, version, req_seq, req_len
+_REQ = struct.Struct("<QI")  # req_seq, req_len at offset 8
+_RESP = struct.Struct("<QII")  # resp_seq, resp_status, resp_len at offset 24
+REQ_AT = 8
+RESP_AT = 24
+
+#: Response statuses.
+OK = 0
+ERROR = 1
+
+#: Smallest request and response areas a driver accepts.
+MIN_AREA = 4096
+#: Largest request and response areas a driver accepts (they are parsed as one message).
+MAX_AREA = 16 << 20
+
+
+def data_start(req_size: int, resp_size: int) -> int:
+    """Where tensors begin: after the header and both areas, aligned."""
+    end = HEADER + req_size + resp_size
+    return (end + ALIGN - 1) // ALIGN * ALIGN
+
+
+def init_header(buf: bytearray | memoryview | object) -> None:
+    _HDR.pack_into(buf, 0, MAGIC, VERSION, 0, 0)  # type: ignore[arg-type]
+
+
+def read_request_header(buf: object) -> tuple[int, int]:
+    """(req_seq, req_len) as the client last wrote them."""
+    seq, n = _REQ.unpack_from(buf, REQ_AT)  # type: ignore[arg-type]
+    return int(seq), int(n)
+
+
+def write_request_header(buf: object, seq: int, length: int) -> None:
+    # The length first, the sequence number (what the driver looks at) last.
+    struct.pack_into("<I", buf, REQ_AT + 8, length)  # type: ignore[arg-type]
+    struct.pack_into("<Q", buf, REQ_AT, seq)  # type: ignore[arg-type]
+
+
+def read_response_header(buf: object) -> tuple[int, int, int]:
+    """(resp_seq, resp_status, resp_len) as the driver last wrote them."""
+    seq, status, n = _RESP.unpack_from(buf, RESP_AT)  # type: ignore[arg-type]
+    return int(seq), int(status), int(n)
+
+
+def write_response_header(buf: object, seq: int, status: int, length: int) -> None:
+    struct.pack_into("<II", buf, RESP_AT + 8, status, length)  # type: ignore[arg-type]
+    struct.pack_into("<Q", buf, RESP_AT, seq)  # type: ignore[arg-type]
