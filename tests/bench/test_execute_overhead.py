@@ -25,7 +25,8 @@ def test_quick_run_times_every_mode_tight_and_paced(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert set(doc) == {"tiny [1,4] add", "gru step (VAD)"}
     for rows in doc.values():
-        for mode in ("in-process", "driver"):
+        for mode in ("in-process", "driver", "burst"):
             for pace in ("tight", "30 Hz", "100 Hz", "1 kHz"):
                 row = rows[f"{mode} @ {pace}"]
                 assert row["n"] > 0 and 0 < row["p50_us"] <= row["p99_us"], (mode, pace, row)
+                assert row["client_cpu_us"] > 0, (mode, pace, row)
