@@ -42,11 +42,11 @@ import asyncio
 import json
 import os
 import resource
+import select
 import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -286,13 +286,13 @@ def rpc_echo_rtt(n: int, rt: Path) -> list[float]:
     from npumanager.wire.server import RpcServer
 
     path = str(rt / "echo.sock")
-    ready = threading.Event()
+    ready_r, ready_w = os.pipe()
 
     def serve() -> None:
         async def main() -> None:
             srv = RpcServer(path, "echo", {"echo": lambda ctx, p: p})
             await srv.start()
-            ready.set()
+            os.write(ready_w, b"1")  # listening: the parent may connect
             await asyncio.sleep(3600)
 
         try:
@@ -302,12 +302,19 @@ def rpc_echo_rtt(n: int, rt: Path) -> list[float]:
 
     pid = os.fork()
     if pid == 0:
+        os.close(ready_r)
         serve()
         os._exit(0)
-    # The child's socket file appearing is the only signal a forked server can give.
-    deadline = time.monotonic() + 10
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    os.close(ready_w)
+    # The child says when it listens (its socket file appears before that: connecting
+    # then could be refused).
+    r, _, _ = select.select([ready_r], [], [], 30)
+    ok = bool(r) and os.read(ready_r, 1) == b"1"
+    os.close(ready_r)
+    if not ok:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise SystemExit("the echo server did not start")
     c = SyncRpcClient(path, "echo", threaded=False)
     ts = tight(lambda: c.call("echo", b"x" * 64), n)
     c.close()
