@@ -339,7 +339,8 @@ class DriverHost:
             prepared.release()
             raise
         if done.from_cache or done.cache_written:  # a compile that filled the cache: a miss
-            self.npud.cache_result(b"hit" if done.from_cache else b"miss")
+            self.npud.cache_result(b"fleet" if done.from_fleet else b"hit" if done.from_cache
+                                   else b"miss")
         return prepared_reply(model_id, done)
 
     def _release(self, ctx: CallContext, payload: bytes) -> Empty:

@@ -100,6 +100,7 @@ def prepared_reply(model_id: int, done: Prepared) -> pb.PreparedModelMsg:
         inputs=[tensorio.spec_to_msg(i) for i in prepared.inputs],
         outputs=[tensorio.spec_to_msg(o) for o in prepared.outputs],
         from_cache=done.from_cache, cache_written=done.cache_written,
+        from_fleet=done.from_fleet,
     )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check_prepared_model
 from npumanager.drivers.cache_store import DriverCache
 from npumanager.drivers.external_data import bind, sent_files
+from npumanager.drivers.fleet_tier import open_tier
 from npumanager.drivers.staged import CacheRewriter
 from npumanager.drivers.steps import background_pool
 from npumanager.errors import DriverRefused, GeneralFailure, InvalidArgument
@@ -36,6 +37,8 @@ class Prepared:
     model: PreparedModel
     from_cache: bool
     cache_written: bool
+    #: Loaded from a verified fleet cache artifact after a local miss (drivers/fleet_tier.py).
+    from_fleet: bool = False
 
 
 def _read_memfd(fd: int, size: int, limit: int) -> bytes:
@@ -69,11 +72,16 @@ class Preparer:
                                                    hc.background_sched, hc.background_nice)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
+        # The fleet tier, opened now so a bad [fleet] is logged at start and the first
+        # prepare pays no imports; None when off.
+        self.fleet = open_tier(hc.fleet, driver, cache_counts)
 
     def close(self) -> None:
         self.compile_pool.shutdown(wait=True, cancel_futures=True)
         if self.bg_compile_pool is not self.compile_pool:
             self.bg_compile_pool.shutdown(wait=True, cancel_futures=True)
+        if self.fleet is not None:
+            self.fleet.close()
         if self._cache is not None:
             cache, self._cache = self._cache, None
             self.cache_pool.submit(cache.close).result()
@@ -141,6 +149,16 @@ class Preparer:
         opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
                               external_data=external, background=background)
         caching = self._caching(msg)
+        # The local cache missed: a builder may have published it. Not for a model with
+        # external data: the fleet key hashes the model bytes, which do not cover it.
+        if self.fleet is not None and not external:
+            hit = await loop.run_in_executor(pool, self.fleet.prepare, onnx, opts)
+            if hit is not None:
+                n = msg.n_model_cache
+                written = caching and await loop.run_in_executor(
+                    self.cache_pool, self._save_blobs, bytes(msg.token), fds[:n],
+                    fds[n:n + msg.n_data_cache], hit[1].model_blobs, hit[1].data_blobs, uid)
+                return Prepared(hit[0], from_cache=True, cache_written=written, from_fleet=True)
         # A driver may produce its cache artifacts in the same compile (optional hook).
         compile_fn = getattr(self.driver, "compile_with_artifacts", None) if caching else None
         prepared = await loop.run_in_executor(pool, compile_fn or self.driver.compile, onnx, opts)
@@ -200,6 +218,17 @@ class Preparer:
             return self._driver_cache().save(token, model_fds, data_fds, model_blobs,
                                              data_blobs, uid=uid)
         except Exception as exc:  # NNAPI: a failed save never changes the prepare result
+            log.warning("%s: compilation cache not saved: %s", self.hc.name, exc)
+            return False
+
+    def _save_blobs(self, token: bytes, model_fds: list[int], data_fds: list[int],
+                    model_blobs: list[bytes], data_blobs: list[bytes], uid: int) -> bool:
+        """The normal local save, as ``uid``'s entry, of blobs that came from elsewhere (the
+        fleet tier)."""
+        try:
+            return self._driver_cache().save(token, model_fds, data_fds, model_blobs,
+                                             data_blobs, uid=uid)
+        except Exception as exc:  # as in _save: a failed save never changes the result
             log.warning("%s: compilation cache not saved: %s", self.hc.name, exc)
             return False
 

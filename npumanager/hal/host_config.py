@@ -55,6 +55,8 @@ class HostConfig:
     #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what
     #: ``WorkInfo.device_number`` says, so npud charges work to the right device.
     device_number: int = 0
+    #: The [fleet] section (the fleet cache tier; off unless it names Redis and trusted keys).
+    fleet: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: Config, name: str) -> HostConfig:
@@ -92,4 +94,5 @@ class HostConfig:
             background_nice=int(d.get("background_nice", 10)),
             options=dict(d.get("options", {})),
             device_number=number,
+            fleet=dict(cfg.section("fleet")),
         )

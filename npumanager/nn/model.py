@@ -74,6 +74,8 @@ class Model:
         self.model_id = msg.model_id
         self.memory_bytes = msg.memory_bytes
         self.loaded_from_cache = msg.from_cache
+        #: The local cache missed and the driver loaded a signed fleet artifact instead.
+        self.loaded_from_fleet = msg.from_fleet
         self.cache_written = msg.cache_written
         #: Inputs and outputs with their ONNX types (``spec.type``: element type, shape with
         #: symbolic dims, sequence/map/optional nesting).

@@ -81,7 +81,8 @@ class MetricsObserver(DaemonObserver):
             "to on_work_ended).", ["device"], buckets=WORK_BUCKETS, registry=r)
         self.cache_loads = Counter(
             "npu_cache_loads", "Compilation cache loads: hit, miss (compiled and cached), "
-            "rejected (failed verification).", ["driver", "result"], registry=r)
+            "rejected (failed verification), fleet (a local miss loaded from the fleet tier).",
+            ["driver", "result"], registry=r)
         # Start a zero for every label value a dashboard expects, so rates exist at once.
         self.grants.labels(device)
         for status in COMPLETED.values():

@@ -446,7 +446,7 @@ class DriverSupervisor:
         def on_cache(ctx: CallContext, payload: bytes) -> None:
             close_fds(ctx.fds)
             result = bytes(payload[:16]).decode("ascii", "replace")
-            if cache_hook is not None and result in ("hit", "miss", "rejected"):
+            if cache_hook is not None and result in ("hit", "miss", "rejected", "fleet"):
                 cache_hook(slot.name, result)
 
         def on_memory(ctx: CallContext, payload: bytes) -> None:

@@ -248,20 +248,22 @@ class PrepareModelFromCache(_message.Message):
     def __init__(self, grant_id: _Optional[str] = ..., token: _Optional[bytes] = ..., n_model_cache: _Optional[int] = ..., n_data_cache: _Optional[int] = ..., preference: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class PreparedModelMsg(_message.Message):
-    __slots__ = ("model_id", "memory_bytes", "inputs", "outputs", "from_cache", "cache_written")
+    __slots__ = ("model_id", "memory_bytes", "inputs", "outputs", "from_cache", "cache_written", "from_fleet")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     FROM_CACHE_FIELD_NUMBER: _ClassVar[int]
     CACHE_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    FROM_FLEET_FIELD_NUMBER: _ClassVar[int]
     model_id: int
     memory_bytes: int
     inputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     outputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     from_cache: bool
     cache_written: bool
-    def __init__(self, model_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., from_cache: _Optional[bool] = ..., cache_written: _Optional[bool] = ...) -> None: ...
+    from_fleet: bool
+    def __init__(self, model_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., from_cache: _Optional[bool] = ..., cache_written: _Optional[bool] = ..., from_fleet: _Optional[bool] = ...) -> None: ...
 
 class RegisterPool(_message.Message):
     __slots__ = ("size",)
