@@ -166,6 +166,11 @@ class ModelHolder:
             return self._cond.wait_for(lambda: self.state in ("ready", "left", "closed"),
                                        timeout) and self.state == "ready"
 
+    def wait_state(self, states: set[str], timeout: float | None) -> bool:
+        """Whether the holder reached one of ``states`` within ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.state in states, timeout)
+
     def execute(self, inputs: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
         """Run the model; waits (call_wait_s) while it is away, then DeviceUnavailable."""
         with self._cond:

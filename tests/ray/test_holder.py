@@ -55,7 +55,7 @@ def test_wait_mode_gives_way_to_a_foreground_app_then_serves_again(
             assert [e["status"] for e in app.events if e["event"] == "status"] == [
                 "WAIT_FOR_UNLOAD", "CAN_LOAD_NOW"]
             assert loaded["y"] == [[2.0] * 4]  # ones + 1
-            assert h.state == "waiting"
+            assert h.wait_state({"waiting"}, 10)  # it asked again after its release
             with pytest.raises(DeviceUnavailable, match="not loaded"):
                 h.execute({"x": X})
             app.release()
@@ -82,8 +82,8 @@ def test_restart_mode_leaves_after_releasing(npud: DaemonProcess, runtime_dir: P
             app.release()
         finally:
             app.kill()
-        assert h.wait_ready(0) is False and h.state == "left"
-        assert left == ["unload requested (PREEMPTED)"]
+        h._worker.join(10)  # on_leave runs last, on the holder's worker thread
+        assert h.state == "left" and left == ["unload requested (PREEMPTED)"]
         assert kinds(h)[-2:] == ["released", "leaving"]
     finally:
         h.close()
@@ -97,10 +97,8 @@ def test_restart_mode_leaves_a_node_that_grants_nothing_in_time(
         h, left = holder(runtime_dir, on_unload="restart", grant_timeout_s=0.5)
         try:
             assert not h.start()
-            h._worker.join(10)
+            h._worker.join(10)  # on_leave runs last, on the holder's worker thread
             assert left == ["no grant on this node within 0.5 s"]
-            statuses = [e.get("status") for e in h.events if e["event"] == "status"]
-            assert statuses == ["NOT_PRIORITIZED"]
         finally:
             h.close()
         app.release()
