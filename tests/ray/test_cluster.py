@@ -127,8 +127,26 @@ def _call(actor: Any, deadline: float) -> tuple[list[list[float]], str]:
             time.sleep(0.2)
 
 
-def _timeline(events_path: Path, app: ForegroundApp, cluster: Cluster) -> list[str]:
+def _npud_rows(cluster: Cluster) -> list[tuple[float, str]]:
+    """Both npuds' stories of the actor's requests (uid 0) and the foreground app's, on the
+    wall clock: npud stamps decisions with CLOCK_MONOTONIC, which every process on this
+    machine shares, so one offset taken here converts them."""
+    offset = time.time() - time.monotonic()
     rows: list[tuple[float, str]] = []
+    for node in (cluster.a, cluster.b):
+        with NpuManager(node.rt) as admin:
+            for uid in (0, FG_UID):
+                for d in admin.story(uid, 1):
+                    details = {k: v for k, v in (d.get("details") or {}).items()
+                               if k in ("reason", "grant", "priority", "was")}
+                    rows.append((d["at"] + offset,
+                                 f"npud {node.name}: uid {uid} request 1: {d['what']}"
+                                 + (f" {details}" if details else "")))
+    return rows
+
+
+def _timeline(events_path: Path, app: ForegroundApp, cluster: Cluster) -> list[str]:
+    rows: list[tuple[float, str]] = _npud_rows(cluster)
     for line in events_path.read_text().splitlines():
         ev = json.loads(line)
         node = cluster.by_id(ev["node"]).name
@@ -137,7 +155,7 @@ def _timeline(events_path: Path, app: ForegroundApp, cluster: Cluster) -> list[s
     for ev in app.events:
         info = {k: v for k, v in ev.items() if k not in ("t", "event")}
         rows.append((ev["t"], f"foreground app (uid {FG_UID}): {ev['event']} {info}"))
-    rows.sort()
+    rows.sort(key=lambda r: r[0])  # stable: a story's decisions of one instant keep their order
     t0 = rows[0][0]
     return [f"+{t - t0:7.3f} s  {what}" for t, what in rows]
 
