@@ -111,3 +111,31 @@ def test_unsigned_or_tampered_entries_are_refused_and_node_b_compiles(
         app = tmp_path / f"app{i}"
         app.mkdir()
         assert prepare(runtime_dir, app) == (False, False)  # compiled, right outputs
+
+
+def test_a_model_with_external_data_never_asks_the_fleet(
+        node_b: DriverProcess, runtime_dir: Path, tmp_path: Path, store: object) -> None:
+    # The fleet key hashes the model bytes, and those do not cover the weights in the
+    # files the app sent: an entry for the same model.onnx with other weights would be a
+    # wrong answer, so the driver compiles without a lookup.
+    import numpy as np
+
+    from npumanager.testing.external_models import save_external_model
+
+    def getranges() -> int:
+        stats = store._client.info("commandstats")  # type: ignore[attr-defined]
+        return int(stats.get("cmdstat_getrange", {}).get("calls", 0))
+
+    path = save_external_model(tmp_path / "m", scale=3.0, bias=0.5)
+    x = np.ones((1, 4), np.float32)
+    before = getranges()
+    app = tmp_path / "app"
+    app.mkdir()
+    with nn.device("reference", runtime_dir) as dev:
+        model = dev.prepare_model(path, cache_dir=app, token=TOKEN)
+        try:
+            assert (model.loaded_from_cache, model.loaded_from_fleet) == (False, False)
+            np.testing.assert_allclose(model.execute({"x": x})["y"], x * 3.0 + 0.5)
+        finally:
+            model.release()
+    assert getranges() == before
