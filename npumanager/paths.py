@@ -53,7 +53,7 @@ def default_state_dir() -> Path:
 
 
 def secure_dir(path: str | os.PathLike[str], what: str, mode: int | None = None, *,
-               parents: bool = True) -> Path:
+               parents: bool = True, owner: int | None = None) -> Path:
     """Create ``path`` (mode 0700), or accept it only if it is safe; return it.
 
     Safe: ``lstat`` shows a real directory (not a symlink), owned by this process's
@@ -67,9 +67,10 @@ def secure_dir(path: str | os.PathLike[str], what: str, mode: int | None = None,
     follows a symlink swapped in after the check); ``None`` leaves an accepted
     directory's mode as it is. ``what`` names the directory in messages
     ("runtime dir", "state dir", ...). Missing parents are created (mode 0755 less the
-    umask) when ``parents``; only the last component is checked."""
+    umask) when ``parents``; only the last component is checked. ``owner``: the uid an
+    existing directory must belong to (default: this process's)."""
     p = Path(path)
-    uid = os.getuid()
+    uid = os.getuid() if owner is None else owner
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -121,6 +122,91 @@ def dir_problem(st: os.stat_result, uid: int) -> str:
         return (f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}): other users "
                 f"could replace what is in it; chmod go-w it")
     return ""
+
+
+def driver_state_dir(name: str, state_root: str | os.PathLike[str] | None = None) -> Path:
+    """A driver host's private state (its cache map, its working directory):
+    ``STATE/drivers/NAME``, owned by the user the driver runs as, mode 0700."""
+    if not name or "/" in name or name in (".", ".."):
+        raise UnsafePath(f"bad driver name {name!r}")
+    root = Path(state_root) if state_root is not None else default_state_dir()
+    return root / "drivers" / name
+
+
+def ensure_owned_dir(path: Path, what: str, uid: int, gid: int, mode: int) -> Path:
+    """As npud: ``path`` (created if missing, parents too) owned by ``uid``:``gid`` with
+    ``mode``, for a process that runs as that user. An existing directory is accepted if
+    it already is that user's, or ours (then it is given to that user); anything else is
+    refused as :func:`secure_dir` refuses it. Owner and mode are set through an
+    ``O_NOFOLLOW`` fd of the inode that was checked."""
+    me = os.getuid()
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(f"{what} {path} is a symlink; it must be a real directory")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnsafePath(f"{what} {path} cannot be opened: {exc.strerror}") from None
+    try:
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise UnsafePath(f"{what} {path} was replaced while it was being checked")
+        problem = dir_problem(fst, uid if fst.st_uid == uid else me)
+        if problem:
+            raise UnsafePath(f"{what} {path} {problem}")
+        if (fst.st_uid, fst.st_gid) != (uid, gid):
+            os.fchown(fd, uid, gid)
+            if fst.st_uid == me != uid:
+                # Ours until now (a host once run by hand as this user left its working
+                # dir and cache map here): what is inside goes to that user too.
+                _give_contents(fd, me, uid, gid, depth=2)
+        if stat.S_IMODE(fst.st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _give_contents(dir_fd: int, me: int, uid: int, gid: int, depth: int) -> None:
+    """Give ``uid``:``gid`` what in the directory ``dir_fd`` is ours: directories (down to
+    ``depth`` levels) and regular files with a single link; never through a symlink.
+    Only called on a directory nobody but us could write to until now."""
+    for name in os.listdir(dir_fd):
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if st.st_uid != me:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+        elif stat.S_ISDIR(st.st_mode) and depth > 0:
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=dir_fd)
+            try:
+                os.fchown(sub, uid, gid)
+                _give_contents(sub, me, uid, gid, depth - 1)
+            finally:
+                os.close(sub)
+
+
+def ensure_traversable(path: Path, what: str) -> Path:
+    """Let other users pass through ``path`` (ours, checked as :func:`secure_dir` does) to
+    a directory of theirs inside it: adds ``--x--x`` only, never read or write."""
+    secure_dir(path, what)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o011 != 0o011:
+            os.fchmod(fd, mode | 0o011)
+    finally:
+        os.close(fd)
+    return path
 
 
 def ensure_private_dir(path: Path) -> Path:

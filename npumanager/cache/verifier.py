@@ -45,7 +45,7 @@ import blake3
 
 from npumanager.cachetoken import check_token
 from npumanager.errors import GeneralFailure, InvalidArgument
-from npumanager.paths import default_state_dir, ensure_private_dir
+from npumanager.paths import driver_state_dir, ensure_private_dir, secure_dir
 
 DB_NAME = "cache-map.sqlite3"
 SCHEMA_VERSION = "2"
@@ -61,11 +61,11 @@ Buffer = bytes | bytearray | memoryview
 
 
 def verifier_dir(driver_name: str, state_root: Path | None = None) -> Path:
-    """Where driver ``driver_name`` keeps its map: STATE/cache/NAME."""
+    """Where driver ``driver_name`` keeps its map: in its private state dir (owned by the
+    user it runs as), STATE/drivers/NAME/cache."""
     if not driver_name or "/" in driver_name or driver_name in (".", ".."):
         raise InvalidArgument(f"bad driver name {driver_name!r}")
-    root = state_root if state_root is not None else default_state_dir()
-    return Path(root) / "cache" / driver_name
+    return driver_state_dir(driver_name, state_root) / "cache"
 
 
 def compute_tag(
@@ -150,7 +150,12 @@ class CacheVerifier:
         self.admin = driver_version is None
         if self.admin and not (Path(state_dir) / DB_NAME).is_file():
             raise GeneralFailure(f"no cache map in {state_dir}")
-        self.state_dir = ensure_private_dir(Path(state_dir))
+        if self.admin:
+            # An administrator (root) reads the map of a driver that runs as another user.
+            owner = os.lstat(state_dir).st_uid if os.getuid() == 0 else None
+            self.state_dir = secure_dir(Path(state_dir), "cache map dir", owner=owner)
+        else:
+            self.state_dir = ensure_private_dir(Path(state_dir))
         self.path = self.state_dir / DB_NAME
         self.driver_version = driver_version or ""
         self.max_entries = max_entries

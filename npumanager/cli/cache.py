@@ -1,7 +1,7 @@
 """`npu cache ls|verify|gc|clear`: inspect and maintain a driver's compilation-cache map.
 
 The map ((uid, token) -> keyed hash, sizes, times, hits) lives in the driver's
-private state dir (``STATE/cache/DRIVER``); the cache files live in apps'
+private state dir (``STATE/drivers/DRIVER/cache``); the cache files live in apps'
 directories. ``verify`` checks the map itself (SQLite integrity, well-formed
 entries); with ``--dir`` it also re-reads the files in DIR of every mapped
 entry (files owned by the entry's uid: an app writes its own) and re-hashes

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "within [manager] orphan_grace_s (npud passes this to the hosts it starts)")
     # npud passes the resolved driver entry so overrides it was started with carry over.
     p.add_argument("--host-config-json", default=None, help=argparse.SUPPRESS)
+    # npud binds DIR/drivers/NAME.sock itself (this host's user cannot write drivers/) and
+    # passes the listening socket; and names its own uid (admins: root, the admin group
+    # and npud's uid, never merely this host's user).
+    p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--manager-uid", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--run-as", default=None, help=argparse.SUPPRESS)  # UID:GID
     p.set_defaults(func=main)
 
 
@@ -50,9 +57,16 @@ async def serve(args: argparse.Namespace) -> int:
     from npumanager.config import Config
     from npumanager.drivers.base import instantiate
     from npumanager.drivers.host import DriverHost
+    from npumanager.drivers.sandbox import enter_empty_dir, harden
     from npumanager.hal.host_config import HostConfig
-    from npumanager.paths import default_state_dir, ensure_private_dir, runtime_dir
+    from npumanager.paths import (
+        default_state_dir,
+        driver_state_dir,
+        ensure_private_dir,
+        runtime_dir,
+    )
 
+    harden()  # before any plugin is loaded or any connection taken
     if args.host_config_json:
         hc = HostConfig(**json.loads(args.host_config_json))
     else:
@@ -61,11 +75,14 @@ async def serve(args: argparse.Namespace) -> int:
         hc.channels = args.channels
     if args.no_enforce_admission:
         hc.enforce_admission = False
-    rt = runtime_dir(args.runtime_dir)
-    state_root = Path(args.state_dir) if args.state_dir else default_state_dir()
-    state = state_root / "drivers" / hc.name
+    # Absolute before the host moves into its empty working directory.
+    rt = Path(os.path.abspath(runtime_dir(args.runtime_dir)))
+    state_root = Path(os.path.abspath(args.state_dir)) if args.state_dir \
+        else default_state_dir()
+    state = driver_state_dir(hc.name, state_root)
     try:
         ensure_private_dir(state)
+        enter_empty_dir(state)
     except (OSError, UnsafePath) as exc:
         # A configuration problem, not a bug: one line that says what to change (npud's
         # supervisor reads it as the first line of our stdout and shows it in `npu status`).
@@ -74,8 +91,14 @@ async def serve(args: argparse.Namespace) -> int:
             f"cannot create its state dir {state}: {getattr(exc, 'strerror', None) or exc}; "
             f"set {how} to a "
             f"directory this user ({_user()}) may write") from None
+    listen = None
+    if args.listen_fd is not None:
+        listen = socket.socket(fileno=args.listen_fd)
+        if listen.family != socket.AF_UNIX or listen.type != socket.SOCK_STREAM:
+            raise DriverConfigError(f"--listen-fd {args.listen_fd} is not a Unix stream socket")
     driver, counts = instantiate(hc.plugin, plugin_options(hc, state))
-    host = DriverHost(hc, driver, rt, state_root, cache_counts=counts)
+    host = DriverHost(hc, driver, rt, state_root, cache_counts=counts, listen_sock=listen,
+                      manager_uid=args.manager_uid)
     await host.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -125,9 +148,29 @@ def _user() -> str:
         return f"uid {os.getuid()}"
 
 
+def become(spec: str) -> None:
+    """``UID:GID``: drop every supplementary group, then the gid, then the uid (root
+    only, before anything else runs); and check there is no way back."""
+    uid_s, _, gid_s = spec.partition(":")
+    uid, gid = int(uid_s), int(gid_s or uid_s)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if uid != 0:
+        try:
+            os.setuid(0)
+        except PermissionError:
+            pass
+        else:  # pragma: no cover - the kernel would have to be broken
+            raise SystemExit("driver host: could not give up root")
+    os.umask(0o077)
+
+
 def main(args: argparse.Namespace) -> int:
     from npumanager.service.logs import setup_logging
 
+    if args.run_as:
+        become(args.run_as)
     # The same format as npud's (and journald-aware under systemd): one log stream.
     setup_logging(os.environ.get("NPU_LOG_FORMAT", "text"),
                   os.environ.get("NPU_LOG_LEVEL", "info"), tag=f"driver[{args.name}]")

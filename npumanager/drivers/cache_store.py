@@ -58,7 +58,7 @@ class DriverCache:
         max_bytes: int = DEFAULT_MAX_BYTES,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
     ) -> None:
-        """``state_dir`` (the map's directory) defaults to ``STATE/cache/NAME``."""
+        """``state_dir`` (the map's directory) defaults to ``STATE/drivers/NAME/cache``."""
         for kind, n in (("model", n_model), ("data", n_data)):
             if not 0 <= n <= MAX_NUMBER_OF_CACHE_FILES:
                 raise InvalidArgument(f"{n} {kind} cache files; at most 32 allowed")

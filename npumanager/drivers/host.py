@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Awaitable
@@ -79,7 +80,11 @@ class DriverHost:
         *,
         cache_counts: tuple[int, int] = (0, 0),
         clock: LoopClock | None = None,
+        listen_sock: socket.socket | None = None,
+        manager_uid: int | None = None,
     ) -> None:
+        """``listen_sock``: the listening socket npud bound at the driver's path (None: the
+        host binds it); ``manager_uid``: npud's uid, an admin of this host."""
         self.hc = hc
         self.driver = driver
         self.runtime_dir = runtime_dir
@@ -87,6 +92,8 @@ class DriverHost:
         self.clock: LoopClock = clock or MonotonicClock()
         self.state = DriverState(params_from(hc))
         self.socket_path = runtime_dir / "drivers" / f"{hc.name}.sock"
+        self._listen_sock = listen_sock
+        self._manager_uid = manager_uid
         self.preparer = Preparer(hc, driver, cache_counts, state_dir)
         self.exec_stats = ExecStats()
         self.runner = StepRunner(hc.name, hc.channels, inline_limit=hc.inline_limit,
@@ -136,7 +143,8 @@ class DriverHost:
 
     async def start(self) -> None:
         self.res.loop = asyncio.get_running_loop()
-        ensure_drivers_dir(self.runtime_dir)
+        if self._listen_sock is None:
+            ensure_drivers_dir(self.runtime_dir)
         self.server = RpcServer(
             str(self.socket_path), SERVICE, self.handlers(), mode=self.hc.socket_mode,
             max_frame=self.hc.max_frame, admin_gid=resolve_group(self.hc.admin_group),
@@ -145,6 +153,7 @@ class DriverHost:
             # (a handler that ignores them would pin them for good).
             fd_methods=frozenset({"device.prepare_model", "device.prepare_model_from_cache",
                                   "device.register_pool", "device.open_burst"}),
+            listen_sock=self._listen_sock, owner_uid=self._manager_uid,
         )
         await self.server.start()
 
@@ -232,16 +241,22 @@ class DriverHost:
         return self.capabilities_msg()
 
     def _stats(self, ctx: CallContext, payload: bytes) -> bytes:
-        """JSON: channels busy and per-uid executions/s and p50/p99 latency (`npu top`)."""
+        """JSON: channels busy, how long orphaned, and per-uid executions/s and p50/p99
+        latency (`npu top`)."""
         with self.lock:
             channels, busy, queued = self.state.load()
             grants = self.state.held_grants()
+            orphaned = self.state.orphaned_at
         # The grants held and their models' memory: checked from outside by `npu chaos`.
         held = [{"grant": g[:8], "uid": uid, "request_id": rid, "bytes": nbytes,
                  "models": models}
                 for g, uid, rid, nbytes, models in grants]
         return json.dumps({"channels": channels, "busy": busy, "queued": queued,
-                           "held": held, **self.exec_stats.snapshot()}).encode()
+                           "held": held,
+                           # Seconds since npud went away (None: attached, or never was).
+                           "orphaned_s": None if orphaned is None
+                           else round(self.clock.now() - orphaned, 3),
+                           **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:
         """JSON: execution steps after the cursor in the payload (`npu trace record`); each

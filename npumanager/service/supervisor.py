@@ -25,13 +25,15 @@ from typing import Any
 from npumanager.clock import LoopClock, wait_first, wait_for
 from npumanager.config import Config
 from npumanager.constants import ThermalStatus
+from npumanager.errors import UnsafePath
 from npumanager.fds import close_fds
 from npumanager.hal.types import DEBOUNCE_DURATION_MS, EndReason, SchedulingConfig
 from npumanager.hal.wire import SERVICE, configs_msg, work_event_from_payload
-from npumanager.paths import ensure_drivers_dir
+from npumanager.paths import default_state_dir, ensure_drivers_dir
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
+from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents
 from npumanager.service.events import HeldGrant
 from npumanager.wire.client import connect_async
@@ -65,6 +67,7 @@ class DriverSlot:
     backoff: Backoff
     info: DeviceInfo
     proc: asyncio.subprocess.Process | None = None
+    launch: DriverLaunch | None = None
     conn: RpcConnection | None = None
     up: bool = False
     up_since: float = 0.0
@@ -229,18 +232,39 @@ class DriverSupervisor:
         if slot.up and slot.conn is not None and not slot.conn.closed:
             slot.conn.push(method, msg)
 
-    def _command(self, slot: DriverSlot) -> list[str]:
+    def _command(self, slot: DriverSlot, launch: DriverLaunch) -> list[str]:
         from npumanager.hal.host_config import HostConfig
 
         hc = HostConfig.from_config(self.cfg, slot.name)
         hc.enforce_admission = self.enforce_admission
-        cmd = [sys.executable, "-m", "npumanager", "driver", slot.name,
-               "--runtime-dir", str(self.runtime_dir),
-               "--host-config-json", json.dumps(dataclasses.asdict(hc)),
-               "--exit-with-manager"]
-        if self.state_dir is not None:
-            cmd += ["--state-dir", str(self.state_dir)]
-        return cmd
+        # -P: the host's working directory never lands on sys.path.
+        return [sys.executable, "-P", "-m", "npumanager", "driver", slot.name,
+                "--runtime-dir", str(self.runtime_dir),
+                "--host-config-json", json.dumps(dataclasses.asdict(hc)),
+                "--exit-with-manager", "--state-dir", str(self._state_root()),
+                *launch.args()]
+
+    def _state_root(self) -> Path:
+        return Path(self.state_dir) if self.state_dir is not None else default_state_dir()
+
+    def _launch(self, slot: DriverSlot) -> DriverLaunch:
+        """The user, directories and listening socket of the host's next start
+        (service/driver_launch.py); RuntimeError with the reason if they cannot be had."""
+        mgr = self.cfg.section("manager")
+        try:
+            user = driver_user(str(mgr.get("driver_user", "")))
+            return prepare_launch(slot.name, user, self._state_root(), self.runtime_dir,
+                                  int(mgr.get("socket_mode", 0o666)))
+        except LookupError as exc:
+            slot.last_exit = str(exc)
+            raise RuntimeError(slot.last_exit) from None
+        except (UnsafePath, OSError) as exc:
+            # One line that says what to change (shown in `npu status`).
+            how = "--state-dir" if self.state_dir is not None else "NPU_STATE_DIR"
+            slot.last_exit = (f"cannot create its state dir: "
+                              f"{getattr(exc, 'strerror', None) or exc}; set {how} to a "
+                              "directory npud may use")
+            raise RuntimeError(slot.last_exit) from None
 
     async def _supervise(self, slot: DriverSlot) -> None:
         clock = self.clock
@@ -275,9 +299,18 @@ class DriverSupervisor:
 
     async def _run_once(self, slot: DriverSlot) -> None:
         slot.starts += 1
-        proc = await asyncio.create_subprocess_exec(
-            *self._command(slot), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        )
+        launch = self._launch(slot)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._command(slot, launch), stdout=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL, **launch.spawn_kwargs(),  # type: ignore[arg-type]
+            )
+        except BaseException:
+            launch.close()
+            launch.remove_socket()
+            raise
+        launch.close()  # the host holds the listening socket now
+        slot.launch = launch
         slot.proc = proc
         exited = asyncio.ensure_future(proc.wait())
         try:
@@ -475,6 +508,14 @@ class DriverSupervisor:
             with contextlib.suppress(OSError):  # gone already, or not ours to signal
                 os.kill(pid, signal.SIGTERM)
         proc, slot.proc = slot.proc, None
+        launch, slot.launch = slot.launch, None
+        try:
+            await self._stop_process(proc)
+        finally:
+            if launch is not None:
+                launch.remove_socket()
+
+    async def _stop_process(self, proc: asyncio.subprocess.Process | None) -> None:
         if proc is None:
             return
         if proc.returncode is None:

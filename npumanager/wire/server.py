@@ -130,10 +130,17 @@ class RpcServer:
         max_fds_in_flight: int = MAX_FDS,
         max_fds_in_flight_per_uid: int = MAX_FDS_IN_FLIGHT_PER_UID,
         fd_methods: frozenset[str] | None = None,
+        listen_sock: socket.socket | None = None,
+        owner_uid: int | None = None,
     ) -> None:
         """``max_fds_in_flight``: received fds one connection may have waiting for their
         frame (0 for a service whose methods take no fds); ``fd_methods``: the methods
-        that may receive fds (None: any)."""
+        that may receive fds (None: any). ``listen_sock``: a listening socket bound at
+        ``path`` by someone else (npud binds a driver's: the driver's user cannot write
+        ``drivers/``); this server then neither binds nor removes the path.
+        ``owner_uid``: the uid whose processes are admins besides root and the admin
+        group (default: this process's own; a driver gives npud's, so that sharing a
+        user like ``nobody`` with other daemons makes none of them its admin)."""
         self.path = path
         self.service = service
         self.mode = mode
@@ -154,8 +161,12 @@ class RpcServer:
         self.accept_failures = 0
         self._silent = Throttled(log)
         self._refused = Throttled(log)
-        self._sock: socket.socket | None = None
-        self._bound: tuple[int, int] = (0, 0)  # (dev, inode) of the socket file we bound
+        self._sock: socket.socket | None = listen_sock
+        self._adopted = listen_sock is not None
+        self.owner_uid = os.getuid() if owner_uid is None else owner_uid
+        #: (st_dev, st_ino) of the socket file we bound: removed at close only if the path
+        #: still is that file (a successor may have bound there since). None: npud bound it.
+        self._bound: tuple[int, int] | None = None
         self._accept_task: asyncio.Task[None] | None = None
         # Connections refuse every method but hello until the handshake (RpcConnection's
         # gate: one flag test per call instead of a wrapper around every handler).
@@ -181,7 +192,7 @@ class RpcServer:
                 f"this socket serves {self.service!r}, not {hello.service!r}; check the path"
             )
         conn.hello = hello
-        conn.admin = is_admin(conn.peer, self.admin_gid, os.getuid())
+        conn.admin = is_admin(conn.peer, self.admin_gid, self.owner_uid)
         conn.open_gate()
         timer = self._awaiting_hello.pop(conn, None)
         if timer is not None:
@@ -198,9 +209,12 @@ class RpcServer:
 
     async def start(self) -> None:
         raise_fd_limit()
-        self._sock = make_unix_listener(self.path, self.mode)
-        st = os.lstat(self.path)
-        self._bound = (st.st_dev, st.st_ino)
+        if self._sock is None:
+            self._sock = make_unix_listener(self.path, self.mode)
+            st = os.lstat(self.path)
+            self._bound = (st.st_dev, st.st_ino)
+        else:
+            self._sock.setblocking(False)
         self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
 
     async def _accept_loop(self) -> None:
@@ -310,7 +324,7 @@ class RpcServer:
                 # Only our own socket file: a successor (a driver host npud started while
                 # this orphaned one served its last clients) may have bound the path since.
                 st = os.lstat(self.path)
-                if (st.st_dev, st.st_ino) == self._bound:
+                if self._bound == (st.st_dev, st.st_ino):
                     os.unlink(self.path)
             except FileNotFoundError:
                 pass

@@ -95,7 +95,7 @@ def test_clear_with_dir(
 def test_no_map_yet(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "ls", "--state-dir", str(state_dir)]) == 0
     assert "no cache map" in capsys.readouterr().err
-    assert not (state_dir / "cache").exists()  # looking created nothing
+    assert not (state_dir / "drivers").exists()  # looking created nothing
 
 
 def test_cli_never_resets_the_map(

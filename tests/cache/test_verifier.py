@@ -30,7 +30,7 @@ class Ticker:
 
 
 def test_private_dir_and_file_modes(state_dir: Path) -> None:
-    d = state_dir / "cache" / "reference"
+    d = state_dir / "drivers" / "reference" / "cache"
     with CacheVerifier(d, "v1"):
         assert os.stat(d).st_mode & 0o777 == 0o700
         assert os.stat(d / DB_NAME).st_mode & 0o777 == 0o600

@@ -160,10 +160,10 @@ def test_run_builtin_models(npud_drivers: DaemonProcess,
 def test_driver_without_a_state_dir_is_reported_down(runtime_dir: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]
                                                      ) -> None:
-    """The state dir is fine for npud but the host cannot create its own dir under it
-    (here STATE/drivers is a file; in production: a driver user without write access).
-    The host says so in one line naming NPU_STATE_DIR, npud's ready line and `npu status`
-    show it DOWN with that reason, and nobody prints a traceback."""
+    """The state dir is fine for npud but the host's own dir under it cannot be made
+    (here STATE/drivers is a file). npud, which makes that dir for the driver's user, says
+    so in one line naming NPU_STATE_DIR; its ready line and `npu status` show the driver
+    DOWN with that reason, and nobody prints a traceback."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     (state / "drivers").write_text("")
