@@ -104,3 +104,18 @@ def private_external_model(runtime_dir: str, directory: str) -> list[float]:
 
 def add_outcome(runtime_dir: str, bias: float = 1.0) -> str:
     return prepare_outcomes(runtime_dir, [add_model(4, bias)])[0]
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Until ``pred`` is true: a state the driver reports (device.stats), which no app can
+    announce (an app does not know when the driver has queued its job or seen npud go)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
