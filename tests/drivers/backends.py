@@ -34,11 +34,16 @@ def make_torch(options: dict[str, Any]) -> Driver:
     return TorchAotDriver(options)
 
 
-def inductor_dir() -> Path:
+def inductor_dir(uid: int | None = None, gid: int | None = None) -> Path:
     """One private folder for AOTInductor's precompiled headers, shared by every torch test
-    and test run of this uid (building them is most of a first compile)."""
-    d = Path(tempfile.gettempdir()) / f"npu-test-inductor-{os.getuid()}"
+    and test run of a uid (building them is most of a first compile): this process's, or
+    (as root) ``uid``'s, e.g. the user npud runs its drivers as."""
+    uid = os.getuid() if uid is None else uid
+    d = Path(tempfile.gettempdir()) / f"npu-test-inductor-{uid}"
     d.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(d)
-    assert st.st_uid == os.getuid() and not st.st_mode & 0o077, f"{d} is not private"
+    if st.st_uid != uid and st.st_uid == os.getuid() and uid != os.getuid():
+        os.chown(d, uid, uid if gid is None else gid)
+        st = os.lstat(d)
+    assert st.st_uid == uid and not st.st_mode & 0o077, f"{d} is not private"
     return d

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from npumanager.service.driver_launch import driver_user
 from npumanager.testing.conformance import ConformanceTarget, HalConformance
 from npumanager.testing.driver_host import running_driver
 from tests.drivers.backends import inductor_dir, needs_torch
@@ -24,6 +25,7 @@ def conformance_target() -> Iterator[ConformanceTarget]:
     rt = Path(tempfile.mkdtemp(prefix="npu-rt-", dir="/tmp"))
     st = Path(tempfile.mkdtemp(prefix="npu-st-", dir="/tmp"))
     options = {"inductor_cache_dir": str(inductor_dir())}
+    user = driver_user("")  # whom npud's supervisor starts the host as
     config = st / "npud.toml"
     config.write_text(f'[[driver]]\nname = "torch"\nplugin = "torch"\n'
                       f'[driver.options]\ninductor_cache_dir = "{options["inductor_cache_dir"]}"\n')
@@ -34,6 +36,7 @@ def conformance_target() -> Iterator[ConformanceTarget]:
         step_inputs={"state": np.zeros((1, 4), np.float32)},
         step_feedback={"state_out": "state"},
         plugin="torch", options=options,
+        supervised_options={"inductor_cache_dir": str(inductor_dir(user.uid, user.gid))},
     )
     try:
         with running_driver("torch", rt, st, config=config, timeout=120):

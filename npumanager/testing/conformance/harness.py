@@ -45,6 +45,9 @@ class ConformanceTarget:
     plugin: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     state_dir: Path | None = None
+    #: ``options`` for the host npud's supervisor starts, which runs as ``[manager]
+    #: driver_user`` (None: ``options``): a directory an option names must be that user's.
+    supervised_options: dict[str, Any] | None = None
 
 
 class EventLog(ISchedulingCallback):

@@ -59,7 +59,8 @@ def check_driver_restart_and_table_push(target: ConformanceTarget, runtime_dir: 
     from npumanager.service.supervisor import DriverSupervisor
 
     entry: dict[str, Any] = {"name": target.name, "plugin": target.plugin or target.name,
-                             "options": target.options, "restart_backoff_s": 0.05}
+                             "options": target.options if target.supervised_options is None
+                             else target.supervised_options, "restart_backoff_s": 0.05}
     cfg = Config.load(overrides={"driver": [entry], "manager": {"enforce_admission": False}})
     events = _Events()
     loop = asyncio.new_event_loop()
