@@ -149,7 +149,16 @@ class DaemonProcess:
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
+        try:
+            self._read_lines(self.proc.stdout)
+        except (ValueError, OSError):
+            # stop() closed the pipe under us: a driver host npud left behind (orphaned,
+            # serving out its grace) still held npud's stderr, so it never reached EOF.
+            pass
+        self._ready.set()  # npud's output ended: it exited
+
+    def _read_lines(self, stream: Any) -> None:
+        for line in stream:
             line = line.rstrip("\n")
             with self._new_line:
                 self.lines.append(line)
@@ -158,7 +167,6 @@ class DaemonProcess:
             if self.ready_line is None and line.startswith("npud ready"):
                 self.ready_line = line
                 self._ready.set()
-        self._ready.set()  # npud's output ended: it exited
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
