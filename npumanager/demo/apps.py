@@ -14,6 +14,10 @@ Kinds of work:
   back, like an LLM decode loop;
 - ``periodic``: one execution every ``period_s`` (an embedding service);
 - ``burst``: ``runs`` executions, then release and exit (a voice query).
+
+Streams (``stream=True``: the camera and the voice query) execute through a
+burst (``model.burst()``): a shared-memory channel set up once after prepare,
+one wake-up each way per frame; the driver schedules them as any execution.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class AppSpec:
     job_priority: int = 0  # added to the app priority in the driver (lower runs first)
     first_id: int = 1  # npud keys requests by (uid, id): apps sharing a uid need their own ids
     device: str = "reference"
+    stream: bool = False  # execute through a burst (model.burst()): a stream at its own pace
 
 
 class App:
@@ -80,6 +85,7 @@ class App:
         self.request: Any = None
         self.listener: Any = None
         self.model: Any = None
+        self.burst: Any = None
         self.asked_at = 0.0
         self.unload_asked_at: float | None = None
         self.retry_at: float | None = None
@@ -174,10 +180,16 @@ class App:
             self.out.emit("error", what="prepare", error=f"{type(exc).__name__}: {exc}")
             return
         ms = (time.perf_counter() - t0) * 1000
+        if self.spec.stream:
+            try:
+                self.burst = self.model.burst()
+            except Exception as exc:  # executions go the plain way then
+                self.out.emit("error", what="burst", error=f"{type(exc).__name__}: {exc}")
         self.out.emit("prepared", id=request.id, ms=round(ms, 1), model=self.model_def.name,
                       from_cache=bool(self.model.loaded_from_cache),
                       cache_written=bool(self.model.cache_written),
-                      memory_bytes=int(self.model.memory_bytes))
+                      memory_bytes=int(self.model.memory_bytes),
+                      burst=self.burst is not None)
         listener.notify_model_loaded(request)
         self.next_work = time.monotonic()
 
@@ -202,6 +214,9 @@ class App:
         self.out.emit("complete", id=request.id, status=status.name)
 
     def release(self) -> None:
+        if self.burst is not None:
+            self.burst.close()
+            self.burst = None
         if self.model is not None:
             self.model.release()
             self.model = None
@@ -216,7 +231,8 @@ class App:
                 outs = self.model.execute(m.inputs, job_priority=spec.job_priority,
                                           steps=spec.steps, feedback=m.feedback)
             else:
-                outs = self.model.execute(m.inputs, job_priority=spec.job_priority)
+                runner = self.burst if self.burst is not None else self.model
+                outs = runner.execute(m.inputs, job_priority=spec.job_priority)
         except GrantRevoked as exc:
             self.out.emit("execute_revoked", error=str(exc))
             self.release()

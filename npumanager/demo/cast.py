@@ -102,7 +102,7 @@ def app_specs(root: bool, pace: Pace) -> dict[str, AppSpec]:
                        retry_after_s=pace.llm_backoff_s),
         "camera": AppSpec("camera", uid("camera"), Importance.FOREGROUND,
                           ModelSize.LESS_THAN_1GB, ModelPriority.NORMAL, "frames",
-                          period_s=1 / 30, first_id=first("camera")),
+                          period_s=1 / 30, first_id=first("camera"), stream=True),
         "embedder": AppSpec("embedder", uid("embedder"), Importance.SERVICE,
                             ModelSize.LESS_THAN_1GB,
                             ModelPriority.NORMAL if root else ModelPriority.BACKGROUND,
@@ -111,5 +111,5 @@ def app_specs(root: bool, pace: Pace) -> dict[str, AppSpec]:
                             first_id=first("embedder")),
         "voice": AppSpec("voice", uid("voice"), Importance.VISIBLE, ModelSize.LESS_THAN_1GB,
                          ModelPriority.NORMAL, "burst", period_s=0.03, runs=pace.voice_runs,
-                         first_id=first("voice")),
+                         first_id=first("voice"), stream=True),
     }

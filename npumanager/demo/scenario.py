@@ -95,8 +95,9 @@ class Scenario:
         elif kind == "prepared":
             how = ("loaded from its compilation cache" if e["from_cache"]
                    else "compiled" + (", cache written" if e["cache_written"] else ""))
+            burst = "; frames through a burst" if e.get("burst") else ""
             self.out.event(app, f"prepared {e['model']} in {fmt_ms(e['ms'])} ({how}); "
-                           "notify_model_loaded", t)
+                           f"notify_model_loaded{burst}", t)
         elif kind == "unload_asked":
             tail = "" if e["comply"] else " - and ignores it"
             self.out.event(app, f"on_request_unload_model(reason={e['reason']}){tail}", t,

@@ -77,7 +77,7 @@ def print_summary(out: Renderer, log: EventLog, run: Run, hal: HalObserver | Non
     alone = [e["ms"] / e["steps"] for e in log.find("llm", "decode")
              if e["steps"] and (first_camera is None or e["t"] < first_camera)]
     step = percentile(alone, 50)
-    out.table("Camera frame latency (execute round trip, 30 fps target)",
+    out.table("Camera frame latency (burst execute round trip, 30 fps target)",
               ["phase", "frames", "fps", "p50", "p99", "max"], _phase_rows(log, run),
               caption="Steady-state windows; the last row also counts the moments when other "
               "models compile or load (CPU work on this machine)."

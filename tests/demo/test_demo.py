@@ -69,6 +69,9 @@ def test_fast_demo_shows_every_behaviour_and_cleans_up(tmp_path: Path) -> None:
     # The camera preempts the background LLM, which complies.
     assert "llm      on_request_unload_model(reason=PREEMPTED)" in out
     assert "camera   WAIT_FOR_UNLOAD" in out
+    # The camera and the voice query stream their frames through bursts.
+    assert re.search(r"camera   prepared .*; notify_model_loaded; frames through a burst", out)
+    assert re.search(r"voice    prepared .*; notify_model_loaded; frames through a burst", out)
     assert re.search(r"llm      released its model; notify_model_unloaded", out)
     # Background decode paused for foreground frames, from the driver's HAL events.
     m = re.search(r"(\d+) x on_work_ended\(PAUSED\), (\d+) x on_work_started\(RESUMED\)", out)
