@@ -149,6 +149,9 @@ class BurstServer:
             if self.peer_fd >= 0:
                 os.close(self.peer_fd)
                 self.peer_fd = -1
+            # Its mapping too (the loop closes it again with the pool: harmless), so that
+            # the line below means every fd of this burst is closed.
+            self.pool.close()
             # Its last act, once every fd of its own is closed (tests wait for this line).
             log.info("burst %d of uid %d ended", self.burst_id, self.client.conn.peer.uid)
 
