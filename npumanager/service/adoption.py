@@ -126,6 +126,17 @@ def _adopt(s: ManagerState, e: ClaimRequest, size: ModelSize, priority: ModelPri
     key = (e.uid, e.request_id)
     req = ManagedRequest(key, e.conn, e.pid, size, priority, e.now, next(s._seq),
                          s.importance(e.uid) + int(priority), dev)
+    if held is not None:
+        req.real_bytes = held.nbytes
+    budget = dev.budget
+    charge = budget.charge(req)
+    if held is None and not _would_grant_now(dev, req, charge):
+        # No driver vouches for this grant, so only the client's word says it existed:
+        # anyone can send that word. It may not jump the queue or push the budget over
+        # its cap (the policy would then ask *other* apps to unload for it).
+        _refuse(s, e, f"no driver holds grant {e.grant_id[:8]} and {dev.name} has no room "
+                "for it now: request again")
+        return
     s._table.add(req)
     s._table.add_holder(req, e.grant_id)
     dev.holders[key] = req
@@ -133,10 +144,7 @@ def _adopt(s: ManagerState, e: ClaimRequest, size: ModelSize, priority: ModelPri
     req.last_status = LoadStatus.CAN_LOAD_NOW
     loaded = held is not None and e.state != "granted"
     req.loaded = loaded
-    if held is not None:
-        req.real_bytes = held.nbytes
-    budget = dev.budget
-    req.charge = budget.charge(req)
+    req.charge = charge
     budget.hold(req.charge)
     req.state = _L if loaded else _G
     # The drivers learn (again) that this grant is live: a restarted one never had it,
@@ -151,6 +159,13 @@ def _adopt(s: ManagerState, e: ClaimRequest, size: ModelSize, priority: ModelPri
         reason = e.unload_reason if e.unload_reason is not None else UnloadReason.PREEMPTED
         s._ask_unload(req, reason, tell=False)
     s._enforce(dev, UnloadReason.POLICY_CHANGED)
+
+
+def _would_grant_now(dev: Device, req: ManagedRequest, charge: int) -> bool:
+    """Whether a new request like ``req`` would be granted at once: nobody waits ahead of
+    it and it fits the budget under the thermal status."""
+    return dev.queue.peek() is None and dev.budget.fits(charge) and dev.budget.eligible(
+        req, charge)
 
 
 def _refuse(s: ManagerState, e: ClaimRequest, why: str, grant_id: str | None = None) -> None:

@@ -78,6 +78,24 @@ def test_new_requests_wait_while_held_grants_may_still_be_claimed() -> None:
     assert granted(out) == [(2000, 1)]
 
 
+def test_a_claim_no_driver_knows_gets_no_more_than_a_new_request_would() -> None:
+    """Only the client vouches for a grant no driver holds: it may not push the budget over
+    its cap (others would be asked to unload for it) nor pass a request waiting ahead."""
+    h = budget()
+    h.importance(1000, 400)
+    h.importance(2000, 100)
+    h.request(1000, 1, size=2)
+    h.loaded(1000, 1)  # 4 of 4 used
+    out = claim(h, 2000, 1, "loaded", "g-forged", size=0)
+    assert completes(out) == {(2000, 1): RequestStatus.REVOKED}
+    assert unloads(out) == {}
+    assert h.state_of(2000, 1) is None and h.state_of(1000, 1) == "loaded"
+    assert "no room" in str(h.state.story(2000, 1)[-1].details)
+    h.unloaded(1000, 1)
+    out = claim(h, 2000, 2, "granted", "g-forged-2", size=0)
+    assert h.state_of(2000, 2) == "granted"  # room again, nobody waiting: as a new request
+
+
 def test_a_claim_for_another_requests_grant_is_refused_revoked() -> None:
     h = budget()
     held(h, ("g-a", 1000, 1))
