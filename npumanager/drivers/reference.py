@@ -23,7 +23,7 @@ from npumanager.drivers.base import (
     PreparedModel,
 )
 from npumanager.drivers.onnx_types import Specs, graph_specs, onnx_specs, session_specs
-from npumanager.drivers.reference_external import OrtBinding, ort_binding
+from npumanager.drivers.reference_external import OrtBinding, initializer_bytes, ort_binding
 from npumanager.errors import InvalidArgument
 from npumanager.tensorio.dtypes import ONNX_TO_NUMPY
 
@@ -43,15 +43,7 @@ def _onnx_facts(onnx_bytes: bytes) -> tuple[int, Specs | None]:
         model = onnx.load_model_from_string(onnx_bytes)
     except Exception:
         return len(onnx_bytes), None
-    total = 0
-    for init in model.graph.initializer:
-        n = int(np.prod(init.dims, dtype=np.int64)) if init.dims else 1
-        try:
-            itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-        except (KeyError, ValueError, TypeError):
-            itemsize = 4
-        total += n * itemsize
-    return total, graph_specs(model)
+    return initializer_bytes(model), graph_specs(model)
 
 
 def _caching_available() -> bool:

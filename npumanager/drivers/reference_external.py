@@ -63,7 +63,8 @@ class OrtBinding:
             self.values, self.arrays, self.released = [], [], True
 
 
-def _weights(model: Any) -> int:
+def initializer_bytes(model: Any) -> int:
+    """What an ONNX model's initializers take in memory (unknown element types as 4 bytes)."""
     import onnx
 
     total = 0
@@ -87,7 +88,7 @@ def ort_binding(onnx_bytes: bytes, external: Mapping[str, np.ndarray]) -> OrtBin
     if model is None:
         return OrtBinding(onnx_bytes, len(onnx_bytes))
     bound = check_bound(model, external)
-    out = OrtBinding(onnx_bytes, _weights(model), graph_specs(model))
+    out = OrtBinding(onnx_bytes, initializer_bytes(model), graph_specs(model))
     inlined = False
     for ref, data in bound:
         dtype = BINDABLE.get(ref.tensor.data_type)
