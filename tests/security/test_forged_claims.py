@@ -43,3 +43,30 @@ def test_a_forged_claim_neither_takes_the_budget_nor_unloads_others(
     finally:
         victim.kill()
     assert_served(runtime_dir)
+
+
+def bad_fields(runtime_dir: str) -> list[str]:
+    """As the attacker: a request naming a device that does not exist (long), and a claim in a
+    state no client can be in. Each gets its typed error; the connection stays usable."""
+    from npumanager import ModelLoadRequest
+    from npumanager.errors import InvalidArgument
+    from tests.security.harness import Lifecycle
+
+    seen = []
+    with NpuManager(runtime_dir) as mgr:
+        try:
+            mgr.request_can_load_model(ModelLoadRequest(id=2, device="x" * 60_000), Lifecycle())
+        except InvalidArgument as exc:
+            seen.append(f"InvalidArgument: {str(exc)[:40]}")
+        mgr._rpc.call("reclaim", Reclaim(claims=[Claim(request_id=3, state="owner-of-npud")]))
+        seen += [d["what"] for d in mgr.story(ATTACKER, 3)]
+    return seen
+
+
+def test_unknown_devices_and_claim_states_get_typed_errors(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    start_npud()
+    seen = procs.run_as(ATTACKER, None, bad_fields, str(runtime_dir), timeout=30)
+    assert seen[0].startswith("InvalidArgument"), seen
+    assert seen[-1] == "not adopted", seen
+    assert_served(runtime_dir)
