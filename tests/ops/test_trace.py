@@ -154,6 +154,17 @@ def test_trace_record_against_a_real_npud(npud_drivers: DaemonProcess, tmp_path:
         return recorder
 
     monkeypatch.setattr(TraceRecorder, "start", start)
+    # The recorder learns which requests exist by polling npud's dump (every 50 ms): the
+    # workload goes on once a poll has seen the request, however slow the machine.
+    seen_request = threading.Event()
+    real_poll = TraceRecorder.poll
+
+    def poll(self: TraceRecorder) -> None:
+        real_poll(self)
+        if self._keys:
+            seen_request.set()
+
+    monkeypatch.setattr(TraceRecorder, "poll", poll)
 
     def record() -> None:
         result["rc"] = npu(capsys, "trace", "record", "--duration", "3", "-o", str(out),
@@ -168,6 +179,7 @@ def test_trace_record_against_a_real_npud(npud_drivers: DaemonProcess, tmp_path:
         req = ModelLoadRequest(9, priority=ModelPriority.BACKGROUND)
         mgr.request_can_load_model(req, cb)
         assert cb.granted.wait(10)
+        assert seen_request.wait(10), "the recorder never saw the request"
         model = dev.prepare_model(add_model(), grant=cb.listener)
         cb.listener.notify_model_loaded(req)
         for _ in range(40):
