@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,16 @@ HAVE_ATHERIS = importlib.util.find_spec("atheris") is not None
 
 
 def run_atheris(harness: str, tmp_path: Path, rss_mb: int) -> tuple[int, str]:
-    """Run ``tests.security.HARNESS`` for the budget; (executions, the output's tail)."""
+    """Run ``tests.security.HARNESS`` for the budget; (executions, the output's tail).
+
+    ``rss_mb`` is what the harness may grow by. libFuzzer reads its peak RSS from
+    ``getrusage`` and Linux carries that peak through fork and exec, so the fuzzer starts
+    at this worker's peak (1 GiB in CI, where other tests in the worker loaded torch and
+    OpenVINO: a fixed 1024 MiB limit failed at the first input). The limit is therefore
+    this process's peak plus the budget."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
+    rss_mb += resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     r = subprocess.run(
         [sys.executable, "-m", f"tests.security.{harness}", f"-max_total_time={BUDGET_S}",
          f"-rss_limit_mb={rss_mb}", "-max_len=4096", f"-artifact_prefix={tmp_path}/",
