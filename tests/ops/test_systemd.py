@@ -135,6 +135,11 @@ def test_journald_lines_carry_priorities_and_no_timestamp() -> None:
 
 
 def test_journal_stream_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # setup_logging replaces the root handlers: put pytest's back afterwards (a handler left
+    # on this test's captured stderr made a later test's log line a "Logging error").
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
     with open(tmp_path / "log", "w") as stream:
         st = os.fstat(stream.fileno())
         monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
@@ -147,7 +152,6 @@ def test_journal_stream_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (tmp_path / "log").read_text() == "<6>info    npumanager.test: to the journal\n"
     monkeypatch.delenv("JOURNAL_STREAM")
     assert not under_journald(io.StringIO())
-    setup_logging("text", "warning")
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
