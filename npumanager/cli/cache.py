@@ -97,7 +97,7 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
         table.add_column(c, justify="left" if i == 0 or c == "status" else "right")
     for r in rows:
         table.add_row(*r)
-    Console().print(table)
+    Console(emoji=False).print(table)
 
 
 def _files_in(directory: Path) -> dict[bytes, list[Path]]:

@@ -3,7 +3,10 @@
 Loads the plugin NAME's [[driver]] entry names (entry-point group
 ``npumanager.drivers``), refuses it if it does not implement npud's HAL
 version, and serves DIR/drivers/NAME.sock until SIGTERM/SIGINT. Prints one
-line containing ``ready`` once clients can connect.
+line containing ``ready`` once clients can connect. An entry whose
+``options.devices`` lists several devices is served by this one process as
+the devices ``NAME:DEVICE``, each on DIR/drivers/NAME:DEVICE.sock with its own
+channels, run queue, grants and cache map (hal/host_config.device_entries).
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # npud binds DIR/drivers/NAME.sock itself (this host's user cannot write drivers/) and
     # passes the listening socket; and names its own uid (admins: root, the admin group
     # and npud's uid, never merely this host's user).
-    p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    # A host serving several devices gets one per device, in its devices' order.
+    p.add_argument("--listen-fd", type=int, action="append", default=None,
+                   help=argparse.SUPPRESS)
     p.add_argument("--manager-uid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-as", default=None, help=argparse.SUPPRESS)  # UID:GID
     p.set_defaults(func=main)
@@ -68,21 +73,24 @@ async def serve(args: argparse.Namespace) -> int:
 
     harden()  # before any plugin is loaded or any connection taken
     if args.host_config_json:
-        hc = HostConfig(**json.loads(args.host_config_json))
+        decoded = json.loads(args.host_config_json)
+        hcs = [HostConfig(**d) for d in (decoded if isinstance(decoded, list) else [decoded])]
     else:
-        hc = HostConfig.from_config(Config.load(args.config), args.name)
-    if args.channels:
-        hc.channels = args.channels
-    if args.no_enforce_admission:
-        hc.enforce_admission = False
+        hcs = HostConfig.group(Config.load(args.config), args.name)
+    for hc in hcs:
+        if args.channels:
+            hc.channels = args.channels
+        if args.no_enforce_admission:
+            hc.enforce_admission = False
     # Absolute before the host moves into its empty working directory.
     rt = Path(os.path.abspath(runtime_dir(args.runtime_dir)))
     state_root = Path(os.path.abspath(args.state_dir)) if args.state_dir \
         else default_state_dir()
-    state = driver_state_dir(hc.name, state_root)
+    states = [driver_state_dir(hc.name, state_root) for hc in hcs]
     try:
-        ensure_private_dir(state)
-        enter_empty_dir(state)
+        for state in states:
+            ensure_private_dir(state)
+        enter_empty_dir(states[0])
     except (OSError, UnsafePath) as exc:
         # A configuration problem, not a bug: one line that says what to change (npud's
         # supervisor reads it as the first line of our stdout and shows it in `npu status`).
@@ -91,29 +99,43 @@ async def serve(args: argparse.Namespace) -> int:
             f"cannot create its state dir {state}: {getattr(exc, 'strerror', None) or exc}; "
             f"set {how} to a "
             f"directory this user ({_user()}) may write") from None
-    listen = None
-    if args.listen_fd is not None:
-        listen = socket.socket(fileno=args.listen_fd)
-        if listen.family != socket.AF_UNIX or listen.type != socket.SOCK_STREAM:
-            raise DriverConfigError(f"--listen-fd {args.listen_fd} is not a Unix stream socket")
-    driver, counts = instantiate(hc.plugin, plugin_options(hc, state))
-    host = DriverHost(hc, driver, rt, state_root, cache_counts=counts, listen_sock=listen,
-                      manager_uid=args.manager_uid)
-    await host.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"driver {hc.name} ready at {host.socket_path} ({driver.version}, "
-          f"{hc.channels} channels)", flush=True)
-    watch = (asyncio.ensure_future(_exit_when_orphaned(host, stop))
-             if args.exit_with_manager else None)
+    fds = list(args.listen_fd or [])
+    if fds and len(fds) != len(hcs):
+        raise DriverConfigError(f"{len(fds)} listening sockets for {len(hcs)} devices")
+    listens: list[socket.socket | None] = [None] * len(hcs)
+    for i, fd in enumerate(fds):
+        sock = socket.socket(fileno=fd)
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+            raise DriverConfigError(f"--listen-fd {fd} is not a Unix stream socket")
+        listens[i] = sock
+    # One host per device, each with its own socket, channels, queue, grants and cache
+    # map; one process and event loop serve them all (API.md "Devices and budgets").
+    hosts: list[DriverHost] = []
     try:
-        await stop.wait()
+        for hc, state, listen in zip(hcs, states, listens, strict=True):
+            driver, counts = instantiate(hc.plugin, plugin_options(hc, state))
+            host = DriverHost(hc, driver, rt, state_root, cache_counts=counts,
+                              listen_sock=listen, manager_uid=args.manager_uid)
+            hosts.append(host)
+            await host.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        # One line (npud reads one): every device is served.
+        print("; ".join(f"driver {h.hc.name} ready at {h.socket_path} "
+                        f"({h.driver.version}, {h.hc.channels} channels)" for h in hosts),
+              flush=True)
+        watch = (asyncio.ensure_future(_exit_when_orphaned(hosts, stop))
+                 if args.exit_with_manager else None)
+        try:
+            await stop.wait()
+        finally:
+            if watch is not None:
+                watch.cancel()
     finally:
-        if watch is not None:
-            watch.cancel()
-        await host.close()
+        for host in hosts:
+            await host.close()
     return 0
 
 
@@ -124,14 +146,15 @@ def plugin_options(hc: HostConfig, state: Path) -> dict[str, Any]:
     return {"state_dir": str(state), **hc.options}
 
 
-async def _exit_when_orphaned(host: DriverHost, stop: asyncio.Event) -> None:
+async def _exit_when_orphaned(hosts: list[DriverHost], stop: asyncio.Event) -> None:
     """npud died: its loaded models keep running for the orphan grace (inference survives
     a daemon restart), but nothing new is loaded; if no manager attaches again by then,
     the host has released them all and exits. A restarted npud that attaches within the
     grace adopts the host and what it holds; after it, it starts a host of its own on the
     same socket path, so an orphan must not linger."""
-    await host.orphan_expired.wait()
-    log.warning("no manager attached again within %g s: exiting", host.hc.orphan_grace_s)
+    for host in hosts:  # every device's: one npud links to them all
+        await host.orphan_expired.wait()
+    log.warning("no manager attached again within %g s: exiting", hosts[0].hc.orphan_grace_s)
     stop.set()
 
 

@@ -179,7 +179,7 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
     out = io.StringIO()
     console = Console(file=out, no_color=not color, color_system="auto" if color else None,
                       width=width, soft_wrap=False, force_terminal=color,
-                      highlight=False)
+                      highlight=False, emoji=False)
     daemon = dump.get("daemon") or {}
     thermal = dump.get("thermal") or {}
     policy = dump.get("policy") or {}

@@ -206,10 +206,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.once:
             console = Console(width=None if sys.stdout.isatty() else 120,
-                              no_color=not sys.stdout.isatty(), highlight=False)
+                              no_color=not sys.stdout.isatty(), highlight=False,
+                              emoji=False)
             console.print(render(sampler.frame()))
             return 0
-        console = Console(highlight=False)
+        console = Console(highlight=False, emoji=False)  # "ref:a:" is no emoji
         try:
             with Live(render(sampler.frame()), console=console, screen=True,
                       auto_refresh=False) as live:

@@ -1,9 +1,11 @@
 """The OpenVINO driver (plugin ``openvino``, extra ``npumanager[openvino]``).
 
-One driver host serves one OpenVINO device: the first of the ``devices``
-option (default: every entry of ``ov.Core().available_devices``, so CPU here
-and GPU or NPU on Intel machines). GPU and NPU take exactly this code with
-another device string.
+An instance serves one OpenVINO device: the first of the ``devices`` option
+(default: every entry of ``ov.Core().available_devices``, so CPU here and GPU
+or NPU on Intel machines). A [[driver]] entry whose ``devices`` lists several
+is one host process serving each as the device ``NAME:DEVICE``, with an
+instance (and ``ov.Core``) per device (hal/host_config.device_entries). GPU
+and NPU take exactly this code with another device string.
 
 - Input: ONNX bytes, or an IR bundle (xml + bin, :mod:`.openvino_ir`); both
   are read from memory, never from a path.
@@ -240,9 +242,10 @@ class OpenVinoDriver(Driver):
                 f"OpenVINO reports devices {available}; asked for {self.devices}"
             )
         if len(self.devices) > 1:
-            # A driver host serves one device (the HAL has one budget per host for now).
-            log.warning("openvino: serving %s; %s need their own [[driver]] entries",
-                        self.devices[0], ", ".join(self.devices[1:]))
+            # A config listing several devices gets a driver instance per device (npud
+            # expands the entry: hal/host_config.device_entries); an instance made
+            # with several directly serves the first.
+            log.warning("openvino: this instance serves %s only", self.devices[0])
         self.device = self.devices[0]
         self.supported = {str(p) for p in self.core.get_property(self.device,
                                                                  "SUPPORTED_PROPERTIES")}

@@ -192,12 +192,19 @@ class ReferenceDriver(Driver):
         self.memory_bytes = int(self.options.get("memory_bytes", phys))
         self.n_model_cache = int(self.options.get("model_cache_files", 1))
         self.n_data_cache = int(self.options.get("data_cache_files", 1))
+        # Logical devices (``devices = ["a", "b"]``: one host serving each as a device of
+        # its own, hal/host_config.device_entries): ONNX Runtime on the same CPU cores,
+        # with a budget, channels, queue and cache map each; not separate silicon.
+        wanted = self.options.get("devices") or []
+        self.device = str(wanted[0] if isinstance(wanted, list) and wanted else "CPU")
 
     def capabilities(self) -> DriverCapabilities:
         import onnxruntime as ort
 
+        where = "CPU" if self.device == "CPU" else f"CPU (logical device {self.device})"
         return DriverCapabilities(
-            backend=f"onnxruntime {ort.__version__} CPU", memory_bytes=self.memory_bytes
+            backend=f"onnxruntime {ort.__version__} {where}", memory_bytes=self.memory_bytes,
+            extra={"device": self.device},
         )
 
     def get_number_of_cache_files_needed(self) -> tuple[int, int]:

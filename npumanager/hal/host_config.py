@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npumanager.config import Config
+from npumanager.errors import InvalidArgument
 
 #: Tensors above this many bytes go through a shared-memory pool when the client has one.
 DEFAULT_INLINE_LIMIT = 64 * 1024
@@ -57,10 +58,17 @@ class HostConfig:
     device_number: int = 0
     #: The [fleet] section (the fleet cache tier; off unless it names Redis and trusted keys).
     fleet: dict[str, Any] = field(default_factory=dict)
+    #: The [[driver]] entry (the host process) this device belongs to; "" = ``name`` (a
+    #: host serving one device). See :func:`device_entries`.
+    host: str = ""
+
+    @property
+    def host_name(self) -> str:
+        return self.host or self.name
 
     @classmethod
     def from_config(cls, cfg: Config, name: str) -> HostConfig:
-        listed = cfg.drivers()
+        listed = device_entries(cfg)
         entries = [d for d in listed if d.get("name") == name]
         number = 0
         if entries:
@@ -95,4 +103,48 @@ class HostConfig:
             options=dict(d.get("options", {})),
             device_number=number,
             fleet=dict(cfg.section("fleet")),
+            host=str(d.get("host", "")),
         )
+
+    @classmethod
+    def group(cls, cfg: Config, name: str) -> list[HostConfig]:
+        """The devices one host process serves: every device of the [[driver]] entry
+        ``name``, or the one device ``name`` names (``DRIVER:DEVICE``), or a host of the
+        plugin ``name`` that the config does not list."""
+        listed = device_entries(cfg)
+        mine = [str(d["name"]) for d in listed if d.get("host") == name]
+        return [cls.from_config(cfg, n) for n in (mine or [name])]
+
+
+def host_devices(entry: dict[str, Any]) -> list[str]:
+    """The backend devices a [[driver]] entry serves as devices of their own: its
+    ``options.devices`` when that lists two or more (one device, or none: the entry is one
+    device named like the driver, as before)."""
+    wanted = (entry.get("options") or {}).get("devices")
+    if isinstance(wanted, list) and len(wanted) > 1:
+        return [str(d) for d in wanted]
+    return []
+
+
+def device_entries(cfg: Config) -> list[dict[str, Any]]:
+    """The [[driver]] entries expanded into one entry per device, in ``nn.devices()``
+    order (API.md "Devices and budgets"): an entry whose ``options.devices`` lists several
+    backend devices is one host process serving each as the device ``DRIVER:DEVICE``
+    (its own socket, budget, channels and queue); the expanded entry has ``host`` (the
+    entry's name) and ``options.devices`` narrowed to its one device. Any other entry is
+    one device named like the driver."""
+    out: list[dict[str, Any]] = []
+    for entry in cfg.drivers():
+        devs = host_devices(entry)
+        if not devs:
+            out.append(entry)
+            continue
+        if len(set(devs)) != len(devs) or any(not d or "/" in d or d in (".", "..")
+                                              for d in devs):
+            raise InvalidArgument(f"[[driver]] {entry.get('name')!r}: options.devices must "
+                                  f"be distinct device names; got {devs}")
+        name = str(entry["name"])
+        for dev in devs:
+            opts = {**entry.get("options", {}), "devices": [dev]}
+            out.append({**entry, "name": f"{name}:{dev}", "host": name, "options": opts})
+    return out

@@ -81,20 +81,28 @@ def driver_user(configured: str) -> DriverUser:
 
 @dataclass
 class DriverLaunch:
-    """One start of one driver host: how to spawn it and what to hand it."""
+    """One start of one driver host: how to spawn it and what to hand it. A host serving
+    several devices gets one listening socket per device (``socks``/``paths``, in its
+    devices' order; ``sock``/``path`` are the first)."""
 
     user: DriverUser
     state: Path
     sock: socket.socket
     path: Path
     env: dict[str, str] = field(default_factory=dict)
+    #: Every device's listening socket and path, the first included.
+    socks: list[socket.socket] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)
 
     def args(self) -> list[str]:
-        """What ``npu driver`` is told: the socket, its manager, and (as root) the user to
+        """What ``npu driver`` is told: the sockets, its manager, and (as root) the user to
         become before it does anything else (the host drops its groups and ids itself:
         uvloop's spawn has no user/group arguments, and a preexec hook in a threaded
         daemon is unsafe)."""
-        out = ["--listen-fd", str(self.sock.fileno()), "--manager-uid", str(os.getuid())]
+        out: list[str] = []
+        for s in self.socks:
+            out += ["--listen-fd", str(s.fileno())]
+        out += ["--manager-uid", str(os.getuid())]
         if os.getuid() == 0 and not self.user.is_self:
             out += ["--run-as", f"{self.user.uid}:{self.user.gid}"]
         return out
@@ -103,46 +111,64 @@ class DriverLaunch:
         """For ``asyncio.create_subprocess_exec``."""
         # "/": the host enters its private dir itself once it is its user (npud, under
         # the unit's capability set, has no DAC override to enter that user's 0700 dir).
-        return {"pass_fds": (self.sock.fileno(),), "cwd": "/", "env": self.env}
+        return {"pass_fds": tuple(s.fileno() for s in self.socks), "cwd": "/",
+                "env": self.env}
 
     def close(self) -> None:
-        """npud's copy of the listening socket (the host has its own)."""
-        self.sock.close()
+        """npud's copies of the listening sockets (the host has its own)."""
+        for s in self.socks:
+            s.close()
 
     def remove_socket(self) -> None:
-        """The host is gone: remove the socket file, unless another has been bound there
+        """The host is gone: remove the socket files, unless another has been bound there
         since (compared by inode)."""
-        try:
-            st = os.lstat(self.path)
-            if (st.st_dev, st.st_ino) == self._bound:
-                os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        for path, bound in zip(self.paths, self._bound, strict=True):
+            try:
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == bound:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def __post_init__(self) -> None:
-        st = os.lstat(self.path)
-        self._bound = (st.st_dev, st.st_ino)
+        if not self.socks:
+            self.socks, self.paths = [self.sock], [self.path]
+        self._bound = []
+        for path in self.paths:
+            st = os.lstat(path)
+            self._bound.append((st.st_dev, st.st_ino))
 
 
-def prepare_launch(name: str, user: DriverUser, state_root: Path, runtime_dir: Path,
-                   socket_mode: int) -> DriverLaunch:
-    """The directories and the socket a driver host starts with (see the module
-    docstring); UnsafePath/OSError if they cannot be made safely."""
+def prepare_launch(name: str | list[str], user: DriverUser, state_root: Path,
+                   runtime_dir: Path, socket_mode: int) -> DriverLaunch:
+    """The directories and the sockets a driver host starts with (see the module
+    docstring): ``name``, or each device name of a host serving several (each its own
+    state dir and socket; the host works in the first's); UnsafePath/OSError if they
+    cannot be made safely."""
+    names = [name] if isinstance(name, str) else list(name)
     if not user.is_self:
         # Others pass through to the driver's own directory (--x: nothing to list).
         ensure_traversable(state_root, "state dir")
         secure_dir(state_root / "drivers", "drivers state dir", 0o711)
     else:
         secure_dir(state_root / "drivers", "drivers state dir")
-    state = ensure_owned_dir(driver_state_dir(name, state_root), "driver state dir",
-                             user.uid, user.gid, 0o700)
-    path = runtime_dir / "drivers" / f"{name}.sock"
-    sock = make_unix_listener(str(path), socket_mode)
+    states = [ensure_owned_dir(driver_state_dir(n, state_root), "driver state dir",
+                               user.uid, user.gid, 0o700) for n in names]
+    paths = [runtime_dir / "drivers" / f"{n}.sock" for n in names]
+    socks: list[socket.socket] = []
+    try:
+        for path in paths:
+            socks.append(make_unix_listener(str(path), socket_mode))
+    except BaseException:
+        for s, path in zip(socks, paths, strict=False):
+            s.close()
+            path.unlink(missing_ok=True)
+        raise
     env = dict(os.environ)
-    env["HOME"] = str(state)
+    env["HOME"] = str(states[0])
     for key in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"):
         env.pop(key, None)  # npud's own (root's) directories
-    return DriverLaunch(user, state, sock, path, env)
+    return DriverLaunch(user, states[0], socks[0], paths[0], env, socks, paths)
 
 
 __all__ = ["DEFAULT_USERS", "DriverLaunch", "DriverUser", "UnsafePath", "driver_user",

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import logging
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from npumanager.config import Config
 from npumanager.constants import ThermalStatus
 from npumanager.errors import UnsafePath
 from npumanager.fds import close_fds
+from npumanager.hal.host_config import device_entries
 from npumanager.hal.types import DEBOUNCE_DURATION_MS, EndReason, SchedulingConfig
 from npumanager.hal.wire import SERVICE, configs_msg, work_event_from_payload
 from npumanager.paths import default_state_dir, ensure_drivers_dir
@@ -35,49 +35,12 @@ from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents
+from npumanager.service.driver_slots import Backoff, DriverSlot
 from npumanager.service.events import HeldGrant
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import CallContext, RpcConnection
 
 log = logging.getLogger("npumanager.service.supervisor")
-
-
-@dataclass
-class Backoff:
-    """Restart delays: ``first`` doubling up to ``maximum``; reset after a stable run."""
-
-    first: float
-    maximum: float
-    stable_s: float = 10.0
-    current: float = 0.0
-
-    def next_delay(self, up_for_s: float) -> float:
-        if up_for_s >= self.stable_s or self.current == 0.0:
-            self.current = self.first
-        else:
-            self.current = min(self.current * 2, self.maximum)
-        return self.current
-
-
-@dataclass(eq=False)
-class DriverSlot:
-    name: str
-    number: int
-    entry: dict[str, Any]
-    backoff: Backoff
-    info: DeviceInfo
-    proc: asyncio.subprocess.Process | None = None
-    launch: DriverLaunch | None = None
-    conn: RpcConnection | None = None
-    up: bool = False
-    up_since: float = 0.0
-    starts: int = 0
-    temperature: float | None = None
-    last_exit: str = ""
-    #: The pid of a host an earlier npud started that this one attached to (not our child).
-    adopted_pid: int = 0
-    task: asyncio.Task[None] | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class DriverSupervisor:
@@ -98,15 +61,25 @@ class DriverSupervisor:
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
         self.stopping = False
         self.slots: list[DriverSlot] = []
-        for i, entry in enumerate(cfg.drivers()):
+        hosts: dict[str, DriverSlot] = {}
+        for i, entry in enumerate(device_entries(cfg)):
             name = str(entry["name"])
-            self.slots.append(DriverSlot(
+            slot = DriverSlot(
                 name=name, number=i, entry=entry,
                 backoff=Backoff(float(entry.get("restart_backoff_s", 0.2)),
                                 float(entry.get("restart_backoff_max_s", 10.0))),
                 info=DeviceInfo(name=name, socket_path=str(self._socket(name)),
                                 available=False, device_number=i),
-            ))
+            )
+            host = str(entry.get("host") or "")
+            if host and host in hosts:
+                slot.leader = hosts[host]
+                slot.leader.group.append(slot)
+            else:
+                slot.group = [slot]
+                if host:
+                    hosts[host] = slot
+            self.slots.append(slot)
 
     def __repr__(self) -> str:
         up = sum(s.up for s in self.slots)
@@ -120,7 +93,8 @@ class DriverSupervisor:
     async def start(self) -> None:
         ensure_drivers_dir(self.runtime_dir)
         for slot in self.slots:
-            slot.task = asyncio.get_running_loop().create_task(self._supervise(slot))
+            run = self._supervise(slot) if slot.leader is None else self._follow(slot)
+            slot.task = asyncio.get_running_loop().create_task(run)
         # npud is ready once its drivers are (or failed to come up in time).
         waits = [asyncio.ensure_future(s.ready.wait()) for s in self.slots]
         if waits:
@@ -235,12 +209,16 @@ class DriverSupervisor:
     def _command(self, slot: DriverSlot, launch: DriverLaunch) -> list[str]:
         from npumanager.hal.host_config import HostConfig
 
-        hc = HostConfig.from_config(self.cfg, slot.name)
-        hc.enforce_admission = self.enforce_admission
+        hcs = [HostConfig.from_config(self.cfg, s.name) for s in slot.group]
+        for hc in hcs:
+            hc.enforce_admission = self.enforce_admission
+        # One device: its config; several: the list, in the order of the sockets.
+        encoded = (json.dumps(dataclasses.asdict(hcs[0])) if len(hcs) == 1
+                   else json.dumps([dataclasses.asdict(hc) for hc in hcs]))
         # -P: the host's working directory never lands on sys.path.
-        return [sys.executable, "-P", "-m", "npumanager", "driver", slot.name,
+        return [sys.executable, "-P", "-m", "npumanager", "driver", hcs[0].host_name,
                 "--runtime-dir", str(self.runtime_dir),
-                "--host-config-json", json.dumps(dataclasses.asdict(hc)),
+                "--host-config-json", encoded,
                 "--exit-with-manager", "--state-dir", str(self._state_root()),
                 *launch.args()]
 
@@ -253,7 +231,9 @@ class DriverSupervisor:
         mgr = self.cfg.section("manager")
         try:
             user = driver_user(str(mgr.get("driver_user", "")))
-            return prepare_launch(slot.name, user, self._state_root(), self.runtime_dir,
+            names: str | list[str] = (slot.name if len(slot.group) == 1
+                                      else [s.name for s in slot.group])
+            return prepare_launch(names, user, self._state_root(), self.runtime_dir,
                                   int(mgr.get("socket_mode", 0o666)))
         except LookupError as exc:
             slot.last_exit = str(exc)
@@ -285,6 +265,7 @@ class DriverSupervisor:
                 slot.last_exit = str(exc)  # logged once below, with the restart delay
             finally:
                 was_up = slot.up
+                slot.host_ready.clear()
                 self._mark_down(slot)
                 await self._terminate(slot)
                 if was_up and not self.stopping:
@@ -315,6 +296,7 @@ class DriverSupervisor:
         exited = asyncio.ensure_future(proc.wait())
         try:
             await self._wait_ready(slot, proc, exited)
+            self._host_serves(slot)
             closed = asyncio.Event()
 
             def on_close(conn: RpcConnection, exc: BaseException | None) -> None:
@@ -339,9 +321,53 @@ class DriverSupervisor:
                 with contextlib.suppress(asyncio.CancelledError):
                     await exited
 
-    async def _attach_existing(self, slot: DriverSlot) -> bool:
+    def _host_serves(self, slot: DriverSlot) -> None:
+        """The leader's process serves every device's socket: its other devices attach."""
+        slot.generation += 1
+        slot.host_ready.set()
+
+    async def _follow(self, slot: DriverSlot) -> None:
+        """A device of a host its leader starts: attach to its socket whenever that host
+        serves, until the connection closes; the leader restarts the process."""
+        leader = slot.leader
+        assert leader is not None
+        clock = self.clock
+        while not self.stopping:
+            while not leader.host_ready.is_set():
+                slot.last_exit = leader.last_exit or "starting"
+                if leader.ready.is_set():
+                    slot.ready.set()  # its host tried: npud's start does not wait longer
+                wait = asyncio.ensure_future(leader.host_ready.wait())
+                try:
+                    await wait_first(clock, {wait}, 0.2)
+                finally:
+                    wait.cancel()
+                if self.stopping:
+                    return
+            generation, started = leader.generation, clock.now()
+            try:
+                if not await self._attach_existing(slot, adopt=False):
+                    slot.last_exit = f"its host ({leader.name}) does not serve it"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                slot.last_exit = str(exc)
+            finally:
+                was_up = slot.up
+                self._mark_down(slot)
+                if was_up and not self.stopping:
+                    self.events.driver_down(slot.name, slot.last_exit or "driver exited")
+            slot.ready.set()
+            if self.stopping:
+                return
+            if leader.generation == generation and leader.host_ready.is_set():
+                await clock.sleep(slot.backoff.next_delay(clock.now() - started))
+
+    async def _attach_existing(self, slot: DriverSlot, *, adopt: bool = True) -> bool:
         """Attach to a host already serving the socket; False when there is none. Returns
-        (True) once that host's connection closed: the caller then starts a new one."""
+        (True) once that host's connection closed: the caller then starts a new one.
+        ``adopt``: the host is one an earlier npud started, ours to stop once it closes
+        (False for a device whose host its leader slot started)."""
         path = self._socket(slot.name)
         if not path.exists():
             return False
@@ -369,9 +395,15 @@ class DriverSupervisor:
         slot.last_exit = ""
         slot.up_since = self.clock.now()
         slot.info.available = True
-        slot.adopted_pid = conn.peer.pid
-        log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.name,
-                 conn.peer.pid)
+        if adopt:
+            slot.adopted_pid = conn.peer.pid
+            log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.name,
+                     conn.peer.pid)
+            if len(slot.group) > 1:
+                self._host_serves(slot)
+        else:
+            log.info("driver %s is up (pid %d, %s)", slot.name, conn.peer.pid,
+                     slot.info.version)
         self.events.driver_up(slot.info)
         slot.ready.set()
         never: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -27,7 +27,7 @@ from npumanager import (
 )
 from npumanager.testing import procs
 
-Req = tuple[int, int, int]  # (id, size, priority)
+Req = tuple[Any, ...]  # (id, size, priority) or (id, size, priority, device)
 Event = tuple[Any, ...]
 
 
@@ -115,8 +115,8 @@ def scripted_app(
 
     threading.Thread(target=read_commands, daemon=True).start()
     with NpuManager(runtime_dir) as mgr:
-        for rid, size, prio in requests:
-            reqs[rid] = ModelLoadRequest(rid, size, prio)
+        for rid, size, prio, *device in requests:
+            reqs[rid] = ModelLoadRequest(rid, size, prio, device=device[0] if device else None)
             mgr.request_can_load_model(reqs[rid], rec)
         while True:
             with rec.cond:

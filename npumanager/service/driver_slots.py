@@ -1,0 +1,68 @@
+"""The supervisor's record of each device it serves: a driver host's socket, connection,
+process and restart back-off (:mod:`.supervisor`).
+
+A [[driver]] entry serving several devices (hal/host_config.device_entries) is one host
+process with a socket per device; each device is a :class:`DriverSlot` of its own, and
+the first (the leader) starts, restarts and stops the process for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager.proto.v1.common_pb2 import DeviceInfo
+from npumanager.service.driver_launch import DriverLaunch
+from npumanager.wire.conn import RpcConnection
+
+
+@dataclass
+class Backoff:
+    """Restart delays: ``first`` doubling up to ``maximum``; reset after a stable run."""
+
+    first: float
+    maximum: float
+    stable_s: float = 10.0
+    current: float = 0.0
+
+    def next_delay(self, up_for_s: float) -> float:
+        if up_for_s >= self.stable_s or self.current == 0.0:
+            self.current = self.first
+        else:
+            self.current = min(self.current * 2, self.maximum)
+        return self.current
+
+
+@dataclass(eq=False)
+class DriverSlot:
+    name: str
+    number: int
+    entry: dict[str, Any]
+    backoff: Backoff
+    info: DeviceInfo
+    proc: asyncio.subprocess.Process | None = None
+    launch: DriverLaunch | None = None
+    conn: RpcConnection | None = None
+    up: bool = False
+    up_since: float = 0.0
+    starts: int = 0
+    temperature: float | None = None
+    last_exit: str = ""
+    #: The pid of a host an earlier npud started that this one attached to (not our child).
+    adopted_pid: int = 0
+    task: asyncio.Task[None] | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    #: A host serving several devices (hal/host_config.device_entries) is one process with
+    #: a socket per device; each device is a slot of its own (its own connection, grants,
+    #: thermal status, budget in npud). Its first device's slot, the leader, starts and
+    #: stops the process; ``leader`` is that slot for the others (None: this slot is the
+    #: process's). ``group``: the leader's devices, itself first.
+    leader: DriverSlot | None = None
+    group: list[DriverSlot] = field(default_factory=list)
+    #: (leader) Set while its process serves; ``generation`` counts its starts.
+    host_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    generation: int = 0
+
+
+__all__ = ["Backoff", "DriverSlot"]
