@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -79,8 +80,8 @@ class Answers(ModelLoadRequestCallback):
             assert self.changed.wait_for(lambda: status in self.statuses, 10), self.statuses
 
 
-def _driver_hosts(npud_pid: int) -> list[list[str]]:
-    """The command lines of npud's driver host children."""
+def _driver_hosts(npud_pid: int) -> list[tuple[int, list[str]]]:
+    """npud's driver host children: (pid, command line)."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -91,7 +92,7 @@ def _driver_hosts(npud_pid: int) -> list[list[str]]:
         except (OSError, IndexError, ValueError):
             continue
         if ppid == npud_pid and "driver" in argv:
-            out.append(argv)
+            out.append((int(entry.name), argv))
     return out
 
 
@@ -121,7 +122,7 @@ def test_one_host_serves_two_devices_with_a_budget_and_grants_each(
     # One process serves both devices' sockets (npud bound them and handed both over).
     hosts = _driver_hosts(npud.pid)
     assert len(hosts) == 1, hosts
-    argv = hosts[0]
+    argv = hosts[0][1]
     assert argv[argv.index("driver") + 1] == "ref" and argv.count("--listen-fd") == 2, argv
     with NpuManager.connect(runtime_dir) as mgr:
         on_a, on_b = Answers(), Answers()
@@ -208,3 +209,26 @@ def test_one_devices_busy_channel_does_not_hold_back_the_others_work(
                 long_job.cancel()
                 t.join(30)
             assert ended == ["WorkCancelled"], ended
+
+
+def test_the_host_restarts_for_both_devices(npud: DaemonProcess, runtime_dir: Path) -> None:
+    """The host process dies: both its devices go down and come back with the one new
+    process npud starts (the first device's slot restarts it; the other attaches)."""
+    [(old_pid, _argv)] = _driver_hosts(npud.pid)
+    os.kill(old_pid, signal.SIGKILL)
+    with NpuManager.connect(runtime_dir) as mgr:
+        def both_up_again() -> bool:
+            devs = {d["name"]: d for d in mgr.dump()["devices"]}
+            new = [pid for pid, _ in _driver_hosts(npud.pid)]
+            return new not in ([], [old_pid]) and all(devs[n]["available"] for n in (A, B))
+
+        _wait(both_up_again, "both devices up again under a new host")
+        assert len(_driver_hosts(npud.pid)) == 1
+        on_b = Answers()
+        mgr.request_can_load_model(ModelLoadRequest(1, device=B), on_b)
+        on_b.wait(LoadStatus.CAN_LOAD_NOW)
+        x = np.zeros((1, 4), np.float32)
+        with nn.device(B, runtime_dir) as dev_b:
+            model = dev_b.prepare_model(add_model(), grant=on_b.listener)
+            np.testing.assert_array_equal(model.execute({"x": x})["y"], x + 1)
+            model.release()
