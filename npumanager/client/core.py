@@ -28,7 +28,8 @@ state, grant) and npud adopts them (ARCHITECTURE "Restart without losing the
 world"): an adopted request sees no callback at all; one npud cannot adopt
 ends ``REVOKED`` by the usual push. While reconnecting new requests and calls
 raise ``ServiceUnavailable``. When the window passes, or npud said goodbye (a
-clean shutdown stops its drivers too), or reconnecting is off, every live
+final stop, which stops its drivers too; `npu serve` on SIGTERM/SIGINT says none:
+that is a restart), or reconnecting is off, every live
 request ends with ``on_model_load_request_complete(request, CANCELLED)``,
 logged as a warning naming it. :meth:`close` drops them silently, as npud does.
 """
@@ -193,7 +194,7 @@ class ClientCore(Generic[L]):
         self.lost_reason: BaseException | None = None
         #: Reconnect when the connection drops (else end live requests CANCELLED at once).
         self.reconnect = reconnect
-        #: npud said goodbye (a clean shutdown): no reconnect on this loss.
+        #: npud said goodbye (a final stop): no reconnect on this loss.
         self.goodbye = False
         #: Times this client reconnected and re-registered its requests.
         self.reconnects = 0

@@ -12,10 +12,10 @@ So a callback may call back into the manager (report loaded from
 ``on_can_load_model``) without deadlocking, and never runs on the caller's
 thread while it holds an SDK lock.
 
-Lost connection: if npud crashed, a background thread reconnects (50 ms
+Lost connection: if npud crashed or restarted, a background thread reconnects (50 ms
 doubling to 1 s, for ``reconnect_window_s``) and re-registers the live
 requests; npud adopts them, so an adopted request sees no callback at all
-(client/core.py). If npud said goodbye (a clean shutdown), reconnecting is off
+(client/core.py). If npud said goodbye (a final stop), reconnecting is off
 (``reconnect=False``) or the window passes, every live request of this client
 ends with ``on_model_load_request_complete(request, RequestStatus.CANCELLED)``
 (logged as a warning naming the request), and later calls raise

@@ -527,18 +527,29 @@ class Daemon:
         await self.server.start()
         log.info("npud %s serving %s", __version__, self.server.path)
 
-    async def stop(self, reason: str = "npud is shutting down") -> None:
+    async def stop(self, reason: str = "npud is shutting down", *, detach: bool = False) -> None:
+        """Stop serving. By default a final stop: clients hear ``reason`` (their live
+        requests end CANCELLED) and the driver hosts are stopped.
+
+        ``detach`` (`npu serve` on SIGTERM/SIGINT: ``systemctl restart``, an upgrade) is a
+        restart as seen by everyone else: npud stops accepting and closes its connections
+        without a goodbye and without ending a grant, so clients keep their live requests
+        and reconnect, and drivers keep their loaded models for ``orphan_grace_s`` (loading
+        nothing new) for the next npud to adopt, as after a crash. With no next npud the
+        hosts release their models and exit after the grace. Admin settings are on disk
+        already (saved at each change); requests are rebuilt from both sides."""
         self.stopping = True
         self.extras.stop()
         for key in list(self._timers):
             self._disarm(key)
         if self.server is not None:
-            await self.server.close(reason)
+            await self.server.close(None if detach else reason)
         try:
-            await self.drivers.stop()
+            await (self.drivers.detach() if detach else self.drivers.stop())
         except Exception:
-            log.exception("stopping drivers failed")
-        log.info("npud stopped")
+            log.exception("%s drivers failed", "detaching" if detach else "stopping")
+        log.info("npud stopped%s", " (drivers left running for the next npud to adopt)"
+                 if detach else "")
 
 
 def _refuse_if_serving(path: Path) -> None:
@@ -631,7 +642,10 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
     finally:
         reason = f"npud is shutting down ({why[0] if why else 'stopped'})"
         observe(daemon.observers, "on_stopping", reason)
-        await daemon.stop(reason)
+        # A signal is a restart as far as clients and drivers can tell (see Daemon.stop):
+        # systemd sends the same SIGTERM for `restart` and `stop`, and drivers of an npud
+        # that does not come back release everything after their grace anyway.
+        await daemon.stop(reason, detach=bool(why))
         observe(daemon.observers, "close")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -29,6 +29,10 @@ class DriverControl(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
+    async def detach(self) -> None:
+        """Let go of the drivers without stopping them or ending their grants (a restart:
+        each keeps its loaded models for its orphan grace, for the next npud to adopt)."""
+        ...
     def devices(self) -> list[DeviceInfo]: ...
     def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
         """The full table; the supervisor also re-pushes the last one on every (re)connect."""
@@ -53,6 +57,9 @@ class NoDrivers:
         pass
 
     async def stop(self) -> None:
+        pass
+
+    async def detach(self) -> None:
         pass
 
     def devices(self) -> list[DeviceInfo]:

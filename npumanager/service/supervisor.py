@@ -60,6 +60,8 @@ class DriverSupervisor:
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
         self.stopping = False
+        #: A restart-safe stop (:meth:`detach`): attached hosts are left running, orphaned.
+        self.detaching = False
         self.slots: list[DriverSlot] = []
         hosts: dict[str, DriverSlot] = {}
         for i, entry in enumerate(device_entries(cfg)):
@@ -113,6 +115,17 @@ class DriverSupervisor:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await slot.task
             await self._terminate(slot)
+
+    async def detach(self) -> None:
+        """Let go of the drivers without stopping them (npud's SIGTERM: a restart).
+
+        Each attached host sees npud's connection close, exactly as when npud dies: it
+        keeps its loaded models running for ``orphan_grace_s``, loads nothing new, and
+        is adopted by the next npud that attaches in time (else it releases them all and
+        exits). Nothing is revoked or ended here. A host that never attached (still
+        starting) holds nothing and would wait for no grace: it is stopped."""
+        self.detaching = True
+        await self.stop()
 
     def devices(self) -> list[DeviceInfo]:
         return [s.info for s in self.slots]
@@ -267,7 +280,7 @@ class DriverSupervisor:
                 was_up = slot.up
                 slot.host_ready.clear()
                 self._mark_down(slot)
-                await self._terminate(slot)
+                await self._terminate(slot, attached=was_up)
                 if was_up and not self.stopping:
                     self.events.driver_down(slot.name, slot.last_exit or "driver exited")
             slot.ready.set()  # it tried; npud's start does not wait for a broken driver
@@ -531,7 +544,10 @@ class DriverSupervisor:
             slot.conn.close()
             slot.conn = None
 
-    async def _terminate(self, slot: DriverSlot) -> None:
+    async def _terminate(self, slot: DriverSlot, attached: bool = False) -> None:
+        if self.detaching and attached:
+            self._leave_running(slot)
+            return
         pid, slot.adopted_pid = slot.adopted_pid, 0
         if pid > 0:
             import os
@@ -547,6 +563,16 @@ class DriverSupervisor:
             if launch is not None:
                 launch.remove_socket()
 
+    @staticmethod
+    def _leave_running(slot: DriverSlot) -> None:
+        """Forget an attached host without signalling it; its socket file stays, for the
+        next npud to find and attach to."""
+        slot.adopted_pid = 0
+        slot.launch = None  # npud's copy of the listener is closed already (_run_once)
+        proc, slot.proc = slot.proc, None
+        if proc is not None:
+            disown(proc)
+
     async def _stop_process(self, proc: asyncio.subprocess.Process | None) -> None:
         if proc is None:
             return
@@ -561,3 +587,13 @@ class DriverSupervisor:
                 await proc.wait()
         if proc.stdout is not None:
             proc.stdout.feed_eof()
+
+
+def disown(proc: asyncio.subprocess.Process) -> None:
+    """Let a child outlive npud. asyncio's own subprocess transport kills a child that
+    still runs when the transport is closed or collected (at the latest when npud's loop
+    ends); taking its handle on the child away makes closing it leave the child alone.
+    uvloop's transport kills only on an explicit close, which nothing here calls."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None and hasattr(transport, "_proc"):
+        transport._proc = None

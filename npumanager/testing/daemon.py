@@ -8,6 +8,8 @@ exit stops it with SIGTERM and collects its logs (``npud.output``).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -172,8 +174,15 @@ class DaemonProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, wait (SIGKILL after ``timeout``); returns the exit status."""
+    def stop(self, timeout: float = 10.0, *, keep_drivers: bool = False) -> int:
+        """SIGTERM, wait (SIGKILL after ``timeout``); returns the exit status.
+
+        A SIGTERM'd npud leaves its driver hosts running for their orphan grace (a
+        restart: the next npud adopts them). ``keep_drivers`` leaves them so; by default
+        this is a final stop: the hosts serving this runtime dir are stopped too.
+
+        The hosts write to npud's output (their stderr is npud's): with ``keep_drivers``
+        it is still read, and only a final ``stop()`` closes it."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
@@ -183,6 +192,10 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if keep_drivers:
+            self.returncode = self.proc.returncode
+            return self.returncode
+        stop_driver_hosts(self.runtime_dir, timeout)
         if self._reader is not None:
             self._reader.join(5)
         self.returncode = self.proc.returncode
@@ -204,3 +217,60 @@ class DaemonProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def driver_hosts(runtime_dir: str | os.PathLike[str]) -> list[int]:
+    """The pids of the driver hosts serving ``runtime_dir`` (``npu driver NAME
+    --runtime-dir DIR``), whoever started them: npud's children, or orphans a stopped
+    npud left behind. Processes whose command line cannot be read are skipped."""
+    want = os.fsencode(str(runtime_dir))
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"npumanager" not in argv or b"driver" not in argv:
+            continue
+        at = argv.index(b"driver")
+        if at > 0 and argv[at - 1] == b"npumanager" and any(
+                a == b"--runtime-dir" and b == want for a, b in itertools.pairwise(argv)):
+            pids.append(int(entry))
+    return pids
+
+
+def stop_driver_hosts(runtime_dir: str | os.PathLike[str], timeout: float = 10.0) -> int:
+    """SIGTERM the driver hosts serving ``runtime_dir`` and wait for them to go (SIGKILL
+    after ``timeout``); returns how many there were."""
+    import time
+
+    pids = driver_hosts(runtime_dir)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    left = pids
+    while left:
+        left = [p for p in left if process_running(p)]
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    return len(pids)
+
+
+def process_running(pid: int) -> bool:
+    """``pid`` runs (it is not gone, nor a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"

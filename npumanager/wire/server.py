@@ -215,6 +215,11 @@ class RpcServer:
             self._bound = (st.st_dev, st.st_ino)
         else:
             self._sock.setblocking(False)
+            # Listening again makes this process the one its clients' SO_PEERCRED names (a
+            # Linux socket keeps the credentials of its last listen(), here the binder's:
+            # npud, which hands driver hosts their sockets). A new npud attaching to an
+            # orphaned host takes that pid as the host's, and signals it at its own stop.
+            self._sock.listen(512)
         self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
 
     async def _accept_loop(self) -> None:
