@@ -15,9 +15,9 @@ def register(sub: Any) -> None:
         "chaos", help="run npud, the reference driver and apps under faults; check; report",
         description="Start npud with the reference driver and N app processes (under their "
         "own uids as root) that request, cancel, prepare, execute, unload and die, while "
-        "npud and the driver are SIGKILLed and restarted, apps stopped past their unload "
-        "deadline and thermal status and importance move; check the invariants from "
-        "outside and print a report. Exit 1 on any violation.")
+        "npud is SIGKILLed or SIGTERMed and restarted, the driver SIGKILLed, apps "
+        "stopped past their unload deadline and thermal status and importance move; "
+        "check the invariants from outside and print a report. Exit 1 on any violation.")
     p.add_argument("--duration", type=positive_float, default=60.0, metavar="S",
                    help="seconds to run (default 60)")
     p.add_argument("--apps", type=int_range(1, 64), default=4, metavar="N",

@@ -3,7 +3,9 @@
 It starts npud (its own runtime and state dirs) with the reference driver, and N app
 processes (under uids 50001.. when run as root) that make random requests, cancel them,
 prepare models, execute single and multi-step jobs, unload, and die. Meanwhile it
-SIGKILLs and restarts npud, SIGKILLs the driver (npud restarts it), SIGSTOPs apps past
+restarts npud, alternately after a SIGKILL (a crash) and a SIGTERM (a clean restart: npud
+must exit 0 and leave its driver host running for the new npud to adopt),
+SIGKILLs the driver (npud restarts it), SIGSTOPs apps past
 their unload deadline, moves the thermal status (admin override) and apps'
 importance. Every tick it checks, from outside:
 
@@ -258,21 +260,25 @@ class Npud:
             self.proc.kill()
             self.proc.wait()
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self) -> str | None:
+        """SIGTERM, as `systemctl restart` does; what went wrong, if anything."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        self.proc.terminate()
+        try:
+            rc = self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return "npud did not exit within 20 s of SIGTERM"
+        return None if rc == 0 else f"npud exited with {rc} on SIGTERM"
 
 
 def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
               workdir: Path | None = None) -> Report:
     from npumanager.client import NpuManager
     from npumanager.constants import ThermalStatus
-    from npumanager.testing.daemon import to_toml
+    from npumanager.testing.daemon import stop_driver_hosts, to_toml
 
     rng = random.Random(seed)
     report = Report()
@@ -315,6 +321,7 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
         report.start["driver"] = _proc_stats(drv)
     stopped: dict[int, float] = {}
     next_npud_kill = time.time() + rng.uniform(3.0, 8.0)
+    first_kill = rng.randrange(2)  # then they alternate: a short run sees both
     next_driver_kill = time.time() + rng.uniform(8.0, 20.0)
     unknown_since: dict[str, float] = {}
     while time.time() < until - 1.0:
@@ -323,8 +330,18 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
         # Faults: npud and driver kills on their own schedules, the rest by chance.
         now = time.time()
         if now >= next_npud_kill:
-            npud.kill()
-            report.count("npud SIGKILL")
+            if (report.npud_restarts + first_kill) % 2 == 0:
+                npud.kill()
+                report.count("npud SIGKILL")
+            else:
+                # A clean restart: the driver host must outlive npud (it is adopted).
+                host = _driver_pid(rt)
+                failed = npud.stop()
+                report.count("npud SIGTERM")
+                if failed:
+                    report.violations.append(failed)
+                if host is not None and _dead_quiet(host):
+                    report.violations.append(f"npud's SIGTERM stopped its driver host {host}")
             time.sleep(rng.uniform(0.0, 1.0))
             npud.start()
             report.npud_restarts += 1
@@ -371,7 +388,12 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
         report.end["driver"] = _proc_stats(drv)
     for child in children.values():
         child.kill()
-    npud.stop()
+    failed = npud.stop()
+    if failed:
+        report.violations.append(failed)
+    # The run is over, not restarting: its driver hosts go too (else they would serve out
+    # their orphan grace, writing to the log read below).
+    stop_driver_hosts(rt)
     report.duration_s = time.time() - t0
     _availability(stats, report)
     text = log.read_text(errors="replace")

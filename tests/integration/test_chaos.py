@@ -1,6 +1,6 @@
-"""`npu chaos`, short and with a fixed seed: npud and the driver SIGKILLed and restarted,
-apps stopped past their unload deadline, thermal and importance moving, apps dying —
-and no invariant broken, checked from outside (the 10-minute run is the same code)."""
+"""`npu chaos`, short and with a fixed seed: npud SIGKILLed or SIGTERMed and restarted, the
+driver SIGKILLed, apps stopped past their unload deadline, thermal and importance moving,
+apps dying — and no invariant broken, checked from outside (the 10-minute run is the same code)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def test_a_short_fixed_seed_chaos_run_breaks_no_invariant(tmp_path: Path) -> Non
     print(report.render())
     assert report.violations == [], report.render()
     assert report.npud_restarts >= 2, report.render()
+    assert report.events.get("npud SIGKILL", 0) >= 1, report.render()
+    assert report.events.get("npud SIGTERM", 0) >= 1, report.render()
     assert report.events.get("driver SIGKILL", 0) >= 1, report.render()
     # The apps kept running inference through it all.
     assert report.executes_ok > 100, report.render()
