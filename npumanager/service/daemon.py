@@ -37,22 +37,16 @@ from npumanager.paths import (
     ensure_runtime_dir,
     ensure_state_dir,
     manager_socket,
-    system_runtime_dir,
 )
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.manager_pb2 import CanLoad, RequestComplete, UnloadAsk
 from npumanager.service import events as ev
+from npumanager.service.admin_settings import SettingsKeeper, persistent_state_dir
 from npumanager.service.driver_link import DriverControl, DriverEvents, NoDrivers
 from npumanager.service.integrations import Integrations
 from npumanager.service.logs import DECISIONS, decision
 from npumanager.service.observe import call as observe
 from npumanager.service.policy import ManagerParams
-from npumanager.service.settings_store import (
-    AdminSettings,
-    PolicyChoice,
-    SettingsError,
-    SettingsStore,
-)
 from npumanager.service.state import ManagerState
 from npumanager.service.supervisor import DriverSupervisor
 from npumanager.version import __version__
@@ -80,22 +74,6 @@ def make_driver_control(
     if not drivers_enabled(cfg):
         return NoDrivers()
     return DriverSupervisor(cfg, runtime_dir, events, clock, state_dir=state_dir)
-
-
-def persistent_state_dir(runtime_dir: Path, explicit: Path | None) -> Path | None:
-    """Where npud keeps what survives it (admin settings), or None (memory only).
-
-    ``npu serve --state-dir`` or ``$NPU_STATE_DIR`` when given; else the default state
-    dir, but only for the npud on the system's runtime dir: an npud on a temporary one
-    (a test, ``npu demo``) must not change what the system npud restores."""
-    if explicit is not None:
-        return explicit
-    env = os.environ.get("NPU_STATE_DIR")
-    if env:
-        return Path(env)
-    if os.path.realpath(runtime_dir) == os.path.realpath(system_runtime_dir()):
-        return default_state_dir()
-    return None
 
 
 @dataclass(eq=False, slots=True)
@@ -157,12 +135,8 @@ class Daemon:
         #: Metrics, systemd notify, traces (service/observe.py); empty = no cost.
         self.observers: list[Any] = []
         self._runners = self._make_runners()
-        #: Admin settings kept across restarts (service/settings_store.py); None: memory only.
-        self.settings_store = (SettingsStore(state_dir / "npud") if state_dir is not None
-                               else None)
-        self.admin_settings = AdminSettings()
-        #: Why the saved settings could not be restored or saved (shown by `npu status`).
-        self.settings_error: str | None = None
+        #: Admin settings kept across restarts (service/admin_settings.py).
+        self.settings = SettingsKeeper(self, state_dir)
 
     def __repr__(self) -> str:
         return f"<npud at {self.runtime_dir}: {len(self.conns)} clients | {self.state!r}>"
@@ -397,84 +371,6 @@ class Daemon:
     def thermal_override(self, status: ThermalStatus | None) -> None:
         self.extras.thermal_override(status)
 
-    # --- admin settings that survive a restart -----------------------------
-
-    def restore_settings(self) -> None:
-        """Apply what an admin set before npud last stopped. A bad file or a value this
-        npud refuses is reported and skipped: npud starts with its defaults, never fails."""
-        store = self.settings_store
-        if store is None:
-            return
-        try:
-            saved = store.load()
-        except SettingsError as exc:
-            self._settings_failed(str(exc))
-            return
-        restored = AdminSettings()
-        p = saved.policy
-        if p is not None:
-            try:
-                self.submit(ev.PolicySet(
-                    stimulus_id=self.stimulus("restore-policy"), now=self.clock.now(),
-                    policy=p.policy, max_budget=p.max_budget, weights=p.weights,
-                    memory_budget_bytes=p.memory_budget_bytes))
-                restored.policy = p
-            except NpuError as exc:
-                self._settings_failed(f"saved policy not restored: {exc}")
-        for key, importance in saved.importance.items():
-            try:
-                self.submit(ev.ImportanceChanged(
-                    stimulus_id=self.stimulus("restore-importance"), now=self.clock.now(),
-                    uid=key, importance=importance))
-            except NpuError as exc:
-                self._settings_failed(f"saved importance of {key} not restored: {exc}")
-                continue
-            self.extras.admin_set(key)
-            restored.importance[key] = importance
-        if saved.thermal_override is not None:
-            try:
-                self.extras.thermal_override(saved.thermal_override)
-                restored.thermal_override = saved.thermal_override
-            except NpuError as exc:
-                self._settings_failed(f"saved thermal override not restored: {exc}")
-        self.admin_settings = restored
-        if not restored.empty:
-            log.info("restored admin settings from %s", store.path)
-
-    def remember_policy(self, event: ev.PolicySet) -> None:
-        self.admin_settings.policy = PolicyChoice(
-            int(event.policy), event.max_budget,
-            dict(event.weights) if event.weights is not None else None,
-            event.memory_budget_bytes)
-        self._save_settings()
-
-    def remember_importance(self, key: int, importance: int) -> None:
-        self.admin_settings.importance[key] = importance
-        self._save_settings()
-
-    def remember_thermal_override(self, status: ThermalStatus | None) -> None:
-        self.admin_settings.thermal_override = status
-        self._save_settings()
-
-    def _save_settings(self) -> None:
-        if self.settings_store is None:
-            return
-        try:
-            self.settings_store.save(self.admin_settings)
-        except OSError as exc:
-            # The change is applied; only its surviving a restart failed: say so, go on.
-            self._settings_failed(f"cannot save {self.settings_store.path}: "
-                                  f"{exc.strerror or exc}")
-
-    def _settings_failed(self, why: str) -> None:
-        log.error("admin settings: %s", why)
-        self.settings_error = why
-
-    def _settings_info(self) -> dict[str, Any]:
-        store = self.settings_store
-        return {"path": str(store.path) if store is not None else None,
-                "persisted": store is not None, "error": self.settings_error}
-
     # --- dumpsys ------------------------------------------------------------
 
     def dump(self) -> dict[str, Any]:
@@ -491,7 +387,7 @@ class Daemon:
             "accept_failures": self.server.accept_failures if self.server is not None else 0,
             "timers": len(self._timers),
             "components": self.extras.wired(),
-            "settings": self._settings_info(),
+            "settings": self.settings.info(),
         }
         out["thermal"] = {**out.get("thermal", {}), **self.thermal_info()}
         down = getattr(self.drivers, "down_reasons", None)
@@ -523,7 +419,7 @@ class Daemon:
         )
         await self.drivers.start()
         self.extras.setup()
-        self.restore_settings()
+        self.settings.restore()
         await self.server.start()
         log.info("npud %s serving %s", __version__, self.server.path)
 

@@ -148,7 +148,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
                 m.memory_budget_bytes if m.HasField("memory_budget_bytes") else None),
         )
         submit(event)
-        d.remember_policy(event)
+        d.settings.remember_policy(event)
         return EMPTY
 
     def set_importance(ctx: CallContext, payload: bytes) -> HandlerResult:
@@ -158,7 +158,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         submit(ev.ImportanceChanged(stimulus_id=stimulus("importance"), now=clock.now(),
                                     uid=m.uid, importance=m.importance))
         d.extras.admin_set(m.uid)
-        d.remember_importance(m.uid, m.importance)
+        d.settings.remember_importance(m.uid, m.importance)
         return EMPTY
 
     def dump(ctx: CallContext, payload: bytes) -> HandlerResult:
@@ -230,13 +230,13 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         except ValueError:
             raise InvalidArgument(f"thermal status {m.status} out of range 0-6") from None
         d.thermal_override(status)
-        d.remember_thermal_override(status)
+        d.settings.remember_thermal_override(status)
         return _thermal_reply()
 
     def thermal_reset(ctx: CallContext, payload: bytes) -> HandlerResult:
         _require_admin(ctx, "thermal reset")
         d.thermal_override(None)
-        d.remember_thermal_override(None)
+        d.settings.remember_thermal_override(None)
         return _thermal_reply()
 
     return {

@@ -17,7 +17,8 @@ from npumanager.cli.status import render
 from npumanager.client import AsyncNpuManager
 from npumanager.config import Config
 from npumanager.constants import KEY_MAX_BUDGET, KEY_MODEL_SIZE_WEIGHTS
-from npumanager.service.daemon import Daemon, persistent_state_dir
+from npumanager.service.admin_settings import persistent_state_dir
+from npumanager.service.daemon import Daemon
 from npumanager.service.driver_link import NoDrivers
 from npumanager.service.settings_store import (
     AdminSettings,
