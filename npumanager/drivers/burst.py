@@ -8,9 +8,13 @@ burst's memfd (:mod:`npumanager.tensorio.burst`) and rings; the burst's own
 thread here wakes, submits the execution to :class:`DriverState` under the
 host's lock exactly as a plain one (admission, effective priority, thermal
 hold-back, revocation, debouncing), runs the step itself when the state
-starts it at once, writes the response and rings back. Work the state queues
-instead (a busy device, more important work, a thermal hold-back) runs where
-any job runs, and this thread waits for its end.
+starts it at once, writes the response and rings back. The event loop is not
+woken on the way: what the state asks of it (lifecycle reports, the debounce
+timer) is handed over once the reply is out, one wake-up for the lot and none
+when there is nothing (a stream inside its debounce window). Work the state
+queues instead (a busy device, more important work, a thermal hold-back) runs
+where any job runs, and this thread waits for its end; a BACKGROUND step runs
+on the lowered workers, which submit its end themselves.
 
 The doorbell is a ``SOCK_SEQPACKET`` socketpair the driver creates (the client
 gets one end in the reply), not an eventfd: an eventfd's counter and file
@@ -63,8 +67,7 @@ log = logging.getLogger("npumanager.drivers.burst")
 
 #: Open bursts per connection (each is a thread and a mapping).
 MAX_BURSTS_PER_CONN = 8
-#: Doorbell bytes drained per wake-up before the request is looked at (a client that
-#: floods its doorbell gets its requests served, not an endless drain).
+#: Doorbell rings drained at once when a wake-up found no new request.
 _DRAIN_MAX = 256
 #: A waiting burst execution re-checks whether its burst closed this often.
 _WAIT_TICK_S = 1.0
@@ -75,7 +78,8 @@ class BurstServer:
 
     def __init__(self, burst_id: int, client: ClientConn, model_id: int,
                  pool: tensorio.MappedPool, pool_id: int, req_size: int, resp_size: int,
-                 execute: Callable[[BurstServer, pb.Execute], Reply]) -> None:
+                 execute: Callable[[BurstServer, pb.Execute], Reply],
+                 answered: Callable[[], None]) -> None:
         self.burst_id = burst_id
         self.client = client
         self.model_id = model_id
@@ -87,6 +91,8 @@ class BurstServer:
         self.resp_size = resp_size
         self.data_start = layout.data_start(req_size, resp_size)
         self._execute = execute
+        #: Called once the reply is out: what the execution left for the loop goes there.
+        self._answered = answered
         self.closing = False
         #: The execution this burst waits for, when the state queued it.
         self.waiting: Execution | None = None
@@ -137,6 +143,9 @@ class BurstServer:
                 if seq != last:
                     last = seq
                     self._answer(seq, length)
+                    self._answered()
+                elif not gone:
+                    gone = self._drain(_DRAIN_MAX)  # rings with no new request
                 if gone:
                     break
         except Exception:
@@ -155,9 +164,13 @@ class BurstServer:
             # Its last act, once every fd of its own is closed (tests wait for this line).
             log.info("burst %d of uid %d ended", self.burst_id, self.client.conn.peer.uid)
 
-    def _drain(self) -> bool:
-        """Take the rung doorbells; True when the client's end hung up."""
-        for _ in range(_DRAIN_MAX):
+    def _drain(self, most: int = 1) -> bool:
+        """Take up to ``most`` rings of the doorbell; True when the client's end hung up.
+        One ring per request: draining until empty would add an EAGAIN system call to
+        every execution. Rings left over wake the next ``poll`` at once, find no new
+        request and are drained then (``_DRAIN_MAX`` at a time: a client that floods its
+        doorbell gets its requests served, not an endless drain)."""
+        for _ in range(most):
             try:
                 if not self.sock.recv(16, socket.MSG_DONTWAIT):
                     return True
@@ -269,7 +282,7 @@ class Bursts:
         layout.init_header(pool.buf)
         burst_id = next(self._ids)
         server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
-                             self.execute)
+                             self.execute, host.res.wake_loop)
         self._servers[burst_id] = server
         server.start()
         peer = server.peer_fd
@@ -336,7 +349,9 @@ class Bursts:
                     stimulus_id=host._stimulus("step"), now=host.clock.now(),
                     ticket=ex.ticket, run_us=run_us, error=error))
         if ex.outcome is None:
-            # Queued or paused: another thread runs it; its end sets ``done``.
+            # Queued or paused: another thread runs it; its end sets ``done``. What the
+            # loop is to do (reports, timers, other work's inline steps) goes first.
+            host.res.wake_loop()
             server.waiting = ex
             try:
                 while not done.wait(_WAIT_TICK_S):

@@ -112,6 +112,7 @@ class DriverHost:
                              lambda: self.runner.busy_s, lock=self.lock)
         self.res = HostResources(self.runner, self.exec_stats, self.clock, self.npud,
                                  self._step_finished, self._on_timer, self.lock)
+        self.res.burst_step_done = self._burst_step_done
         self.bursts = Bursts(self)
         #: Set once npud went away and no manager attached again within the orphan grace
         #: (every model is released then; ``npu driver --exit-with-manager`` exits).
@@ -485,6 +486,24 @@ class DriverHost:
                 del res.executions[ex.ticket]
             raise
         return res.carry_out_here(out, ex)
+
+    def _burst_step_done(self, ex: Execution, error: str | None, run_us: float) -> None:
+        """On the worker thread that ran a step of a burst execution (a BACKGROUND one):
+        submit its end from here as the burst's thread would, and run the next step of it
+        the state starts here too; the job's end wakes the burst's thread directly."""
+        try:
+            while True:
+                with self.lock:
+                    step = self.submit_here(ex, ev.StepFinished(
+                        stimulus_id=self._stimulus("step"), now=self.clock.now(),
+                        ticket=ex.ticket, run_us=run_us, error=error))
+                if step is None:
+                    break
+                error, run_us = self.runner.run(ex, step)
+        except Exception:
+            log.exception("the driver state failed on the end of a burst step")
+        finally:
+            self.res.wake_loop()
 
     def _cancel(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.Cancel.FromString(payload)

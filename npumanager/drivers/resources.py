@@ -13,7 +13,9 @@ through the two callbacks it passes in, never by calling into the state.
 
 Burst threads (:mod:`.burst`) carry out instructions too, under the host's lock:
 :meth:`HostResources.carry_out_here` does at once only what is safe off the event
-loop and hands the rest to the loop, in order.
+loop and queues the rest for the loop, in order (:meth:`HostResources.wake_loop`
+hands the queue over once the burst's reply is out, so a burst execution does not
+wake the loop on its way: one wake-up each way).
 """
 
 from __future__ import annotations
@@ -66,6 +68,14 @@ class HostResources:
         self.current = 0
         self._inline_now: ev.RunStep | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # set when the host starts
+        #: Instructions a burst thread left for the loop, in the state's order: carried
+        #: out before anything the loop carries out itself (so order holds), at the latest
+        #: once ``wake_loop`` has handed them over.
+        self._deferred: list[ev.Instruction] = []
+        self._wake_pending = False
+        #: Called on the worker thread when a step of a burst execution ends there (the
+        #: host submits it from that thread; None: through the loop like any step).
+        self.burst_step_done: Callable[[Execution, str | None, float], None] | None = None
         self._runners: dict[type, Callable[[Any], None]] = {
             ev.RunStep: self._run_step,
             ev.AbortStep: self._abort_step,
@@ -90,6 +100,12 @@ class HostResources:
         self.prepared.clear()
 
     def carry_out(self, out: list[ev.Instruction]) -> None:
+        """On the loop, the lock held: what burst threads left first, then ``out``."""
+        if self._deferred:
+            self._carry_out_deferred()
+        self._carry(out)
+
+    def _carry(self, out: list[ev.Instruction]) -> None:
         runners = self._runners
         for ins in out:
             try:
@@ -98,19 +114,22 @@ class HostResources:
                 log.exception("carrying out %r failed; continuing with the rest", ins)
 
     def carry_out_here(self, out: list[ev.Instruction], here: Execution) -> ev.RunStep | None:
-        """From a burst thread (the lock held): carry out what is safe here, hand the rest
-        to the loop in order. Returns the step of ``here`` the state started, which the
-        burst thread runs itself (a BACKGROUND step goes to the lowered workers as for
-        plain work). Other work starts on worker threads; aborts and burst endings are
-        thread-safe; reports, timers, releases and plain replies are the loop's."""
+        """Off the loop (a burst's thread, or a worker that ran a burst's step; the lock
+        held): carry out what is safe here, queue the rest for the loop in order (handed
+        over by :meth:`wake_loop`). Returns the step of ``here`` the state started, which
+        this thread runs itself: a FOREGROUND step, or an inline one (the loop would run
+        it at the same priority); a BACKGROUND step that is not inline goes to the
+        lowered workers as for plain work. Other work starts on worker threads; aborts
+        and burst endings are thread-safe; reports, timers, releases, inline steps of
+        other work and plain replies are the loop's."""
         mine: ev.RunStep | None = None
-        later: list[ev.Instruction] = []
         now: list[ev.Instruction] = []
+        later = self._deferred
         for ins in out:
             kind = type(ins)
             if kind is ev.RunStep:
                 assert isinstance(ins, ev.RunStep)
-                if ins.ticket == here.ticket and not ins.background:
+                if ins.ticket == here.ticket and (ins.inline or not ins.background):
                     mine = ins
                     continue
                 if not ins.inline:
@@ -126,15 +145,31 @@ class HostResources:
                     now.append(ins)
                     continue
             later.append(ins)
-        self.carry_out(now)
-        if later:
-            assert self.loop is not None, "host not started"
-            self.loop.call_soon_threadsafe(self._carry_out_locked, later)
+        self._carry(now)
         return mine
 
-    def _carry_out_locked(self, out: list[ev.Instruction]) -> None:
+    def wake_loop(self) -> None:
+        """From a burst's thread once its reply is out (or before it waits): hand what it
+        left for the loop over, one wake-up for the lot; nothing when nothing is left."""
         with self.lock:
-            self.carry_out(out)
+            if not self._deferred or self._wake_pending:
+                return
+            self._wake_pending = True
+        loop = self.loop
+        assert loop is not None, "host not started"
+        try:
+            loop.call_soon_threadsafe(self._carry_out_locked)
+        except RuntimeError:
+            pass  # the loop is gone (shutdown)
+
+    def _carry_out_locked(self) -> None:
+        with self.lock:
+            self._carry_out_deferred()
+
+    def _carry_out_deferred(self) -> None:
+        self._wake_pending = False
+        out, self._deferred = self._deferred, []
+        self._carry(out)
 
     def take_inline(self) -> ev.RunStep | None:
         """The inline step the current execute call is to run itself, if the state chose one."""
@@ -158,7 +193,12 @@ class HostResources:
         if ex is None:
             return
         if not ins.inline:
-            self.runner.start(ex, ins, self._from_worker(ins.ticket))
+            burst_done = self.burst_step_done
+            if ex.done is not None and burst_done is not None:
+                # A burst execution: the worker submits its end itself (no loop wake-up).
+                self.runner.start(ex, ins, lambda error, run_us: burst_done(ex, error, run_us))
+            else:
+                self.runner.start(ex, ins, self._from_worker(ins.ticket))
         elif ins.ticket == self.current:
             self._inline_now = ins  # the execute call runs it once the state has answered
         else:

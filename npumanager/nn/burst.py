@@ -310,16 +310,18 @@ class Burst:
                                         f"{self._timeout} s")
             events = self._poll.poll(min(left, 1.0) * 1000)
             if events:
-                hung_up = self._take_rings(sock)
+                # One ring per answer: draining until empty would cost an EAGAIN system
+                # call per execution. A stale ring (a spun answer's) is taken here later.
+                hung_up = self._take_rings(sock, 1)
                 got, status, length = read(buf)
                 if got == seq:
                     return status, length
                 if hung_up:
                     raise self._gone()
 
-    def _take_rings(self, sock: socket.socket) -> bool:
-        """Drain the doorbell; True when the driver's end hung up."""
-        while True:
+    def _take_rings(self, sock: socket.socket, most: int = 1 << 30) -> bool:
+        """Take up to ``most`` rings of the doorbell; True when the driver's end hung up."""
+        for _ in range(most):
             try:
                 if not sock.recv(16, socket.MSG_DONTWAIT):
                     return True
@@ -327,6 +329,7 @@ class Burst:
                 return False
             except OSError:
                 return True
+        return False
 
     def _gone(self) -> NpuError:
         self._drop()
