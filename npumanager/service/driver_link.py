@@ -3,7 +3,8 @@
 The daemon talks to drivers only through :class:`DriverControl`; the
 supervisor reports back only through :class:`DriverEvents`. This keeps the
 manager testable without any driver (:class:`NoDrivers`) and the supervisor
-testable without the manager.
+testable without the manager. :func:`event_handlers` turns what a driver pushes into
+those events.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from npumanager.constants import ThermalStatus
+from npumanager.fds import close_fds
 from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
+from npumanager.hal.wire import work_event_from_payload
+from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
+from npumanager.wire.conn import CallContext
 
 
 class DriverEvents(Protocol):
@@ -82,3 +87,40 @@ class NoDrivers:
 
     def temperatures(self) -> dict[str, float]:
         return {}
+
+
+def event_handlers(name: str, events: DriverEvents) -> dict[str, object]:
+    """The handlers of what driver ``name`` pushes to npud, reported to ``events``."""
+
+    def on_ended(ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+        info, reason = work_event_from_payload(payload)
+        events.work_ended(name, info, EndReason(reason))
+
+    def ignore(ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+
+    # Optional DriverEvents hooks (npud's observers: metrics, traces).
+    started_hook = getattr(events, "work_started", None)
+    cache_hook = getattr(events, "cache_result", None)
+
+    def on_started(ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+        if started_hook is not None:
+            info, _reason = work_event_from_payload(payload)
+            started_hook(name, info)
+
+    def on_cache(ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+        result = bytes(payload[:16]).decode("ascii", "replace")
+        if cache_hook is not None and result in ("hit", "miss", "rejected", "fleet"):
+            cache_hook(name, result)
+
+    def on_memory(ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+        msg = pb.ModelMemory.FromString(payload)
+        events.model_memory(name, msg.grant_id, msg.nbytes)
+
+    return {"hal.on_work_requested": ignore, "hal.on_work_started": on_started,
+            "hal.on_work_ended": on_ended, "hal.model_memory": on_memory,
+            "hal.cache_result": on_cache, "goodbye": ignore}

@@ -9,7 +9,9 @@ the first (the leader) starts, restarts and stops the process for all of them.
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from npumanager.proto.v1.common_pb2 import DeviceInfo
@@ -63,6 +65,35 @@ class DriverSlot:
     #: (leader) Set while its process serves; ``generation`` counts its starts.
     host_ready: asyncio.Event = field(default_factory=asyncio.Event)
     generation: int = 0
+    #: Why the last attach to a host that still listens failed without a refusal (it did
+    #: not answer in time); "": no such host, or it refused.
+    unanswered: str = ""
 
 
-__all__ = ["Backoff", "DriverSlot"]
+def host_listens(path: Path) -> bool:
+    """Something listens at ``path``: a host that is alive, however slow it answers (a
+    stale socket file refuses the connection)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(str(path))
+        return True
+    except BlockingIOError:
+        return True  # its backlog is full: it listens
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def disown(proc: asyncio.subprocess.Process) -> None:
+    """Let a child outlive npud. asyncio's own subprocess transport kills a child that
+    still runs when the transport is closed or collected (at the latest when npud's loop
+    ends); taking its handle on the child away makes closing it leave the child alone.
+    uvloop's transport kills only on an explicit close, which nothing here calls."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None and hasattr(transport, "_proc"):
+        transport._proc = None
+
+
+__all__ = ["Backoff", "DriverSlot", "disown", "host_listens"]

@@ -24,21 +24,20 @@ from typing import Any
 from npumanager.clock import LoopClock, wait_first, wait_for
 from npumanager.config import Config
 from npumanager.constants import ThermalStatus
-from npumanager.errors import UnsafePath
-from npumanager.fds import close_fds
+from npumanager.errors import ServiceUnavailable, UnsafePath
 from npumanager.hal.host_config import device_entries
-from npumanager.hal.types import DEBOUNCE_DURATION_MS, EndReason, SchedulingConfig
-from npumanager.hal.wire import SERVICE, configs_msg, work_event_from_payload
+from npumanager.hal.types import DEBOUNCE_DURATION_MS, SchedulingConfig
+from npumanager.hal.wire import SERVICE, configs_msg
 from npumanager.paths import default_state_dir, ensure_drivers_dir
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
-from npumanager.service.driver_link import DriverEvents
-from npumanager.service.driver_slots import Backoff, DriverSlot
+from npumanager.service.driver_link import DriverEvents, event_handlers
+from npumanager.service.driver_slots import Backoff, DriverSlot, disown, host_listens
 from npumanager.service.events import HeldGrant
 from npumanager.wire.client import connect_async
-from npumanager.wire.conn import CallContext, RpcConnection
+from npumanager.wire.conn import RpcConnection
 
 log = logging.getLogger("npumanager.service.supervisor")
 
@@ -262,6 +261,10 @@ class DriverSupervisor:
     async def _supervise(self, slot: DriverSlot) -> None:
         clock = self.clock
         adopt = True
+        # An orphaned host releases everything and exits after its grace: until then a
+        # live one that does not answer is attached again, never replaced.
+        grace = float(self.cfg.section("manager").get("orphan_grace_s", 10.0))
+        patience_until = clock.now() + grace + 5.0
         while not self.stopping:
             started = clock.now()
             try:
@@ -271,6 +274,12 @@ class DriverSupervisor:
                     # for the grace): attach to it rather than start a second one.
                     if await self._attach_existing(slot):
                         continue
+                    if slot.unanswered and clock.now() < patience_until:
+                        # Too slow on a loaded machine, but alive: a second host on its
+                        # socket path would leave it serving its loaded models where npud
+                        # can neither see nor count them. Attach again after the back-off.
+                        adopt = True
+                        raise RuntimeError(f"{slot.unanswered}; attaching again")
                 await self._run_once(slot)
             except asyncio.CancelledError:
                 raise
@@ -382,6 +391,7 @@ class DriverSupervisor:
         ``adopt``: the host is one an earlier npud started, ours to stop once it closes
         (False for a device whose host its leader slot started)."""
         path = self._socket(slot.name)
+        slot.unanswered = ""
         if not path.exists():
             return False
         closed = asyncio.Event()
@@ -393,14 +403,20 @@ class DriverSupervisor:
             conn, _ = await connect_async(str(path), SERVICE, self._handlers(slot),
                                           client_name="npud", on_close=on_close,
                                           connect_timeout=1.0, hello_timeout=2.0)
-        except Exception:
-            return False  # a stale socket file: start our own host
+        except Exception as exc:
+            if adopt and host_listens(path):
+                slot.unanswered = f"the host at {path} did not answer npud in time ({exc})"
+            return False  # else a stale socket file: start our own host
         slot.conn = conn
         try:
             await self._handshake(slot, conn)
         except Exception as exc:
             conn.close()
             slot.conn = None
+            if (adopt and isinstance(exc, (ServiceUnavailable, TimeoutError))
+                    and host_listens(path)):
+                slot.unanswered = f"the host at {path} did not answer npud in time ({exc})"
+                return False
             log.warning("driver %s at %s did not accept npud (%s); starting a new one",
                         slot.name, path, exc)
             return False
@@ -503,38 +519,7 @@ class DriverSupervisor:
         slot.temperature = None if t != t else t
 
     def _handlers(self, slot: DriverSlot) -> dict[str, object]:
-        def on_ended(ctx: CallContext, payload: bytes) -> None:
-            close_fds(ctx.fds)
-            info, reason = work_event_from_payload(payload)
-            self.events.work_ended(slot.name, info, EndReason(reason))
-
-        def ignore(ctx: CallContext, payload: bytes) -> None:
-            close_fds(ctx.fds)
-
-        # Optional DriverEvents hooks (npud's observers: metrics, traces).
-        started_hook = getattr(self.events, "work_started", None)
-        cache_hook = getattr(self.events, "cache_result", None)
-
-        def on_started(ctx: CallContext, payload: bytes) -> None:
-            close_fds(ctx.fds)
-            if started_hook is not None:
-                info, _reason = work_event_from_payload(payload)
-                started_hook(slot.name, info)
-
-        def on_cache(ctx: CallContext, payload: bytes) -> None:
-            close_fds(ctx.fds)
-            result = bytes(payload[:16]).decode("ascii", "replace")
-            if cache_hook is not None and result in ("hit", "miss", "rejected", "fleet"):
-                cache_hook(slot.name, result)
-
-        def on_memory(ctx: CallContext, payload: bytes) -> None:
-            close_fds(ctx.fds)
-            msg = pb.ModelMemory.FromString(payload)
-            self.events.model_memory(slot.name, msg.grant_id, msg.nbytes)
-
-        return {"hal.on_work_requested": ignore, "hal.on_work_started": on_started,
-                "hal.on_work_ended": on_ended, "hal.model_memory": on_memory,
-                "hal.cache_result": on_cache, "goodbye": ignore}
+        return event_handlers(slot.name, self.events)
 
     def _mark_down(self, slot: DriverSlot) -> None:
         slot.up = False
@@ -588,12 +573,3 @@ class DriverSupervisor:
         if proc.stdout is not None:
             proc.stdout.feed_eof()
 
-
-def disown(proc: asyncio.subprocess.Process) -> None:
-    """Let a child outlive npud. asyncio's own subprocess transport kills a child that
-    still runs when the transport is closed or collected (at the latest when npud's loop
-    ends); taking its handle on the child away makes closing it leave the child alone.
-    uvloop's transport kills only on an explicit close, which nothing here calls."""
-    transport = getattr(proc, "_transport", None)
-    if transport is not None and hasattr(transport, "_proc"):
-        transport._proc = None

@@ -135,3 +135,33 @@ def test_after_a_clean_stop_with_no_restart_the_driver_releases_after_the_grace(
         npud.stop()
     assert "Traceback" not in npud.output
     assert "no manager attached again within 4 s" in npud.output
+
+
+def test_a_host_too_slow_to_answer_is_attached_again_not_doubled(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """A loaded machine: the orphaned host does not answer the new npud's attach in time.
+    It still serves its loaded models, so npud must not start a second host on its socket
+    path (the first would serve on, unseen and uncounted by npud): it attaches again until
+    the host answers (or is gone)."""
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    config = {"manager": {"orphan_grace_s": 60.0}}
+    first = DaemonProcess(runtime_dir, config, drivers=True, env=env, ready_timeout=60).start()
+    second: DaemonProcess | None = None
+    [host] = driver_hosts(runtime_dir)
+    try:
+        first.stop(keep_drivers=True)
+        os.kill(host, signal.SIGSTOP)  # it answers nothing now, but its socket accepts
+        second = DaemonProcess(runtime_dir, config, drivers=True, env=env,
+                               ready_timeout=60).start()
+        assert second.wait_for_output("did not answer npud in time", 30), second.output
+        assert driver_hosts(runtime_dir) == [host], "npud started a second driver host"
+        os.kill(host, signal.SIGCONT)
+        assert second.wait_for_output(f"driver reference adopted (pid {host},", 60), \
+            second.output
+        assert driver_hosts(runtime_dir) == [host]
+    finally:
+        os.kill(host, signal.SIGCONT)
+        if second is not None:
+            second.stop()
+        first.stop()
+    assert "Traceback" not in second.output
