@@ -95,6 +95,18 @@ class PreparedModel(ABC):
     def abort(self) -> None:  # noqa: B027 - optional hook
         """Best effort: make a ``run`` in progress return early (cancel, revoke)."""
 
+    def begin_step(self, effective_priority: int, background: bool) -> None:  # noqa: B027
+        """Called on the thread that runs the next step, right before ``run``/``run_into``:
+        the job's effective priority (HAL: lower = more important) and whether its
+        execution class is BACKGROUND, for a backend whose priority knobs act per run (or
+        per compiled variant). The default does nothing: the host's own thread class
+        (drivers/classes.py) is all that reaches the machine."""
+
+    def backend_state(self) -> dict[str, Any]:
+        """What the backend was told for this model (knobs set, read back), for the
+        host's ``device.stats``; {} when there is nothing to say."""
+        return {}
+
     @abstractmethod
     def release(self) -> None:
         """Free the model's memory; no run follows."""

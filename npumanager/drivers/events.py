@@ -230,6 +230,8 @@ class RunStep(Instruction):
     #: The job's execution class is BACKGROUND: run it on a background worker thread
     #: (.classes). Not part of equality: it follows from the job's priority.
     background: bool = field(default=False, compare=False)
+    #: The job's effective priority, for the backend's own knobs (PreparedModel.begin_step).
+    priority: int = field(default=-1, compare=False)
 
 
 @dataclass(slots=True)

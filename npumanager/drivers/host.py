@@ -248,6 +248,13 @@ class DriverHost:
             channels, busy, queued = self.state.load()
             grants = self.state.held_grants()
             orphaned = self.state.orphaned_at
+            # What each model's backend was told (OpenVINO: the priority variants made
+            # for the jobs' bands, their knobs read back, their threads' nice value).
+            backend: dict[str, dict[str, Any]] = {}
+            for mid, p in self.res.prepared.items():
+                st = p.backend_state() if hasattr(p, "backend_state") else {}
+                if st:
+                    backend[str(mid)] = st
         # The grants held and their models' memory: checked from outside by `npu chaos`.
         held = [{"grant": g[:8], "uid": uid, "request_id": rid, "bytes": nbytes,
                  "models": models}
@@ -257,6 +264,7 @@ class DriverHost:
                            # Seconds since npud went away (None: attached, or never was).
                            "orphaned_s": None if orphaned is None
                            else round(self.clock.now() - orphaned, 3),
+                           "backend": backend,
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:

@@ -16,12 +16,16 @@ and NPU take exactly this code with another device string.
   to ``core.import_model``. OpenVINO's own ``CACHE_DIR`` is kept off: it
   would trust whatever lies in that directory (no integrity check at import;
   a flipped byte in an exported blob still imports here).
-- Priority: the NNAPI priority a model is prepared with is mapped onto the
-  device's own knobs where the device lists them in ``SUPPORTED_PROPERTIES``
+- Priority: a priority band (HIGH, MEDIUM, LOW) is mapped onto the device's
+  own knobs where the device lists them in ``SUPPORTED_PROPERTIES``
   (:func:`priority_config`): ``MODEL_PRIORITY`` LOW/MEDIUM/HIGH and
   ``WORKLOAD_TYPE`` EFFICIENT for background (GPU/NPU); on the CPU, which has
   neither, background models get ``SCHEDULING_CORE_TYPE=ECORE_ONLY`` (E-cores
-  of a hybrid CPU) and no thread pinning.
+  of a hybrid CPU) and no thread pinning. A model is compiled with the band of
+  the NNAPI priority it is prepared with; at run time each step runs on a
+  variant compiled for its job's band (:func:`job_band`: the HAL's effective
+  priority and class), because these knobs are compile-time properties
+  (:class:`OvModel`).
 - Memory: the device's total memory property where it has one (GPU, NPU);
   the CPU has none, so it reports physical RAM (``capabilities().extra``
   says which).
@@ -58,6 +62,22 @@ log = logging.getLogger("npumanager.drivers.openvino")
 
 #: NNAPI priority (nn.Priority) -> ov::hint::model_priority.
 MODEL_PRIORITY = {90: "LOW", 100: "MEDIUM", 110: "HIGH"}
+#: The properties priority_config may set (a variant's config replaces all of them).
+PRIORITY_KEYS = ("MODEL_PRIORITY", "WORKLOAD_TYPE", "SCHEDULING_CORE_TYPE",
+                 "ENABLE_CPU_PINNING")
+#: A model variant: its priority knobs, and whether it serves background work.
+VariantKey = tuple[tuple[tuple[str, str], ...], bool]
+#: A job's effective priority at or below this (FOREGROUND_SERVICE) runs as HIGH.
+HIGH_BAND_MAX = 125
+
+
+def job_band(effective_priority: int, background: bool) -> int:
+    """The NNAPI priority (90/100/110) whose knobs a step runs under: BACKGROUND work LOW,
+    a foreground app's own work (effective priority up to FOREGROUND_SERVICE) HIGH, other
+    foreground work MEDIUM. ``effective_priority`` < 0: not known (MEDIUM)."""
+    if background:
+        return 90
+    return 110 if 0 <= effective_priority <= HIGH_BAND_MAX else 100
 #: Device properties that give the device's memory, in order of preference.
 MEMORY_PROPERTIES = ("GPU_DEVICE_TOTAL_MEM_SIZE", "NPU_DEVICE_TOTAL_MEM_SIZE")
 
@@ -147,11 +167,39 @@ def _split(blob: bytes, n: int) -> list[bytes]:
 
 
 class OvModel(PreparedModel):
-    """A compiled (or imported) OpenVINO model; one infer request per worker thread."""
+    """A compiled (or imported) OpenVINO model; one infer request per worker thread.
+
+    The job's priority at run time (:meth:`begin_step`): OpenVINO's priority knobs are
+    compile-time properties (on the CPU every property of a compiled model is read-only;
+    ``set_property`` raises), so each step runs on a *variant* of the model compiled with
+    the knobs of its band (:func:`job_band`, :func:`priority_config`). The variant
+    prepared is the first; another is made the first time a step of its band comes, by
+    importing the model's own ``export_model`` blob with that config, on the step's
+    thread. On the CPU that thread matters: the inference runs on OpenVINO's stream
+    threads, created at compile/import, and a thread inherits its creator's nice value,
+    so a variant made on the host's lowered background thread runs at that nice value
+    (``compiled_on_nice`` in :meth:`backend_state`). Variants share nothing: each holds
+    its own copy of the weights."""
 
     def __init__(self, compiled: Any, memory_bytes: int, n_model_cache: int,
-                 config: dict[str, Any], graph: Specs | None = None) -> None:
+                 config: dict[str, Any], graph: Specs | None = None, *,
+                 driver: OpenVinoDriver | None = None, priority: int = 100,
+                 background: bool = False) -> None:
         self.compiled = compiled
+        self._driver = driver
+        self._band = priority if priority in MODEL_PRIORITY else 100
+        self._base = {k: v for k, v in config.items() if k not in PRIORITY_KEYS}
+        key = (self._key(config), background)
+        #: Variant key (its priority knobs, made for background work: on a lowered thread)
+        #: -> compiled model; the prepared one first.
+        self._variants: dict[VariantKey, Any] = {key: compiled}
+        self._variant_info: dict[VariantKey, dict[str, Any]] = {
+            key: self._describe(compiled, config, background)}
+        self._steps: dict[str, int] = {}
+        #: The verified blob an imported model came from: its variants are imported from
+        #: it (an imported model's own export_model() here is a blob import_model cannot
+        #: read back: "Unable to read the model", OpenVINO 2026.4).
+        self.source_blob: bytes | None = None
         graph_in = frozenset(s.name for s in graph[0]) if graph else frozenset()
         graph_out = frozenset(s.name for s in graph[1]) if graph else frozenset()
         self.inputs = [
@@ -172,13 +220,96 @@ class OvModel(PreparedModel):
         self._local = threading.local()
         self._running: set[Any] = set()
         self._lock = threading.Lock()
+        self._make_lock = threading.Lock()
+
+    @staticmethod
+    def _key(config: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, str(v)) for k, v in config.items() if k in PRIORITY_KEYS))
+
+    @staticmethod
+    def _describe(compiled: Any, config: Mapping[str, Any], background: bool
+                  ) -> dict[str, Any]:
+        """The knobs asked for, what the compiled model reports for them, and the nice
+        value of the thread that made it (its stream threads inherit it)."""
+        read_back: dict[str, str] = {}
+        for k in PRIORITY_KEYS:
+            try:
+                read_back[k] = str(compiled.get_property(k))
+            except Exception:  # not a property of this device's compiled models
+                continue
+        try:
+            nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        except OSError:
+            nice = 0
+        return {"config": {k: str(v) for k, v in config.items() if k in PRIORITY_KEYS},
+                "background": background,
+                "read_back": read_back, "compiled_on_nice": nice, "bands": []}
+
+    def begin_step(self, effective_priority: int, background: bool) -> None:
+        band = job_band(effective_priority, background)
+        label = MODEL_PRIORITY[band]
+        drv = self._driver
+        if drv is None:  # no driver to make variants with: the prepared one serves all
+            key = next(iter(self._variants))
+        else:
+            knobs = priority_config(drv.supported, band)
+            key = (self._key(knobs), background)
+        with self._lock:
+            self._steps[label] = self._steps.get(label, 0) + 1
+            compiled = self._variants.get(key)
+        if compiled is None:
+            assert drv is not None
+            compiled = self._make_variant(drv, key, {**self._base, **knobs})
+        self._local.key = key
+        info = self._variant_info[key]
+        if label not in info["bands"]:
+            with self._lock:
+                if label not in info["bands"]:
+                    info["bands"].append(label)
+
+    def _make_variant(self, drv: OpenVinoDriver, key: VariantKey,
+                      config: dict[str, Any]) -> Any:
+        with self._make_lock:  # one import per variant, whichever thread comes first
+            compiled = self._variants.get(key)
+            if compiled is not None:
+                return compiled
+            base = self.compiled
+            if base is None or drv.core is None:
+                raise GeneralFailure("the model was released")
+            blob = self.source_blob
+            if blob is None:
+                exported = base.export_model()
+                blob = (exported.getvalue() if hasattr(exported, "getvalue")
+                        else bytes(exported))
+            try:
+                compiled = drv.core.import_model(blob, drv.device, config)
+            except Exception as exc:
+                raise GeneralFailure(f"OpenVINO cannot make the {dict(key[0])} variant: "
+                                     f"{exc}") from None
+            info = self._describe(compiled, config, key[1])
+            with self._lock:
+                self._variant_info[key] = info
+                self._variants[key] = compiled
+            return compiled
+
+    def backend_state(self) -> dict[str, Any]:
+        with self._lock:
+            return {"prepared_as": MODEL_PRIORITY[self._band],
+                    "steps": dict(self._steps),  # per band: HIGH, MEDIUM, LOW
+                    "variants": [dict(v, bands=list(v["bands"]))
+                                 for v in self._variant_info.values()]}
 
     def _request(self) -> Any:
-        req = getattr(self._local, "request", None)
+        key = getattr(self._local, "key", None)
+        requests: dict[Any, Any] | None = getattr(self._local, "requests", None)
+        if requests is None:
+            requests = self._local.requests = {}
+        req = requests.get(key)
         if req is None:
-            if self.compiled is None:
+            compiled = self._variants.get(key) if key is not None else self.compiled
+            if compiled is None or self.compiled is None:
                 raise GeneralFailure("the model was released")
-            req = self._local.request = self.compiled.create_infer_request()
+            req = requests[key] = compiled.create_infer_request()
         return req
 
     def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -210,6 +341,8 @@ class OvModel(PreparedModel):
 
     def release(self) -> None:
         self.compiled = None
+        with self._lock:
+            self._variants.clear()
         self._local = threading.local()
 
     def artifacts(self) -> tuple[list[bytes], list[bytes]]:
@@ -326,7 +459,9 @@ class OpenVinoDriver(Driver):
                                   f"{exc}") from None
         weights = sum(int(op.get_byte_size()) for op in model.get_ops()
                       if op.get_type_name() == "Constant")
-        prepared = OvModel(compiled, 0, self.n_model_cache, cfg, graph=self._graph(onnx_bytes))
+        prepared = OvModel(compiled, 0, self.n_model_cache, cfg, graph=self._graph(onnx_bytes),
+                           driver=self, priority=options.priority,
+                           background=options.background)
         prepared.memory_bytes = weights + self._io_bytes(prepared) + (1 << 20)
         return prepared
 
@@ -343,7 +478,9 @@ class OpenVinoDriver(Driver):
             compiled = self.core.import_model(blob, self.device, cfg)
         except Exception as exc:
             raise GeneralFailure(f"OpenVINO cannot import the cached model: {exc}") from None
-        prepared = OvModel(compiled, 0, self.n_model_cache, cfg)
+        prepared = OvModel(compiled, 0, self.n_model_cache, cfg, driver=self,
+                           priority=options.priority, background=options.background)
+        prepared.source_blob = blob
         prepared.memory_bytes = len(blob) + self._io_bytes(prepared) + (1 << 20)
         return prepared
 
@@ -365,4 +502,5 @@ class OpenVinoDriver(Driver):
         self.core = None
 
 
-__all__ = ["MODEL_PRIORITY", "OpenVinoDriver", "OvModel", "device_memory", "priority_config"]
+__all__ = ["MODEL_PRIORITY", "OpenVinoDriver", "OvModel", "device_memory", "job_band",
+           "priority_config"]

@@ -565,7 +565,7 @@ class DriverState:
                                          int(StartReason.INITIAL)))
             out.append(ev.RunStep(job.ticket, job.step, job.step + 1 >= job.steps,
                                   self._inline(job), job.channel or 0, job.info.id,
-                                  job.cls is ExecClass.BACKGROUND))
+                                  job.cls is ExecClass.BACKGROUND, job.info.effective_priority))
 
     def _inline(self, job: Job) -> bool:
         model = self._models.get(job.model_id)

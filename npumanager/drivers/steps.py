@@ -138,6 +138,11 @@ class StepRunner:
         bound = self._bind_outputs(ex, prepared) if last and ex.out_pool is not None else {}
         t0 = time.perf_counter()
         try:
+            # The job's priority reaches the backend's own knobs, where it has any (a
+            # plugin's model need not subclass PreparedModel: the hook is optional).
+            begin = getattr(prepared, "begin_step", None)
+            if begin is not None:
+                begin(step.priority, step.background)
             if bound:
                 outs = prepared.run_into(ex.inputs, {n: v for n, (v, _) in bound.items()})
             else:
