@@ -32,9 +32,15 @@ To add an execution mode (a burst, say), append a ``Mode`` whose ``bind``
 returns the call to time, or None where the mode does not apply; anything it
 opens goes on ``Bound.stack`` and is closed after the case.
 
+Execution class: the bench's uid has no scheduling config (no npud), so its work is
+BACKGROUND (priority 1000): long steps go to the lowered worker threads. With
+``--foreground`` the driver's ``foreground_priority`` is 1000, so the same work is
+FOREGROUND, as a camera or voice app's is under npud: a burst runs its steps on its
+own thread.
+
 Same-run baselines: a raw Unix socket round trip and the transport's own RPC
 round trip (echo). Usage: python bench/execute_overhead.py [--rounds R]
-[--n N] [--paced-s S] [--quick] [--only tiny,gru,...] [--json PATH]
+[--n N] [--paced-s S] [--quick] [--only tiny,gru,...] [--foreground] [--json PATH]
 """
 
 from __future__ import annotations
@@ -483,6 +489,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write every p50/p99 here")
     ap.add_argument("--spin", default="",
                     help="comma-separated µs: also time bursts that spin that long first")
+    ap.add_argument("--foreground", action="store_true",
+                    help="the driver counts this uid's work as FOREGROUND (see the docstring)")
     args = ap.parse_args()
     add_spin_modes([float(v) for v in args.spin.split(",") if v.strip()])
     if args.quick:
@@ -501,7 +509,13 @@ def main() -> int:
             for c in cases:
                 c.n = min(c.n, 20)
         results: dict[str, dict[tuple[str, str], list[float]]] = {}
-        with running_driver("reference", rt, st, args=["--no-enforce-admission"]) as proc:
+        config = None
+        if args.foreground:
+            config = st / "npu.toml"
+            config.write_text('[[driver]]\nname = "reference"\nplugin = "reference"\n'
+                              'foreground_priority = 1000\n')
+        with running_driver("reference", rt, st, config=config,
+                            args=["--no-enforce-admission"]) as proc:
             dev = nn.device("reference", rt)
             for case in cases:
                 b = Bound(case, drv.compile(case.onnx, CompileOptions()),
@@ -514,6 +528,7 @@ def main() -> int:
                     b.local.release()
             dev.close()
         print(f"\nexecute overhead ({args.rounds} rounds, modes interleaved; "
+              f"{'FOREGROUND' if args.foreground else 'BACKGROUND'} work; "
               f"{time.monotonic() - started:.0f} s; load {os.getloadavg()[0]:.2f} "
               f"on {os.cpu_count()} CPUs)")
         print(f"baselines: raw Unix socket round trip p50 {pct(raw, 0.5) * US:.1f} µs; "
