@@ -114,7 +114,9 @@ def _device_thermal(b: dict[str, Any]) -> str:
     return out + ("" if b.get("up", True) or b.get("placeholder") else "; driver down")
 
 
-def _thermal_line(thermal: dict[str, Any]) -> str:
+def _thermal_line(thermal: dict[str, Any], *, per_device: bool = False) -> str:
+    """The machine's thermal status; the budget scale only with one device (with several,
+    each device's line says its own: it may follow a sensor of its own)."""
     line = str(thermal.get("status", "?"))
     if thermal.get("override") or thermal.get("overridden"):
         line += f" (admin override; sensors say {thermal.get('computed_status', '?')})"
@@ -125,7 +127,7 @@ def _thermal_line(thermal: dict[str, Any]) -> str:
     if isinstance(h, (int, float)) and h == h:
         line += f"  headroom {h:.2f}"
     scale = thermal.get("budget_scale")
-    if isinstance(scale, (int, float)) and scale != 1:
+    if not per_device and isinstance(scale, (int, float)) and scale != 1:
         line += f"  budget x{scale:g}"
     return line
 
@@ -200,7 +202,7 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
     else:
         budget_rows = [("budget", _budget_line(budget, policy))]
     rows = [("policy", _policy_line(policy)), *budget_rows,
-            ("thermal", _thermal_line(thermal)),
+            ("thermal", _thermal_line(thermal, per_device=len(budgets) > 1)),
             ("requests", _counts_line(dump.get("counts") or {}))]
     if params:
         wait = params.get("max_queue_wait_s")

@@ -26,7 +26,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from npumanager.constants import ThermalStatus
-from npumanager.errors import NpuError
+from npumanager.errors import InvalidArgument, NpuError
 from npumanager.hal.types import SchedulingConfig
 from npumanager.service import events as ev
 from npumanager.service.apps import AppEntry, AppTable
@@ -47,6 +47,8 @@ class Integrations:
         self.apps: AppTable | None = None
         self.unit_identity = False
         self.status = ThermalStatus.NONE
+        #: Each device's own status ([thermal] devices), as last fed to the state.
+        self.device_status: dict[str, ThermalStatus] = {}
         self._override: ThermalStatus | None = None
         self._app_by_key: dict[int, AppEntry] = {}
         self._importance_of: dict[int, int] = {}
@@ -74,6 +76,11 @@ class Integrations:
                 self._feed_importance(key, importance, "app-config")
         section = cfg.section("thermal")
         self.thermal = ThermalMonitor(section, self.d.clock, self.d.drivers.temperatures)
+        known = [x.name for x in self.d.drivers.devices()]
+        unknown = [n for n in self.thermal.device_thermal.devices if n not in known]
+        if known and unknown:
+            raise InvalidArgument(f"[thermal] devices names {', '.join(unknown)}; npud's "
+                                  f"devices are {', '.join(known)}")
         self._spawn(self._poll_thermal(float(section.get("poll_interval_s", 1.0))))
         if imp_section.get("from_process"):
             self.importance = ProcessImportance(imp_section)
@@ -197,6 +204,17 @@ class Integrations:
             log.exception("thermal poll failed")
             return
         self.thermal_changed(status, "sensors")
+        for device, own in self.thermal.device_status.items():
+            if own != self.device_status.get(device, ThermalStatus.NONE):
+                # That device's own status: only its budget follows it.
+                log.log(logging.WARNING if own > self.device_status.get(
+                    device, ThermalStatus.NONE) else logging.INFO,
+                    "thermal status of %s -> %s (its own sensor)", device, own.name,
+                    extra={"thermal": own.name})
+                self.device_status[device] = own
+                self.d.submit_quietly(ev.ThermalChanged(
+                    stimulus_id=self.d.stimulus("thermal"), now=self.d.clock.now(),
+                    status=own, device=device))
 
     async def _poll_thermal(self, interval: float) -> None:
         while True:

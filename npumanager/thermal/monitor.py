@@ -24,6 +24,7 @@ from typing import Any
 from npumanager.clock import Clock
 from npumanager.constants import ThermalStatus
 from npumanager.errors import InvalidArgument
+from npumanager.thermal.devices import DeviceThermal
 from npumanager.thermal.sources import (
     KNOWN_SOURCES,
     DriverModel,
@@ -140,6 +141,10 @@ class ThermalMonitor:
         self._last_poll: float | None = None
         self._failing_sources: set[str] = set()
         self.history: deque[Transition] = deque(maxlen=HISTORY_SIZE)
+        #: Devices with sensors of their own ([thermal] devices): their statuses.
+        self.device_thermal = DeviceThermal(section, self.thresholds, self.hysteresis_c,
+                                            self.valid_range_c, self.stale_after_s)
+        self.device_status: dict[str, ThermalStatus] = {}
 
     def _build_sources(
         self, section: Mapping[str, Any], driver_temps: Callable[[], Mapping[str, float]]
@@ -169,6 +174,10 @@ class ThermalMonitor:
         """Read every source once and return the effective status (the override if set)."""
         now = self.clock.now()
         self._last_poll = now
+        # Devices' own sensors first: what they claim does not count for the machine.
+        if self.device_thermal:
+            self.device_status = self.device_thermal.poll(now)
+        claimed = self.device_thermal.claimed
         for src in self.sources:
             try:
                 readings = src.read()
@@ -179,7 +188,7 @@ class ThermalMonitor:
                 continue
             self._failing_sources.discard(src.name)
             for r in readings:
-                if self._plausible(r):
+                if r.name not in claimed and self._plausible(r):
                     self._record(r, now)
         for name in [n for n, s in self._sensors.items() if now - s.last_seen > self.stale_after_s]:
             log.warning(
@@ -320,6 +329,8 @@ class ThermalMonitor:
                 for s in sorted(self._sensors.values(), key=lambda s: s.name)
             ],
             "thresholds_c": {k.name.lower(): v for k, v in self.thresholds.items()},
+            # Not "devices": npud's dump has that key (each device's status in effect).
+            "device_sensors": self.device_thermal.describe(),
             "hysteresis_c": self.hysteresis_c,
             "min_dwell_s": self.min_dwell_s,
             "poll_interval_s": self.poll_interval_s,
