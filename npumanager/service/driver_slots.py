@@ -86,14 +86,22 @@ def host_listens(path: Path) -> bool:
         probe.close()
 
 
+#: The ``subprocess.Popen`` of each host left running (see :func:`disown`).
+_LEFT_RUNNING: list[object] = []
+
+
 def disown(proc: asyncio.subprocess.Process) -> None:
     """Let a child outlive npud. asyncio's own subprocess transport kills a child that
-    still runs when the transport is closed or collected (at the latest when npud's loop
-    ends); taking its handle on the child away makes closing it leave the child alone.
+    still runs when the transport is closed, and its ``__del__`` closes it: whether that
+    happens before npud exits depends on who still holds it (the child watcher). Taking
+    its handle on the child away makes closing it leave the child alone; the handle is
+    kept, as collecting it would warn that the child still runs (it does, on purpose).
     uvloop's transport kills only on an explicit close, which nothing here calls."""
     transport = getattr(proc, "_transport", None)
     if transport is not None and hasattr(transport, "_proc"):
-        transport._proc = None
+        popen, transport._proc = transport._proc, None
+        _LEFT_RUNNING.append(popen)
+        transport.close()  # our ends of its pipes
 
 
 __all__ = ["Backoff", "DriverSlot", "disown", "host_listens"]

@@ -4,6 +4,7 @@ forwarding, death noticed at once, restart with back-off, grants re-sent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -23,6 +24,7 @@ from npumanager.errors import DeviceUnavailable, DirectAccessDenied
 from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.supervisor import Backoff, DriverSupervisor
+from npumanager.testing.daemon import process_running
 
 FAKE = "npumanager.testing.fake_driver:FakeDriver"
 X = {"x": np.zeros((1, 4), np.float32)}
@@ -91,8 +93,8 @@ class Running:
         return proc.pid
 
 
-@pytest.fixture
-def supervised(runtime_dir: Path, state_dir: Path) -> Iterator[Running]:
+@contextlib.contextmanager
+def start_supervisor(runtime_dir: Path, state_dir: Path) -> Iterator[Running]:
     cfg = Config.load(overrides={
         "driver": [{"name": "fake", "plugin": FAKE, "channels": 1, "restart_backoff_s": 0.05,
                     "options": {"temperature_c": 51.0}}],
@@ -119,6 +121,35 @@ def supervised(runtime_dir: Path, state_dir: Path) -> Iterator[Running]:
         loop.call_soon_threadsafe(loop.stop)
         th.join(30)
         loop.close()
+
+
+@pytest.fixture
+def supervised(runtime_dir: Path, state_dir: Path) -> Iterator[Running]:
+    with start_supervisor(runtime_dir, state_dir) as running:
+        yield running
+
+
+@pytest.mark.slow
+def test_detach_leaves_the_host_running_for_the_next_supervisor_to_adopt(
+        supervised: Running, runtime_dir: Path, state_dir: Path) -> None:
+    """npud's SIGTERM: the host is neither stopped nor reported down, its socket stays;
+    the next npud's supervisor attaches to it (the pid it adopts is the host's, the one
+    it signals at its own final stop) instead of starting one."""
+    supervised.events.wait("up")
+    pid = supervised.driver_pid()
+    supervised.run(supervised.sup.detach())
+    assert process_running(pid)
+    assert (runtime_dir / "drivers" / "fake.sock").exists()
+    assert [k for k, _ in supervised.events.log if k == "down"] == []
+    with start_supervisor(runtime_dir, state_dir) as second:
+        second.events.wait("up")
+        slot = second.sup.slots[0]
+        assert (slot.adopted_pid, slot.starts, slot.proc) == (pid, 0, None)
+    # The second one's final stop stopped the host it adopted.
+    deadline = time.monotonic() + 30
+    while process_running(pid):
+        assert time.monotonic() < deadline, "the adopted host was not stopped"
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
