@@ -233,6 +233,9 @@ class AsyncNpuManager:
     async def story(self, uid: int, request_id: int) -> list[dict[str, Any]]:
         return await self._do(calls.story(uid, request_id))
 
+    async def decisions(self, since: float, limit: int = 0) -> dict[str, Any]:
+        return await self._do(calls.decisions(since, limit))
+
     async def devices(self) -> list[DeviceSummary]:
         return await self._do(calls.devices())
 

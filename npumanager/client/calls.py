@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from npumanager.constants import ThermalStatus
 from npumanager.proto.v1.manager_pb2 import (
+    DecisionsSince,
     DeviceList,
     JsonReply,
     LoadRequest,
@@ -79,6 +80,10 @@ def dump() -> Call[dict[str, Any]]:
 
 def story(uid: int, request_id: int) -> Call[list[dict[str, Any]]]:
     return Call("story", StoryRequest(uid=uid, request_id=request_id), _json)
+
+
+def decisions(since: float, limit: int = 0) -> Call[dict[str, Any]]:
+    return Call("decisions", DecisionsSince(since=since, limit=limit), _json)
 
 
 def devices() -> Call[list[DeviceSummary]]:

@@ -213,6 +213,12 @@ class NpuManager:
         """The decisions npud took about (uid, request id), oldest first."""
         return self._do(calls.story(uid, request_id))
 
+    def decisions(self, since: float, limit: int = 0) -> dict[str, Any]:
+        """Admin: npud's decisions at or after ``since`` (CLOCK_MONOTONIC), oldest first:
+        ``{"decisions": [...], "truncated": bool, "lost": bool}`` (one page of at most
+        ``limit``; ``lost`` when the bounded log already dropped some of them)."""
+        return self._do(calls.decisions(since, limit))
+
     def devices(self) -> list[DeviceSummary]:
         return self._do(calls.devices())
 

@@ -37,3 +37,16 @@ class DecisionLog:
 
     def all(self) -> list[Decision]:
         return [Decision(*d) for d in self._entries]
+
+    def since(self, t: float, limit: int) -> tuple[list[Decision], bool]:
+        """The first ``limit`` decisions taken at or after ``t``, and whether the log may
+        have lost some of them (its oldest entry is itself after ``t`` and it is full)."""
+        got: list[Decision] = []
+        for d in self._entries:
+            if d[0] >= t:
+                if len(got) == limit:
+                    break
+                got.append(Decision(*d))
+        full = len(self._entries) == self._entries.maxlen
+        lost = full and bool(self._entries) and self._entries[0][0] > t
+        return got, lost

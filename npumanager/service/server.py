@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError, Message
 from npumanager.constants import ModelPriority, ModelSize, ThermalStatus, UnloadReason
 from npumanager.errors import InvalidArgument, PermissionDenied
 from npumanager.proto.v1.manager_pb2 import (
+    DecisionsSince,
     DeviceList,
     JsonReply,
     LoadRequest,
@@ -38,6 +39,9 @@ EMPTY = b""
 SIZES = {int(m): m for m in ModelSize}
 PRIORITIES = {int(m): m for m in ModelPriority}
 REASONS = {int(m): m for m in UnloadReason}
+#: Most decisions one `decisions` reply carries (a page; the caller asks again from the
+#: last one's time).
+MAX_DECISIONS = 5000
 
 
 def _require_admin(ctx: CallContext, what: str) -> None:
@@ -203,6 +207,26 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
             for x in decisions
         ]))
 
+    def decisions(ctx: CallContext, payload: bytes) -> HandlerResult:
+        # A trace that polls the dump misses a request that starts and ends between two
+        # polls; the log from the trace's start on has every one of them.
+        from npumanager.service.daemon import to_json
+
+        _require_admin(ctx, "the decision log")
+        m = DecisionsSince()
+        _parse(m, payload)
+        limit = min(m.limit or MAX_DECISIONS, MAX_DECISIONS)
+        got, lost = d.state.decisions_since(m.since, limit)
+        return JsonReply(json=to_json({
+            "decisions": [
+                {"at": x.at, "stimulus_id": x.stimulus_id,
+                 "key": list(x.key) if x.key is not None else None,
+                 "what": x.what, "details": x.details}
+                for x in got],
+            "truncated": len(got) == limit,
+            "lost": lost,
+        }))
+
     def list_devices(ctx: CallContext, payload: bytes) -> HandlerResult:
         return DeviceList(devices=d.drivers.devices())
 
@@ -249,6 +273,7 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         "set_importance": set_importance,
         "dump": dump,
         "story": story,
+        "decisions": decisions,
         "list_devices": list_devices,
         "thermal_status": thermal_status,
         "thermal_override": thermal_override,

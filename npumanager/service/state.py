@@ -240,6 +240,9 @@ class ManagerState:
     def story(self, uid: int, request_id: int) -> list[Decision]:
         return self._log.story((uid, request_id))
 
+    def decisions_since(self, t: float, limit: int) -> tuple[list[Decision], bool]:
+        return self._log.since(t, limit)
+
     def decisions(self) -> list[Decision]:
         return self._log.all()
 

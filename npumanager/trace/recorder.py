@@ -3,12 +3,15 @@
 While recording, the recorder polls npud's dump (every ``interval`` s: budget,
 thermal status, the live requests) and each driver's ``device.trace`` (every
 execution step with its channel, uid, feature and times, which the driver keeps
-while someone polls). When it stops it asks npud for the story of every request
-it saw: the exact times of each decision (requested, granted, loaded, asked to
-unload and why, revoked, ended). All times are CLOCK_MONOTONIC, the clock npud
-and the drivers stamp with, so the three sources line up.
+while someone polls). When it stops it asks npud for every decision taken since
+the recording began (``decisions``): the exact times of each (requested,
+granted, loaded, asked to unload and why, revoked, ended), grouped into one story
+per request — so a request that began and ended between two polls is in the
+trace too. All times are CLOCK_MONOTONIC, the clock npud and the drivers stamp
+with, so the three sources line up.
 
-A request that lives less than ``interval`` is not seen and not in the trace.
+The budget and thermal samples are the polls' (every ``interval``). An npud too
+old for ``decisions`` gets a story call per request the polls saw instead.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npumanager.client import NpuManager
-from npumanager.errors import NpuError
+from npumanager.errors import NpuError, ProtocolError
 from npumanager.fds import close_fds
 
 
@@ -57,6 +60,7 @@ class TraceRecorder:
                            "admin group): it reads every request's story and the drivers' "
                            "execution steps")
         self._keys: set[tuple[int, int]] = set()
+        self._keys_at_start: set[tuple[int, int]] = set()
         self._drivers: dict[str, Any] = {}
         self._cursors: dict[str, int] = {}
         self._devices: list[dict[str, Any]] = []
@@ -131,6 +135,7 @@ class TraceRecorder:
 
     def start(self) -> TraceRecorder:
         self.poll_steps_now()
+        self._keys_at_start = set(self._keys)
         self._thread = threading.Thread(target=self._run, name="npu-trace", daemon=True)
         self._thread.start()
         return self
@@ -149,6 +154,44 @@ class TraceRecorder:
             self.stop()
         return self.rec
 
+    def _collect_stories(self) -> None:
+        since = self.rec.t0
+        try:
+            while True:
+                page = self._mgr.decisions(since)
+                got = page.get("decisions") or []
+                for d in got:
+                    key = d.get("key")
+                    if key is not None:
+                        self.rec.stories.setdefault(f"{key[0]}:{key[1]}", []).append(d)
+                if page.get("lost"):
+                    note = ("npud's decision log is bounded and had already dropped some "
+                            "of this recording's decisions: the earliest stories are "
+                            "incomplete")
+                    if note not in self.rec.notes:
+                        self.rec.notes.append(note)
+                if not page.get("truncated") or not got:
+                    return
+                # The next page starts after this one's last time; decisions sharing that
+                # time were all in this page unless the page ended inside them, which
+                # a page of thousands does not.
+                since = float(got[-1]["at"]) + 1e-9
+        except ProtocolError as exc:
+            if "unknown method" not in str(exc):
+                raise
+            # An older npud: one story call per request the polls saw.
+            self._stories_of(self._keys)
+            return
+        # A request live when the recording began has decisions from before it: its whole
+        # story, so the trace knows its state at the start.
+        self._stories_of(self._keys_at_start)
+
+    def _stories_of(self, keys: set[tuple[int, int]]) -> None:
+        for uid, rid in sorted(keys):
+            story = self._mgr.story(uid, rid)
+            if story:
+                self.rec.stories[f"{uid}:{rid}"] = story
+
     def stop(self) -> Recording:
         self._stop.set()
         if self._thread is not None:
@@ -156,10 +199,7 @@ class TraceRecorder:
         try:
             self.poll()
             self.poll_steps()
-            for uid, rid in sorted(self._keys):
-                story = self._mgr.story(uid, rid)
-                if story:
-                    self.rec.stories[f"{uid}:{rid}"] = story
+            self._collect_stories()
         except NpuError as exc:
             self.rec.notes.append(f"npud: {type(exc).__name__}: {exc}")
         self.rec.t1 = time.monotonic()

@@ -40,13 +40,18 @@ def snoop(runtime_dir: str) -> dict[str, Any]:
         except PermissionDenied as exc:
             story = f"PermissionDenied: {exc}"
         own_story = mgr.story(ATTACKER, 1)
+        try:
+            log: Any = mgr.decisions(0.0)
+        except PermissionDenied as exc:
+            log = f"PermissionDenied: {exc}"
     outs = []
     for extra in ([], ["--json"]):
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             rc = npu(["status", "--runtime-dir", runtime_dir, *extra])
         outs.append((rc, buf.getvalue()))
-    return {"dump": dump, "story": story, "own_story": own_story, "status": outs}
+    return {"dump": dump, "story": story, "own_story": own_story, "status": outs,
+            "decisions": log}
 
 
 def test_non_admin_sees_own_requests_and_only_counts_of_others(
@@ -71,6 +76,8 @@ def test_non_admin_sees_own_requests_and_only_counts_of_others(
         mine.kill()
 
     dump = seen["dump"]
+    # The whole decision log (what `npu trace` reads) is for admins only.
+    assert seen["decisions"].startswith("PermissionDenied: the decision log is for admins")
     assert dump["visibility"] == "own"
     assert [(r["uid"], r["request_id"]) for r in dump["requests"]] == [(ATTACKER, 1)]
     assert dump["other_requests"] == {"loaded": 2}

@@ -111,6 +111,14 @@ class StoryRequest(_message.Message):
     request_id: int
     def __init__(self, uid: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
+class DecisionsSince(_message.Message):
+    __slots__ = ("since", "limit")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    limit: int
+    def __init__(self, since: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
+
 class JsonReply(_message.Message):
     __slots__ = ("json",)
     JSON_FIELD_NUMBER: _ClassVar[int]
