@@ -20,6 +20,11 @@ runs (priority, preemption, thermal hold-back, revocation) exactly as for
 machine with a core to spare it saves the client's own wake-up for a model
 that answers within the spin, at the price of that CPU (bench/execute_overhead.py
 measures both). One execution at a time per burst; open one burst per thread.
+
+Inputs in the model's ``input_buffers()`` (memory registered once, NNAPI's
+``ANeuralNetworksMemory``) are not copied: the request names them where they
+lie, so a stream that fills them in place (a camera frame) sends no tensor bytes
+at all. Other large inputs are copied into the burst's own memory.
 """
 
 from __future__ import annotations
@@ -214,7 +219,8 @@ class Burst:
             has_original_uid=original_uid is not None, original_uid=original_uid or 0,
             steps=steps, feedback=dict(feedback or {}), group_id=group_id or b"",
         )
-        pos = self._place_inputs(msg, inputs, pool)
+        staging = self.model._staging
+        pos = self._place_inputs(msg, inputs, pool, staging)
         pos = tensorio.align(pos)
         if pool.size - pos < _MIN_DATA // 4:
             raise _Grow(data=pos - self._data_start + _MIN_DATA)
@@ -247,9 +253,12 @@ class Burst:
         return self.model._outputs(pb.ExecuteResult.FromString(payload), pool, [], copy)
 
     def _place_inputs(self, msg: pb.Execute, inputs: Mapping[str, Any],
-                      pool: tensorio.ClientPool) -> int:
-        """Small tensors into the request, large ones into the data area; the data end."""
+                      pool: tensorio.ClientPool, staging: tensorio.ClientPool | None) -> int:
+        """Small tensors into the request, views of the model's input buffers
+        (``staging``) named where they lie, other large ones into the data area; the
+        data end."""
         pos = self._data_start
+        staged_offset = self.model._staged_offset
         values: dict[str, Any] = {}
         value_inputs = self.model._value_inputs
 
@@ -281,6 +290,9 @@ class Burst:
                 a = np.ascontiguousarray(a)
             if a.nbytes <= _INLINE or a.dtype.kind in "OUS":
                 tensorio.add_inline(msg.inputs, name, a)
+            elif staging is not None and (off := staged_offset(staging, a)) is not None:
+                msg.inputs.add(name=name, dtype=tensorio.dtype_name(a.dtype), shape=a.shape,
+                               pool_id=staging.pool_id, offset=off, nbytes=a.nbytes)
             else:
                 place(msg.inputs.add(name=name, dtype=tensorio.dtype_name(a.dtype),
                                      shape=a.shape), a)

@@ -160,6 +160,35 @@ def test_burst_outputs_match_plain_executions(reference: Path) -> None:
         dev.close()
 
 
+def test_inputs_in_the_models_input_buffers_are_not_copied(
+        reference: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = nn.device("reference", reference)
+    try:
+        big = dev.prepare_model(relu_model((512, 1024)))  # 2 MiB in
+        bufs = big.input_buffers()
+        copied: list[int] = []
+        real = np.copyto
+
+        def copyto(dst: Any, src: Any, *a: Any, **kw: Any) -> None:
+            copied.append(np.asarray(src).nbytes)
+            real(dst, src, *a, **kw)
+
+        with big.burst() as b:
+            for i in range(3):
+                bufs["x"][...] = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024) - i
+                monkeypatch.setattr(np, "copyto", copyto)
+                y = b.execute(bufs)["y"]
+                monkeypatch.undo()
+                np.testing.assert_array_equal(y, np.maximum(bufs["x"], 0))
+                assert copied == [], "the input was named where it lies, not copied"
+            # An array of its own is copied into the burst's memory as before.
+            x = np.ones((512, 1024), np.float32)
+            np.testing.assert_array_equal(b.execute({"x": x})["y"], x)
+        big.release()
+    finally:
+        dev.close()
+
+
 def test_burst_grows_for_outputs_larger_than_guessed(hal: Hal, dev: nn.Device) -> None:
     model = dev.prepare_model(script(), grant=hal.grant())  # dynamic shapes: sized by guess
     with model.burst() as b:
