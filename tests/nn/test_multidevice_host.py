@@ -33,7 +33,7 @@ from npumanager import (
     NpuManager,
     nn,
 )
-from npumanager.errors import GrantRequired, NpuError
+from npumanager.errors import GrantRequired, NpuError, ServiceUnavailable
 from npumanager.hal.wire import SERVICE
 from npumanager.paths import driver_socket
 from npumanager.proto.v1.wire_pb2 import Empty
@@ -232,3 +232,60 @@ def test_the_host_restarts_for_both_devices(npud: DaemonProcess, runtime_dir: Pa
             model = dev_b.prepare_model(add_model(), grant=on_b.listener)
             np.testing.assert_array_equal(model.execute({"x": x})["y"], x + 1)
             model.release()
+
+
+def test_a_restarted_npud_adopts_the_host_and_both_devices_grants(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """npud SIGKILLed: the host keeps serving both devices' models; a new npud adopts
+    the host (its first device's slot) and attaches to the other device's socket; both
+    grants are adopted as loaded, and the one host process still serves both."""
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    cfg = {"manager": {"adopt_grace_s": 5.0},
+           "driver": [{"name": "ref", "plugin": "reference", "channels": 1,
+                       "options": {"devices": ["a", "b"]}}]}
+    first = DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60).start()
+    second: DaemonProcess | None = None
+    x = np.zeros((1, 4), np.float32)
+    try:
+        [(host_pid, _argv)] = _driver_hosts(first.pid)
+        with NpuManager.connect(runtime_dir) as mgr, nn.device(A, runtime_dir) as dev_a, \
+                nn.device(B, runtime_dir) as dev_b:
+            models = []
+            for rid, (name, dev) in enumerate(((A, dev_a), (B, dev_b)), 1):
+                ans = Answers()
+                req = ModelLoadRequest(rid, device=name)
+                mgr.request_can_load_model(req, ans)
+                ans.wait(LoadStatus.CAN_LOAD_NOW)
+                models.append(dev.prepare_model(add_model(), grant=ans.listener))
+                ans.listener.notify_model_loaded(req)
+            first.signal(signal.SIGKILL)
+            assert first.proc is not None
+            first.proc.wait(10)
+            for m in models:  # orphaned, the host keeps running what it loaded
+                np.testing.assert_array_equal(m.execute({"x": x})["y"], x + 1)
+            second = DaemonProcess(runtime_dir, cfg, drivers=True, env=env,
+                                   ready_timeout=60).start()
+
+            def adopted() -> bool:
+                try:
+                    reqs = mgr.dump()["requests"]
+                except ServiceUnavailable:  # the SDK is still reconnecting
+                    return False
+                return sorted((r["request_id"], r["state"]) for r in reqs) == [
+                    (1, "loaded"), (2, "loaded")]
+
+            _wait(adopted, "both devices' requests adopted as loaded")
+            devs = {d["name"]: d["available"] for d in mgr.dump()["devices"]}
+            assert devs == {A: True, B: True}
+            for m in models:
+                np.testing.assert_array_equal(m.execute({"x": x})["y"], x + 1)
+                m.release()
+    finally:
+        if second is not None:
+            second.stop()
+        if first.proc is not None and first.proc.poll() is None:
+            first.proc.kill()
+        first._cleanup()
+    assert second is not None
+    assert f"driver {A} adopted (pid {host_pid}" in second.output, second.output
+    assert f"driver {B} is up (pid {host_pid}" in second.output, second.output
