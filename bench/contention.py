@@ -41,7 +41,8 @@ from npumanager.demo.contention import (
 
 #: Managed driver configurations: name -> [[driver]] keys. "managed" is npud's default.
 VARIANTS: dict[str, dict[str, Any]] = {
-    # npud's defaults: background threads at nice 10, no reserved channel, 2 channels.
+    # npud's defaults: background threads at nice 10, no reserved channel, 2 channels,
+    # background compiles in a child process; camera and voice execute through bursts.
     "managed": {},
     # The kernel-level mechanism off: step-boundary preemption in the queue only.
     "step-preemption-only": {"background_sched": "normal"},
@@ -51,8 +52,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # A channel kept for foreground work, on top of the defaults and alone.
     "+reserved-channel": {"reserved_channels": 1},
     "reserved-channel-only": {"background_sched": "normal", "reserved_channels": 1},
+    "idle+reserved": {"background_sched": "idle", "reserved_channels": 1},
+    # A third channel kept for foreground work: background keeps its two.
+    "3ch+reserved": {"channels": 3, "reserved_channels": 1},
     # Session threads per class: the foreground's sessions get 2 intra-op threads.
     "+fg-2-threads": {"options": {"intra_op_threads_foreground": 2}},
+    # Background models compile in the driver host (a lowered thread, the GIL shared)
+    # instead of a lowered child process (drivers/compile_worker.py).
+    "bg-compile-in-driver": {"background_compile": "thread"},
+    # The camera and the voice assistant execute the plain way (an RPC per execution)
+    # instead of through bursts.
+    "no-bursts": {"bursts": False},
     # One channel, like a small NPU (what `npu demo` configures).
     "1-channel": {"channels": 1},
 }
@@ -79,8 +89,10 @@ def main() -> int:
     t_start = time.monotonic()
     for name in names:
         managed = name != "unmanaged"
-        cfg = driver_config(**VARIANTS[name]) if managed else None
-        run = ContentionRun(name, managed, timing, models, cfg,
+        knobs = dict(VARIANTS.get(name, {}))
+        bursts = bool(knobs.pop("bursts", True))
+        cfg = driver_config(**knobs) if managed else None
+        run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
                             log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                                 file=sys.stderr, flush=True))
         results.append(run.run())

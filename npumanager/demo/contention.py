@@ -192,8 +192,10 @@ class ContentionRun:
     def __init__(self, name: str, managed: bool, timing: Timing,
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
-                 log: Any = None) -> None:
+                 log: Any = None, bursts: bool = True) -> None:
         self.name = name
+        #: Managed camera and voice execute through bursts (model.burst()).
+        self.bursts = bursts
         self.managed = managed
         self.timing = timing
         self.models = models
@@ -221,11 +223,11 @@ class ContentionRun:
             from dataclasses import replace
 
             app = replace(app, job_priority=offset[name] + app.job_priority)
-        model, managed, rt = self.models[app.model], self.managed, self.rt
+        model, managed, rt, bursts = self.models[app.model], self.managed, self.rt, self.bursts
         first_id = 1 + 100 * list(UIDS).index(name)
 
         def main(out: Outbox, commands: LineQueue) -> None:
-            bench_app_main(app, model, managed, rt, first_id, out, commands)
+            bench_app_main(app, model, managed, rt, first_id, out, commands, bursts)
 
         log_path = os.path.join(self.tmp[0], f"{name}.log")
         self.procs[name] = AppProcess(name, self.uid(name), main, self.events.add, log_path)

@@ -96,11 +96,15 @@ class OrtEngine:
 class NpuEngine:
     """Managed: ask npud, prepare under the grant, execute in the driver."""
 
-    def __init__(self, app: BenchApp, runtime_dir: str, first_id: int) -> None:
+    def __init__(self, app: BenchApp, runtime_dir: str, first_id: int,
+                 stream: bool = False) -> None:
         from npumanager import nn
         from npumanager.client import NpuManager
 
         self.app = app
+        #: Single executions at the app's own pace go through a burst (model.burst(), set
+        #: up once after prepare), as `npu demo`'s camera and voice do.
+        self.stream = stream
         self.mgr = NpuManager(runtime_dir, client_name=app.name)
         self.dev = nn.Device("reference", runtime_dir)
         self.next_id = first_id
@@ -126,11 +130,14 @@ class NpuEngine:
         listener = got[0]
         prepared = self.dev.prepare_model(model.onnx, grant=listener)
         listener.notify_model_loaded(req)
-        return req, listener, prepared
+        burst = prepared.burst() if self.stream else None
+        return req, listener, prepared, burst
 
     def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
             feedback: dict[str, str]) -> dict[str, Any]:
-        prepared = handle[2]
+        prepared, burst = handle[2], handle[3]
+        if burst is not None and steps == 1:
+            return burst.execute(inputs, job_priority=self.app.job_priority)  # type: ignore[no-any-return]
         if steps > 1:
             outs: dict[str, Any] = prepared.execute(inputs, job_priority=self.app.job_priority,
                                                     steps=steps, feedback=feedback)
@@ -139,7 +146,9 @@ class NpuEngine:
         return outs
 
     def release(self, handle: Any) -> None:
-        req, listener, prepared = handle
+        req, listener, prepared, burst = handle
+        if burst is not None:
+            burst.close()
         prepared.release()
         listener.notify_model_unloaded(req)
 
@@ -202,12 +211,16 @@ def work_loop(app: BenchApp, model: DemoModel, engine: Engine, out: Outbox,
 
 
 def bench_app_main(app: BenchApp, model: DemoModel, managed: bool, runtime_dir: str,
-                   first_id: int, out: Outbox, commands: LineQueue) -> None:
-    """Entry point in the forked child (already running as the app's uid)."""
+                   first_id: int, out: Outbox, commands: LineQueue,
+                   bursts: bool = True) -> None:
+    """Entry point in the forked child (already running as the app's uid). ``bursts``:
+    a managed app that works at its own pace (frames, bursts) executes through a burst."""
     stop = threading.Event()
     commands.start(lambda item: stop.set() if item.get("cmd") == "stop" else None)
     try:
-        engine: Engine = (NpuEngine(app, runtime_dir, first_id) if managed else OrtEngine())
+        stream = bursts and app.kind in ("frames", "bursts")
+        engine: Engine = (NpuEngine(app, runtime_dir, first_id, stream) if managed
+                          else OrtEngine())
     except Exception as exc:
         out.emit("error", what="connect", error=f"{type(exc).__name__}: {exc}")
         return

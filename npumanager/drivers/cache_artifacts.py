@@ -7,6 +7,7 @@ does not depend on the cache modules at import time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from npumanager.drivers.reference_cache import artifacts_from_onnx, session_from_artifacts
@@ -15,6 +16,7 @@ from npumanager.errors import GeneralFailure, InvalidArgument
 
 if TYPE_CHECKING:
     from npumanager.drivers.base import CompileOptions, PreparedModel
+    from npumanager.drivers.compile_worker import CompileWorker
     from npumanager.drivers.reference import OrtModel, ReferenceDriver
 
 
@@ -59,6 +61,27 @@ def reference_compile_with_artifacts(
     return model
 
 
+def reference_worker_compile(
+    driver: ReferenceDriver, worker: CompileWorker, onnx: bytes | tuple[int, int],
+    options: CompileOptions, caching: bool, max_bytes: int,
+) -> PreparedModel | None:
+    """The model compiled in ``worker`` and loaded from its blobs by the cache's loader;
+    None for what the worker does not do (JIT / multi-stage modes, a cache with the
+    weights inside the model file: loading that would parse them here, GIL held)."""
+    counts = (int(driver.n_model_cache), int(driver.n_data_cache)) if caching else (1, 1)
+    if str(driver.options.get("compile_mode", "eager")) != "eager" or min(counts) < 1:
+        return None
+    level = int(driver.session_options(options).graph_optimization_level)
+    model_blobs, data_blobs = worker.compile(
+        onnx, level=level, threads=_threads(driver, options), n_model=counts[0],
+        n_data=counts[1], max_bytes=max_bytes)
+    model = reference_load(driver, model_blobs, data_blobs, options)
+    model.cache_counts = counts
+    if caching:
+        model._cache_blobs = (model_blobs, data_blobs)  # type: ignore[attr-defined]
+    return model
+
+
 def reference_artifacts(model: OrtModel) -> tuple[list[bytes], list[bytes]]:
     """Model and data cache blobs for a model the reference driver compiled."""
     stashed = getattr(model, "_cache_blobs", None)
@@ -76,8 +99,8 @@ def reference_artifacts(model: OrtModel) -> tuple[list[bytes], list[bytes]]:
 
 def reference_load(
     driver: ReferenceDriver,
-    model_blobs: list[bytes],
-    data_blobs: list[bytes],
+    model_blobs: Sequence[bytes],
+    data_blobs: Sequence[bytes | memoryview],
     options: CompileOptions,
 ) -> OrtModel:
     """An OrtModel from verified cache blobs."""
@@ -155,4 +178,5 @@ __all__ = [
     "reference_compile_with_artifacts",
     "reference_load",
     "reference_staged",
+    "reference_worker_compile",
 ]

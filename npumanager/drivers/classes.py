@@ -16,8 +16,21 @@ and the shell (:mod:`.steps`, :mod:`.prepare`) applies it:
   foreground job then starts at once instead of waiting for a background step
   to end.
 * Sessions are compiled with an intra-op thread count chosen per class, and a
-  background model's compile runs on a background thread too (loading a
-  background model must not steal the foreground's core).
+  background model's compile runs in a lowered child process
+  (:mod:`.compile_worker`, ``background_compile = "process"``), not on a
+  lowered thread of the host: a thread still runs its Python (protobuf parsing
+  of the model, copies of its weights) under the host's GIL, and a lowered
+  thread holding the GIL while the kernel runs the camera instead is a
+  priority inversion for the burst thread that serves the camera's next frame.
+
+Measured (bench/contention.py, full phases, one run, 2 vCPUs, same-run
+baseline; camera p50 / p99 / max in ms while a background model loads again
+and again): compile in a child process 3.0 / 11.4 / 23.4, 0 of 232 frames
+late; on a lowered thread of the host 3.8 / 36.1 / 53.5, 5 of 216 late (py-spy
+--gil: the compile path's share of GIL samples fell from 148 to 13 in 6 s).
+The price: a background load takes longer (p50 387 ms vs 174 ms: the child
+runs at the background's priority and ships the weights back), and the
+child's RSS while it lives.
 
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a

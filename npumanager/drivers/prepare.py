@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check_prepared_model
 from npumanager.drivers.cache_store import DriverCache
+from npumanager.drivers.compile_worker import CompileWorker
 from npumanager.drivers.external_data import bind, sent_files
 from npumanager.drivers.fleet_tier import open_tier
 from npumanager.drivers.staged import CacheRewriter
@@ -58,6 +60,9 @@ def _read_memfd(fd: int, size: int, limit: int) -> bytes:
 class Preparer:
     def __init__(self, hc: HostConfig, driver: Driver, cache_counts: tuple[int, int],
                  state_dir: Path) -> None:
+        if hc.background_compile not in ("process", "thread"):
+            raise ValueError(f"background_compile must be 'process' or 'thread', not "
+                             f"{hc.background_compile!r}")
         self.hc = hc
         self.driver = driver
         self.cache_counts = cache_counts
@@ -70,6 +75,13 @@ class Preparer:
         if hc.background_sched != "normal":
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
                                                    hc.background_sched, hc.background_nice)
+        #: BACKGROUND models a driver can compile elsewhere (``compile_in_worker``) compile
+        #: in a lowered child process, off this process's GIL (drivers/compile_worker.py).
+        self.worker: CompileWorker | None = None
+        self._worker_hook: Callable[..., PreparedModel | None] | None = getattr(
+            driver, "compile_in_worker", None)
+        if hc.background_compile == "process" and self._worker_hook is not None:
+            self.worker = CompileWorker(hc.name, hc.background_sched, hc.background_nice)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first
@@ -80,6 +92,8 @@ class Preparer:
         self.compile_pool.shutdown(wait=True, cancel_futures=True)
         if self.bg_compile_pool is not self.compile_pool:
             self.bg_compile_pool.shutdown(wait=True, cancel_futures=True)
+        if self.worker is not None:
+            self.worker.close()
         if self.fleet is not None:
             self.fleet.close()
         if self._cache is not None:
@@ -132,6 +146,25 @@ class Preparer:
         n_cache = msg.n_model_cache + msg.n_data_cache
         n_memfd = 1 if msg.onnx_in_memfd else 0
         files = sent_files(list(msg.external_locations), fds[n_cache + n_memfd :])
+        caching = self._caching(msg)
+        if background and self.worker is not None and not files and self.fleet is None:
+            # The worker reads, checks and compiles the model; nothing of it runs on this
+            # process's GIL (drivers/compile_worker.py). The client's memfd goes on as is.
+            if msg.onnx_in_memfd and msg.onnx_size > self.hc.max_model_bytes:
+                raise InvalidArgument(f"model of {msg.onnx_size} bytes exceeds the driver's "
+                                      f"limit of {self.hc.max_model_bytes}")
+            source: bytes | tuple[int, int] = (
+                (fds[n_cache], msg.onnx_size) if msg.onnx_in_memfd else msg.onnx)
+            if not msg.onnx_in_memfd and not source:
+                raise InvalidArgument("prepare_model needs the model's ONNX bytes")
+            opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
+                                  background=True)
+            worker, hook = self.worker, self._worker_hook
+            assert hook is not None
+            prepared = await loop.run_in_executor(
+                pool, lambda: hook(worker, source, opts, caching, self.hc.max_model_bytes))
+            if prepared is not None:
+                return await self._finish(prepared, msg, fds, uid, caching)
         if msg.onnx_in_memfd:
             onnx = await loop.run_in_executor(
                 self.compile_pool, _read_memfd, fds[n_cache], msg.onnx_size,
@@ -148,7 +181,6 @@ class Preparer:
                 accepts=type(self.driver).accepts_external_data, driver=self.hc.name))
         opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
                               external_data=external, background=background)
-        caching = self._caching(msg)
         # The local cache missed: a builder may have published it. Not for a model with
         # external data: the fleet key hashes the model bytes, which do not cover it.
         if self.fleet is not None and not external:
@@ -161,7 +193,13 @@ class Preparer:
                 return Prepared(hit[0], from_cache=True, cache_written=written, from_fleet=True)
         # A driver may produce its cache artifacts in the same compile (optional hook).
         compile_fn = getattr(self.driver, "compile_with_artifacts", None) if caching else None
-        prepared = await loop.run_in_executor(pool, compile_fn or self.driver.compile, onnx, opts)
+        compiled = await loop.run_in_executor(pool, compile_fn or self.driver.compile, onnx, opts)
+        return await self._finish(compiled, msg, fds, uid, caching)
+
+    async def _finish(self, prepared: PreparedModel, msg: pb.PrepareModel, fds: list[int],
+                      uid: int, caching: bool) -> Prepared:
+        """Check what the driver compiled; write the cache files when asked."""
+        loop = asyncio.get_running_loop()
         try:
             check_prepared_model(self.hc.name, prepared)
         except DriverRefused as exc:

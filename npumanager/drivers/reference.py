@@ -266,6 +266,16 @@ class ReferenceDriver(Driver):
 
         return cache_artifacts.reference_compile_with_artifacts(self, onnx_bytes, options)
 
+    def compile_in_worker(self, worker: Any, onnx: bytes | tuple[int, int],
+                          options: CompileOptions,
+                          caching: bool, max_bytes: int) -> PreparedModel | None:
+        """Compile in the host's compile worker (drivers/compile_worker.py) and load the
+        result as a cache entry; None where only this process can compile it."""
+        from npumanager.drivers import cache_artifacts
+
+        return cache_artifacts.reference_worker_compile(self, worker, onnx, options, caching,
+                                                        max_bytes)
+
     def load_artifacts(
         self, model_blobs: list[bytes], data_blobs: list[bytes], options: CompileOptions
     ) -> PreparedModel:

@@ -74,7 +74,7 @@ def _split(blob: bytes, n: int) -> list[bytes]:
     return [blob[i * step : (i + 1) * step] for i in range(n)]
 
 
-def _join(blobs: Sequence[bytes]) -> bytes:
+def _join(blobs: Sequence[bytes | memoryview]) -> bytes | memoryview:
     return blobs[0] if len(blobs) == 1 else b"".join(blobs)
 
 
@@ -179,7 +179,8 @@ def check_external_refs(model: Any, data_len: int) -> int:
 
 
 def session_from_artifacts(
-    model_blobs: Sequence[bytes], data_blobs: Sequence[bytes], *, intra_op_threads: int = 1
+    model_blobs: Sequence[bytes], data_blobs: Sequence[bytes | memoryview], *,
+    intra_op_threads: int = 1
 ) -> Any:
     """An InferenceSession from verified cache blobs; GeneralFailure if they do not load."""
     import onnx
@@ -188,7 +189,7 @@ def session_from_artifacts(
 
     if not model_blobs:
         raise GeneralFailure("no model cache")
-    model_bytes = _join(model_blobs)
+    model_bytes = bytes(_join(model_blobs))  # small (the weights are in the data blobs)
     data = _join(data_blobs) if data_blobs else b""
     model = onnx.ModelProto()
     try:

@@ -52,6 +52,10 @@ class HostConfig:
     reserved_channels: int = 0
     background_sched: str = "nice"
     background_nice: int = 10
+    #: Where a BACKGROUND model compiles when the driver can hand it off
+    #: (drivers/compile_worker.py): "process" (a lowered child process, off the driver's
+    #: GIL) or "thread" (a lowered thread of the driver host).
+    background_compile: str = "process"
     options: dict[str, Any] = field(default_factory=dict)
     #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what
     #: ``WorkInfo.device_number`` says, so npud charges work to the right device.
@@ -100,6 +104,7 @@ class HostConfig:
             reserved_channels=int(d.get("reserved_channels", 0)),
             background_sched=str(d.get("background_sched", "nice")),
             background_nice=int(d.get("background_nice", 10)),
+            background_compile=str(d.get("background_compile", "process")),
             options=dict(d.get("options", {})),
             device_number=number,
             fleet=dict(cfg.section("fleet")),

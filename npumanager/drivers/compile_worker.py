@@ -1,0 +1,322 @@
+"""Background compiles in a process of their own, at the background's priority.
+
+Why a process and not a lowered thread: a BACKGROUND model's compile on the
+driver's own (SCHED_IDLE or niced) thread still runs Python, and Python holds
+the GIL. Compiling the contention bench's 32 MiB LLM step model in the driver
+parses the ONNX protobuf twice (the external-data check and ONNX Runtime's
+binding: about 17 ms each, GIL held throughout) before ONNX Runtime optimizes
+it; a lowered thread that holds the GIL and is then preempted by the camera's
+own process is a priority inversion: the thread that serves the camera's next
+execution (a burst thread, the event loop) waits for a thread the kernel is
+not running. Measured with bench/contention.py (camera p99 while a background
+model loads: 11.4 ms here against 36.1 ms on a lowered thread of the host, the
+same run): :mod:`.classes` has the numbers.
+
+So a BACKGROUND prepare of a self-contained ONNX model (no external data files
+sent, eager compile) goes to :class:`CompileWorker`: a child process of the
+driver host, started on first use, lowered as a whole (SCHED_IDLE or nice, the
+host's ``background_sched``), which parses, checks (no external-data reference:
+it has no files), optimizes with ONNX Runtime and writes the optimized model
+exactly as the compilation cache stores it (``optimized_model_filepath``,
+weights in a separate blob: :func:`~.reference_cache.compile_with_artifacts`).
+The driver then loads those blobs through the cache's loader
+(:func:`~.reference_cache.session_from_artifacts`): a small protobuf, weights
+handed over from memory, graph optimizations off. The driver never reads the
+client's model memfd (it goes on to the worker as it came) and reads the
+weights back with ``preadv`` into fresh memory: no copy of them under the GIL.
+
+Security: the worker runs as the driver host's (unprivileged) user, inherits
+its no-new-privileges and empty working dir, opens nothing an app named (it
+gets the model's bytes in a memfd and has no files to resolve references
+against: any reference is an InvalidArgument, as :func:`~.external_data.bind`
+says), and the driver treats what it returns like cache bytes: the same loader
+that refuses external-data references other than its own blob and parses only
+protobuf. A worker that dies mid-compile is a GeneralFailure for that prepare
+(not retried: the same bytes would kill the next one too); a worker that is
+found dead before a request is started again.
+
+Wire (a SOCK_SEQPACKET socketpair, one request at a time): request = JSON
+``{"size", "level", "threads", "n_model", "n_data", "max_bytes"}`` plus a memfd
+of the ONNX bytes; a receipt (one byte) at once; then the reply = JSON
+``{"ok": true, "model": [lens], "data": [lens]}`` plus one memfd with the model
+blobs then the data blobs, or ``{"ok": false, "type": "InvalidArgument" |
+"GeneralFailure", "error": text}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from npumanager.errors import GeneralFailure, InvalidArgument
+
+log = logging.getLogger("npumanager.drivers.compile_worker")
+
+_MAX_MSG = 1 << 16
+#: The worker's first answer to a request: it has it (a hang-up after this is its death
+#: during the compile, not before).
+_RECEIPT = b"R"
+
+
+def _read_fd(fd: int, offset: int, size: int, what: str) -> memoryview:
+    """``size`` bytes of ``fd`` from ``offset``, read by the kernel straight into fresh
+    memory (``preadv`` into an uninitialized numpy buffer): the GIL is released for the
+    whole copy, and Python copies nothing. (A 32 MiB model read into ``bytes`` chunks and
+    joined held the GIL for milliseconds: py-spy --gil showed it as the driver's main GIL
+    holder while a background model loaded.) GeneralFailure on a short read."""
+    buf = np.empty(size, np.uint8)
+    view = memoryview(buf.data)
+    pos = 0
+    while pos < size:
+        n = os.preadv(fd, [view[pos:pos + (64 << 20)]], offset + pos)
+        if n <= 0:
+            raise GeneralFailure(f"{what} holds {pos} bytes, not {size}")
+        pos += n
+    return view
+
+
+def _memfd_with(parts: list[bytes], name: str) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        for part in parts:
+            view = memoryview(part)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class CompileWorker:
+    """The driver's side: one child process, started on first use, one compile at a time.
+
+    ``sched``/``nice``: how the child lowers itself (:func:`~.steps.lower_this_thread`'s
+    meanings, for the whole process)."""
+
+    def __init__(self, name: str, sched: str, nice: int) -> None:
+        self.name = name
+        self.sched = sched
+        self.nice = nice
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self.started = 0  # children started so far (tests, stats)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            argv = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m",
+                    "npumanager.drivers.compile_worker", str(child.fileno()), self.sched,
+                    str(self.nice)]
+            self._proc = subprocess.Popen(argv, pass_fds=[child.fileno()],
+                                          stdin=subprocess.DEVNULL, close_fds=True)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self._sock = parent
+        self.started += 1
+
+    def _stop(self) -> None:
+        sock, proc, self._sock, self._proc = self._sock, self._proc, None, None
+        if sock is not None:
+            sock.close()  # the child reads EOF and exits
+        if proc is not None:
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def compile(self, onnx: bytes | tuple[int, int], *, level: int, threads: int,
+                n_model: int, n_data: int, max_bytes: int
+                ) -> tuple[list[bytes], list[memoryview]]:
+        """The cache blobs (model, data) of ``onnx`` compiled at ``level`` in the worker.
+        ``onnx``: the bytes, or (fd, size) of the memfd the client sent them in (passed
+        on: the driver never reads it). InvalidArgument for a model ONNX Runtime refuses
+        (or one with external data), GeneralFailure if the worker died."""
+        if isinstance(onnx, tuple):
+            fd, size, own = onnx[0], onnx[1], False
+        else:
+            fd, size, own = _memfd_with([onnx], "npu-compile-in"), len(onnx), True
+        req = json.dumps({"size": size, "level": level, "threads": threads,
+                          "n_model": n_model, "n_data": n_data,
+                          "max_bytes": max_bytes}).encode()
+        try:
+            with self._lock:
+                return self._call(req, fd)
+        finally:
+            if own:
+                os.close(fd)
+
+    def _send(self, req: bytes, fd: int) -> socket.socket:
+        """Send the request and wait for the worker's receipt, starting the worker first
+        if there is none. A worker found dead (the send fails, or it hangs up before its
+        receipt: it never saw the request) is started again, once."""
+        for attempt in (0, 1):
+            if self._sock is None:
+                self._start()
+            sock = self._sock
+            assert sock is not None
+            try:
+                socket.send_fds(sock, [req], [fd])
+                if sock.recv(16) == _RECEIPT:
+                    return sock
+                err = "it hung up"
+            except OSError as exc:
+                err = str(exc)
+            self._stop()
+            if attempt:
+                raise GeneralFailure(f"the compile worker cannot be reached: {err}")
+        raise AssertionError("unreachable")
+
+    def _call(self, req: bytes, fd: int) -> tuple[list[bytes], list[memoryview]]:
+        sock = self._send(req, fd)
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 1)
+        except OSError as exc:
+            data, fds = b"", []
+            log.warning("%s: compile worker: %s", self.name, exc)
+        try:
+            if not data:
+                code = self._proc.poll() if self._proc is not None else None
+                self._stop()
+                raise GeneralFailure(f"the compile worker exited during the compile "
+                                     f"(status {code})")
+            reply = json.loads(data)
+            if not reply.get("ok"):
+                kind = InvalidArgument if reply.get("type") == "InvalidArgument" else (
+                    GeneralFailure)
+                raise kind(str(reply.get("error", "the compile worker failed")))
+            if len(fds) != 1:
+                raise GeneralFailure("the compile worker sent no artifacts")
+            model_lens = [int(n) for n in reply["model"]]
+            data_lens = [int(n) for n in reply["data"]]
+            if min([*model_lens, *data_lens, 0]) < 0:
+                raise GeneralFailure("the compile worker sent a negative length")
+            # The model blobs (a graph with weight offsets: small) as bytes, the data
+            # blobs (the weights) as views of one buffer: no Python copy of the weights.
+            pos, model_blobs = 0, []
+            weights: memoryview
+            for n in model_lens:
+                model_blobs.append(os.pread(fds[0], n, pos) if n else b"")
+                if len(model_blobs[-1]) != n:
+                    raise GeneralFailure("the compile worker's artifacts are short")
+                pos += n
+            weights = _read_fd(fds[0], pos, sum(data_lens), "the compile worker's artifacts")
+        finally:
+            for f in fds:
+                os.close(f)
+        data_blobs, pos = [], 0
+        for n in data_lens:
+            data_blobs.append(weights[pos:pos + n])
+            pos += n
+        return model_blobs, data_blobs
+
+
+# --- the child ----------------------------------------------------------------------------
+
+
+def _lower_process(sched: str, nice: int) -> None:
+    """Lower every thread this process will have (ONNX Runtime's inherit it)."""
+    try:
+        if sched == "idle":
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif sched == "nice":
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (OSError, AttributeError) as exc:
+        print(f"compile worker stays at normal priority: {exc}", file=sys.stderr)
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _serve_one(req: dict[str, Any], fd: int) -> tuple[dict[str, Any], int | None]:
+    from npumanager.drivers.external_data import bind
+    from npumanager.drivers.reference_cache import compile_with_artifacts
+
+    size, max_bytes = int(req["size"]), int(req["max_bytes"])
+    if size > max_bytes:
+        raise InvalidArgument(f"model of {size} bytes exceeds the driver's limit of "
+                              f"{max_bytes}")
+    onnx = bytes(_read_fd(fd, 0, size, "the model's memfd"))
+    # No files: any external-data reference is refused, never looked for.
+    onnx, _ = bind(onnx, {}, max_bytes=max_bytes)
+    _, model_blobs, data_blobs = compile_with_artifacts(
+        onnx, int(req["level"]), int(req["n_model"]), int(req["n_data"]),
+        intra_op_threads=int(req["threads"]))
+    out = _memfd_with([*model_blobs, *data_blobs], "npu-compile-out")
+    return {"ok": True, "model": [len(b) for b in model_blobs],
+            "data": [len(b) for b in data_blobs]}, out
+
+
+def main(argv: list[str]) -> int:
+    sock_fd, sched, nice = int(argv[0]), argv[1], int(argv[2])
+    _die_with_parent()
+    _lower_process(sched, nice)
+    sock = socket.socket(fileno=sock_fd)
+    import onnxruntime  # noqa: F401  # imported once, before the first request, lowered
+
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 1)
+        except OSError:
+            return 0
+        if not data:
+            return 0  # the driver closed its end
+        try:
+            sock.send(_RECEIPT)
+        except OSError:
+            return 0
+        out: int | None = None
+        try:
+            if len(fds) != 1:
+                raise InvalidArgument("a compile request carries one memfd")
+            reply, out = _serve_one(json.loads(data), fds[0])
+        except InvalidArgument as exc:
+            reply = {"ok": False, "type": "InvalidArgument", "error": str(exc)}
+        except Exception as exc:
+            reply = {"ok": False, "type": "GeneralFailure",
+                     "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for f in fds:
+                os.close(f)
+        try:
+            socket.send_fds(sock, [json.dumps(reply).encode()], [out] if out is not None else [])
+        except OSError:
+            return 0
+        finally:
+            if out is not None:
+                os.close(out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""A BACKGROUND model compiles in the host's compile worker (drivers/compile_worker.py):
+a real child process at the background's priority, real ONNX Runtime on both sides.
+What the foreground gains is measured by bench/contention.py, not here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npumanager.drivers.prepare import Prepared, Preparer
+from npumanager.drivers.reference import ReferenceDriver
+from npumanager.errors import InvalidArgument
+from npumanager.hal.host_config import HostConfig
+from npumanager.proto.v1 import driver_pb2 as pb
+
+
+def mlp(dim: int = 64, seed: int = 0, external: bool = False) -> bytes:
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((dim, dim)).astype(np.float32), "w")
+    if external:
+        w.data_location = TensorProto.EXTERNAL
+        w.ClearField("raw_data")  # its bytes in a file the app names
+        for key, value in (("location", "../../etc/weights.bin"), ("offset", "0")):
+            entry = w.external_data.add()
+            entry.key, entry.value = key, value
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, dim])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def in_process(onnx: bytes, x: np.ndarray) -> np.ndarray:
+    s = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+    return np.asarray(s.run(["y"], {"x": x})[0])
+
+
+@pytest.fixture
+def preparer(tmp_path: Path) -> Iterator[Preparer]:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    hc = HostConfig("reference", background_sched="idle")
+    driver = ReferenceDriver({})
+    p = Preparer(hc, driver, driver.get_number_of_cache_files_needed(), state)
+    yield p
+    p.close()
+
+
+def prepare(p: Preparer, onnx: bytes, *, background: bool = True,
+            fds: list[int] | None = None, token: bytes = b"") -> Prepared:
+    msg = pb.PrepareModel(onnx=onnx, preference=1, priority=100, token=token,
+                          n_model_cache=1 if token else 0, n_data_cache=1 if token else 0)
+    p.check_prepare(msg, fds or [])
+    return asyncio.run(p.prepare_model(msg, fds or [], os.getuid(), background=background))
+
+
+def wait_dead(pid: int) -> None:
+    """Until the killed child's main thread is a zombie (its other threads may still be
+    on their way out: the driver must cope with either)."""
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rpartition(")")[2].split()[0] == "Z":
+                return
+        time.sleep(0.01)
+
+
+def policy(pid: int) -> int:
+    return os.sched_getscheduler(pid)
+
+
+def test_a_background_model_compiles_in_a_lowered_process_with_the_same_outputs(
+        preparer: Preparer) -> None:
+    onnx = mlp()
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    done = prepare(preparer, onnx)
+    worker = preparer.worker
+    assert worker is not None and worker.pid is not None and worker.started == 1
+    assert worker.pid != os.getpid()
+    assert policy(worker.pid) == os.SCHED_IDLE
+    got = done.model.run({"x": x})["y"]
+    np.testing.assert_allclose(got, in_process(onnx, x), rtol=1e-5, atol=1e-6)
+    assert done.model.memory_bytes >= 64 * 64 * 4
+    # A second background model reuses the worker.
+    prepare(preparer, mlp(seed=2))
+    assert worker.started == 1
+
+
+def test_a_foreground_model_compiles_in_the_driver(preparer: Preparer) -> None:
+    prepare(preparer, mlp(), background=False)
+    assert preparer.worker is not None and preparer.worker.started == 0
+
+
+def test_bad_bytes_and_paths_in_a_model_are_typed_errors_and_the_worker_serves_on(
+        preparer: Preparer) -> None:
+    with pytest.raises(InvalidArgument, match="ONNX Runtime cannot prepare"):
+        prepare(preparer, b"\x08\x07 not an onnx model")
+    # A path inside the model: refused naming it, never opened (the worker has no files).
+    with pytest.raises(InvalidArgument, match=r"'w' refers to external data '\.\./\.\./etc"):
+        prepare(preparer, mlp(external=True))
+    x = np.ones((2, 64), np.float32)
+    onnx = mlp(seed=3)
+    np.testing.assert_allclose(prepare(preparer, onnx).model.run({"x": x})["y"],
+                               in_process(onnx, x), rtol=1e-5, atol=1e-6)
+    assert preparer.worker is not None and preparer.worker.started == 1
+
+
+def test_a_worker_found_dead_is_started_again(preparer: Preparer) -> None:
+    prepare(preparer, mlp())
+    worker = preparer.worker
+    assert worker is not None and worker.pid is not None
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_dead(worker.pid)
+    x = np.ones((2, 64), np.float32)
+    onnx = mlp(seed=4)
+    np.testing.assert_allclose(prepare(preparer, onnx).model.run({"x": x})["y"],
+                               in_process(onnx, x), rtol=1e-5, atol=1e-6)
+    assert worker.started == 2
+
+
+def test_the_workers_artifacts_are_the_cache_entry(preparer: Preparer) -> None:
+    onnx, token = mlp(seed=5), bytes(range(32))
+    fds = [os.memfd_create("model-cache"), os.memfd_create("data-cache")]
+    try:
+        done = prepare(preparer, onnx, fds=fds, token=token)
+        assert done.cache_written and preparer.worker is not None
+        assert preparer.worker.started == 1
+        msg = pb.PrepareModelFromCache(token=token, n_model_cache=1, n_data_cache=1,
+                                       preference=1, priority=100)
+        again = asyncio.run(preparer.prepare_from_cache(msg, fds, os.getuid()))
+        x = np.ones((2, 64), np.float32)
+        np.testing.assert_allclose(again.model.run({"x": x})["y"], in_process(onnx, x),
+                                   rtol=1e-5, atol=1e-6)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_background_compile_thread_keeps_the_compile_in_the_driver(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    driver = ReferenceDriver({})
+    p = Preparer(HostConfig("reference", background_compile="thread"), driver,
+                 driver.get_number_of_cache_files_needed(), state)
+    try:
+        assert p.worker is None
+        prepare(p, mlp())
+    finally:
+        p.close()
+    with pytest.raises(ValueError, match="background_compile"):
+        Preparer(HostConfig("reference", background_compile="fork"), driver, (1, 1), state)
