@@ -75,7 +75,16 @@ def reference_worker_compile(
     model_blobs, data_blobs = worker.compile(
         onnx, level=level, threads=_threads(driver, options), n_model=counts[0],
         n_data=counts[1], max_bytes=max_bytes)
-    model = reference_load(driver, model_blobs, data_blobs, options)
+    try:
+        model = reference_load(driver, model_blobs, data_blobs, options)
+    except GeneralFailure as exc:
+        # What the worker wrote does not load here (an ONNX Runtime limit on optimized
+        # models): compile in this process, as without a worker.
+        import logging
+
+        logging.getLogger("npumanager.drivers.reference").warning(
+            "the compile worker's model does not load (%s); compiling in the host", exc)
+        return None
     model.cache_counts = counts
     if caching:
         model._cache_blobs = (model_blobs, data_blobs)  # type: ignore[attr-defined]

@@ -65,6 +65,10 @@ _MAX_MSG = 1 << 16
 #: The worker's first answer to a request: it has it (a hang-up after this is its death
 #: during the compile, not before).
 _RECEIPT = b"R"
+#: Initializers below this stay inside the model blob: shape tensors (a Reshape's shape,
+#: a Slice's starts) given from memory defeat ONNX Runtime's shape inference when it
+#: loads the blob ("Cannot parse data from external tensors"); weights are far larger.
+MIN_EXTERNAL_BYTES = 1024
 
 
 def _read_fd(fd: int, offset: int, size: int, what: str) -> memoryview:
@@ -272,7 +276,7 @@ def _serve_one(req: dict[str, Any], fd: int) -> tuple[dict[str, Any], int | None
     onnx, _ = bind(onnx, {}, max_bytes=max_bytes)
     _, model_blobs, data_blobs = compile_with_artifacts(
         onnx, int(req["level"]), int(req["n_model"]), int(req["n_data"]),
-        intra_op_threads=int(req["threads"]))
+        intra_op_threads=int(req["threads"]), min_external_bytes=MIN_EXTERNAL_BYTES)
     out = _memfd_with([*model_blobs, *data_blobs], "npu-compile-out")
     return {"ok": True, "model": [len(b) for b in model_blobs],
             "data": [len(b) for b in data_blobs]}, out

@@ -110,10 +110,13 @@ def compile_with_artifacts(
     *,
     intra_op_threads: int = 1,
     binding: OrtBinding | None = None,
+    min_external_bytes: int = 0,
 ) -> tuple[Any, list[bytes], list[bytes]]:
     """Compile ``onnx_bytes`` once; the session and its model/data cache blobs.
     ``binding``: the model's external data (:mod:`.reference_external`; it then holds the
-    bytes to compile), which the data cache gets like every other initializer."""
+    bytes to compile), which the data cache gets like every other initializer.
+    ``min_external_bytes``: initializers smaller than this stay in the model blob (ONNX
+    Runtime cannot infer shapes from a Reshape's shape tensor given from memory)."""
     import onnxruntime as ort
 
     if n_model < 1 or n_data < 0:
@@ -131,7 +134,8 @@ def compile_with_artifacts(
                 "session.optimized_model_external_initializers_file_name", DATA_NAME
             )
             so.add_session_config_entry(
-                "session.optimized_model_external_initializers_min_size_in_bytes", "0"
+                "session.optimized_model_external_initializers_min_size_in_bytes",
+                str(min_external_bytes)
             )
         try:
             session = ort.InferenceSession(

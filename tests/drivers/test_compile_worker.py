@@ -159,3 +159,21 @@ def test_background_compile_thread_keeps_the_compile_in_the_driver(tmp_path: Pat
         p.close()
     with pytest.raises(ValueError, match="background_compile"):
         Preparer(HostConfig("reference", background_compile="fork"), driver, (1, 1), state)
+
+
+def test_a_model_with_a_shape_tensor_loads_from_the_workers_artifacts(
+        preparer: Preparer, caplog: pytest.LogCaptureFixture) -> None:
+    # A Reshape's shape as an initializer: kept in the model blob, or ONNX Runtime cannot
+    # infer shapes when the host loads it.
+    shape = numpy_helper.from_array(np.array([4, 32], np.int64), "shape")
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])],
+                          [shape])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.arange(128, dtype=np.float32).reshape(2, 64)
+    got = prepare(preparer, model.SerializeToString()).model.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, x.reshape(4, 32))
+    assert preparer.worker is not None and preparer.worker.started == 1
+    assert "does not load" not in caplog.text  # no fallback to a compile in the host
