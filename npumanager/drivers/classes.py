@@ -32,6 +32,38 @@ The price: a background load takes longer (p50 387 ms vs 174 ms: the child
 runs at the background's priority and ships the weights back), and the
 child's RSS while it lives.
 
+What each mechanism bought, measured (bench/contention.py --quick, one run of
+nine, 2 vCPUs under the bench lock, 2026-12-01; camera p50 / p99 ms with
+voice + LLM + embedder, then p99 while a background model loads; LLM tokens/s
+and embedder items/s; the unmanaged baseline of the same run: 0.4 / 4.5,
+16.5; 109 and 5083):
+
+=========================  ===========  =======  =====  ======
+run                        contended    loading  LLM    embed
+=========================  ===========  =======  =====  ======
+defaults (nice 10, 2 ch)   3.2 / 10.0   13.8     187    2493
+background threads normal  3.5 / 11.6   13.0     192    2476
+background SCHED_IDLE      2.7 / 7.8    13.4     200    2553
++1 reserved of 2 channels  2.6 / 5.2    7.5      160    1284
+3 channels, 1 reserved     1.8 / 6.8    8.8      200    2609
+compile on a host thread   3.2 / 10.0   39.7     157    2519
+foreground 2 ORT threads   4.0 / 43.2   46.0     93     1775
+=========================  ===========  =======  =====  ======
+
+So: compiling background models in a child process is kept on by default (its
+row is the only one that moves the loading column by 3x, in every run: 36.1 vs
+11.4 ms p99 in a full-length run). Lowered background threads (nice or
+SCHED_IDLE) are kept but buy little on this machine (SCHED_IDLE against nice
+10 went either way in two runs): CFS already wakes a mostly sleeping camera
+promptly. A reserved channel halves the camera's wait
+behind background steps but, taken from 2 channels, halves the embedder;
+taken as a third channel (``channels = 3``, ``reserved_channels = 1``) it keeps
+background throughput: the best row, left as configuration, not a default.
+Two intra-op threads for the foreground on 2 cores are harmful (the camera's
+threads then fight each other and the background) and stay off. Single quick
+runs vary by about 2x in p99 on this VM: the compile row held in three runs
+(one full-length), the reserved-channel, 3-channel and 2-thread rows in two.
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context); the thread priorities map onto the backend's own
