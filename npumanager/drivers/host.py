@@ -248,6 +248,11 @@ class DriverHost:
             channels, busy, queued = self.state.load()
             grants = self.state.held_grants()
             orphaned = self.state.orphaned_at
+            # The caller's own place in the scheduling table (only its own: another uid's
+            # importance is not its business), so an app can see why it runs as it does.
+            mine = self.state.config(ctx.peer.uid)
+            me = {"uid": ctx.peer.uid, "app_priority": mine.app_priority,
+                  "class": self.state.model_class(ctx.peer.uid).value}
             # What each model's backend was told (OpenVINO: the priority variants made
             # for the jobs' bands, their knobs read back, their threads' nice value).
             backend: dict[str, dict[str, Any]] = {}
@@ -265,6 +270,7 @@ class DriverHost:
                            "orphaned_s": None if orphaned is None
                            else round(self.clock.now() - orphaned, 3),
                            "backend": backend,
+                           "caller": me,
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:

@@ -31,6 +31,7 @@ from npumanager.hal.types import SchedulingConfig
 from npumanager.service import events as ev
 from npumanager.service.apps import AppEntry, AppTable
 from npumanager.service.importance import ProcessImportance
+from npumanager.service.policy import ROOT_IMPORTANCE
 from npumanager.thermal.monitor import ThermalMonitor
 
 if TYPE_CHECKING:
@@ -74,6 +75,12 @@ class Integrations:
             self.d.drivers.set_scheduling_configs(list(self.apps.scheduling_table()))
             for key, importance in self.apps.importances().items():
                 self._feed_importance(key, importance, "app-config")
+        # npud ranks root's requests as foreground (ManagerState.importance): the drivers
+        # must run root's work the same way. Without an entry root was an unknown uid to
+        # them (priority 1000: BACKGROUND class, lowered threads, compiled off-process).
+        if self.apps is None or all(c.uid != 0 for c in self.apps.scheduling_table()):
+            self.d.drivers.update_scheduling_configs(
+                [SchedulingConfig(uid=0, app_priority=ROOT_IMPORTANCE)])
         section = cfg.section("thermal")
         self.thermal = ThermalMonitor(section, self.d.clock, self.d.drivers.temperatures)
         known = [x.name for x in self.d.drivers.devices()]
