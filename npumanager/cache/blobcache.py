@@ -17,7 +17,8 @@ Behaviour follows nnCache (``frameworks/ml/nn/driver/cache``):
   device version 1, the entry count and the build id; entries (key size, value
   size, key, value, zero padding to 4 bytes) sorted by key length then bytes.
   A file from another build id or format version loads as an empty cache (no
-  error); a corrupted or oversized (> 2 x max_total_size) file too.
+  error); a corrupted or oversized file too (larger than a save of a full
+  cache could write; Android uses 2 x max_total_size, which that can exceed).
 - Persistence: loaded lazily on first use; the first ``set`` after a save
   schedules one save ``save_delay_s`` later (driven by a :class:`Scheduler`, so
   tests use a virtual clock); ``close`` saves. Saves are atomic: a temp file is
@@ -402,6 +403,17 @@ class BlobCache:
             off += total
         return True
 
+    def _max_file_size(self) -> int:
+        """The largest file a save can write. Android refuses a file over 2 x
+        max_total_size, but a full cache of many tiny entries flattens to more than that
+        (each entry has a 2 x size_t header and padding; an entry holds at least 2 bytes):
+        its own save could write a file its load then ignored (found by
+        tests/cache/test_blobcache_props.py: 10 entries, 85 bytes, a 404-byte file)."""
+        most_entries = self.max_total_size // 2
+        flattened = (FILE_HEADER_SIZE + _align4(_HEADER_SIZE + PROPERTY_VALUE_MAX)
+                     + self.max_total_size + most_entries * (_ENTRY.size + 3))
+        return max(2 * self.max_total_size, flattened)
+
     def _ensure_loaded(self) -> None:
         if self._loaded:
             return
@@ -411,7 +423,7 @@ class BlobCache:
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size > 2 * self.max_total_size:
+                if size > self._max_file_size():
                     log.warning("blob cache %s is too large (%d bytes); ignored", self.path, size)
                     return
                 data = f.read()

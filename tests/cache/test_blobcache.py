@@ -245,8 +245,9 @@ def test_corrupted_file_is_an_empty_cache(tmp_path: Path, where: str) -> None:
 
 
 def test_oversized_file_is_ignored(tmp_path: Path) -> None:
+    # ~1.1 KiB: more than any save of a 20-byte cache writes (334 bytes at most).
     populated(tmp_path / "cache").close()
-    c = BlobCache(tmp_path / "cache", 12 * KIB, 64 * KIB, 200, build_id="BUILD.1")
+    c = BlobCache(tmp_path / "cache", 12 * KIB, 64 * KIB, 20, build_id="BUILD.1")
     assert len(c) == 0
 
 
@@ -290,3 +291,17 @@ def test_lazy_load(tmp_path: Path) -> None:
 def test_build_id_length_bound() -> None:
     with pytest.raises(InvalidArgument):
         BlobCache(None, 1, 1, 1, build_id="x" * 92)
+
+
+def test_a_full_cache_of_tiny_entries_loads_again(tmp_path: Path) -> None:
+    # 10 entries, 85 bytes of keys and values flatten to a 404-byte file: more than
+    # Android's 2 x max_total_size (400). The cache's own save must load again.
+    p = tmp_path / "cache"
+    c = BlobCache(p, 5, 30, 200, ("random", "halve"), build_id="b", seed=1)
+    for i in range(10):
+        c.set(bytes([i]) * (1 + i % 4), b"\x00" * (1 + 3 * i))
+    before = {k: c.get(k) for k in c}
+    c.close()
+    assert p.stat().st_size > 2 * 200
+    again = BlobCache(p, 5, 30, 200, ("random", "halve"), build_id="b")
+    assert {k: again.get(k) for k in again} == before
