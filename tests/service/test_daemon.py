@@ -122,6 +122,9 @@ def test_instruction_order_grant_then_push_then_end(runtime_dir: Path) -> None:
         seen.extend(log)
 
     run_scenario(runtime_dir, scenario)
+    # At start npud tells the drivers root is foreground (as it ranks root's requests).
+    assert seen[0] == ("driver.update", (SchedulingConfig(0, 100),))
+    seen = seen[1:]
     kinds = [e[0] for e in seen]
     assert kinds == ["driver.grant_issued", "client.can_load", "driver.grant_ended",
                      "client.complete"]
