@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -9,6 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers() -> Iterator[None]:
+    """Put the root logger's handlers and level back after each test: `npu serve` run
+    in-process (usage-error tests) installs a handler on that test's captured stderr,
+    which is closed afterwards, and a later test's log line became a "Logging error"."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
