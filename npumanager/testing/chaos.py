@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npumanager.testing.daemon import driver_hosts
 from npumanager.testing.procs import spawn_as
 
 APP_UID0 = 50001
@@ -215,18 +216,13 @@ def _proc_stats(pid: int) -> dict[str, int]:
 def _driver_pid(rt: Path) -> int | None:
     """The newest driver host on ``rt`` (an orphaned older one may still be exiting)."""
     found: list[tuple[int, int]] = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in driver_hosts(rt):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            if b"driver" in cmd and str(rt).encode() in cmd and b"npumanager" in cmd:
-                with open(f"/proc/{pid}/stat") as f:
-                    started = int(f.read().rsplit(")", 1)[1].split()[19])
-                found.append((started, int(pid)))
+            with open(f"/proc/{pid}/stat") as f:
+                started = int(f.read().rsplit(")", 1)[1].split()[19])
         except (OSError, ValueError, IndexError):
-            continue
+            continue  # exited meanwhile
+        found.append((started, pid))
     return max(found)[1] if found else None
 
 
