@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from npumanager.cli.main import int_range, positive_float
@@ -17,20 +18,28 @@ def register(sub: Any) -> None:
         "own uids as root) that request, cancel, prepare, execute, unload and die, while "
         "npud is SIGKILLed or SIGTERMed and restarted, the driver SIGKILLed, apps "
         "stopped past their unload deadline and thermal status and importance move; "
-        "check the invariants from outside and print a report. Exit 1 on any violation.")
+        "check the invariants from outside and print a report, which names the directory "
+        "with the run's logs. Exit 1 on any violation.")
     p.add_argument("--duration", type=positive_float, default=60.0, metavar="S",
                    help="seconds to run (default 60)")
     p.add_argument("--apps", type=int_range(1, 64), default=4, metavar="N",
                    help="app processes (default 4)")
     p.add_argument("--seed", type=int, default=1, metavar="S", help="random seed (default 1)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                   help="run in DIR and keep it: npud.log (npud and its driver hosts), "
+                   "stats/ (each app's executes), rt/, state/ (default: a new temporary "
+                   "directory, removed after a clean run, kept and named on a violation)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the temporary directory after a clean run too")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from npumanager.testing.chaos import run_chaos
 
-    report = run_chaos(args.duration, args.apps, args.seed)
+    report = run_chaos(args.duration, args.apps, args.seed, workdir=args.log_dir,
+                       keep=args.keep)
     if args.json:
         print(json.dumps(report.__dict__, indent=1))
     else:

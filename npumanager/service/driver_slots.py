@@ -9,14 +9,18 @@ the first (the leader) starts, restarts and stops the process for all of them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npumanager.clock import LoopClock, wait_first
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.driver_launch import DriverLaunch
 from npumanager.wire.conn import RpcConnection
+
+log = logging.getLogger("npumanager.service.supervisor")
 
 
 @dataclass
@@ -68,6 +72,12 @@ class DriverSlot:
     #: Why the last attach to a host that still listens failed without a refusal (it did
     #: not answer in time); "": no such host, or it refused.
     unanswered: str = ""
+    #: Clear while a host this slot spawned is starting (spawned, not yet attached); set
+    #: once it is attached or the attempt ended. A detaching npud waits on it.
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.settled.set()
 
 
 def host_listens(path: Path) -> bool:
@@ -84,6 +94,28 @@ def host_listens(path: Path) -> bool:
         return False
     finally:
         probe.close()
+
+
+async def wait_settled(clock: LoopClock, slots: list[DriverSlot], timeout: float) -> None:
+    """Wait up to ``timeout`` until no host of ``slots`` is starting (each attached, or its
+    attempt over); a detaching npud then leaves the attached ones running."""
+    starting = [s for s in slots if not s.settled.is_set() and s.task is not None]
+    if not starting:
+        return
+    names = ", ".join(s.name for s in starting)
+    log.info("detaching: waiting up to %g s for driver %s to finish starting and attach",
+             timeout, names)
+    waits = {asyncio.ensure_future(s.settled.wait()) for s in starting}
+    all_settled = asyncio.ensure_future(asyncio.wait(waits))
+    try:
+        await wait_first(clock, {all_settled}, timeout)
+    finally:
+        for t in [all_settled, *waits]:
+            t.cancel()
+    for s in starting:
+        if not s.settled.is_set():
+            log.warning("driver %s did not finish starting within %g s of npud's stop: "
+                        "stopping it (it holds nothing)", s.name, timeout)
 
 
 #: The ``subprocess.Popen`` of each host left running (see :func:`disown`).
@@ -104,4 +136,4 @@ def disown(proc: asyncio.subprocess.Process) -> None:
         transport.close()  # our ends of its pipes
 
 
-__all__ = ["Backoff", "DriverSlot", "disown", "host_listens"]
+__all__ = ["Backoff", "DriverSlot", "disown", "host_listens", "wait_settled"]

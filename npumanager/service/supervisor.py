@@ -34,7 +34,13 @@ from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents, event_handlers
-from npumanager.service.driver_slots import Backoff, DriverSlot, disown, host_listens
+from npumanager.service.driver_slots import (
+    Backoff,
+    DriverSlot,
+    disown,
+    host_listens,
+    wait_settled,
+)
 from npumanager.service.events import HeldGrant
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import RpcConnection
@@ -44,13 +50,17 @@ log = logging.getLogger("npumanager.service.supervisor")
 
 class DriverSupervisor:
     def __init__(self, cfg: Config, runtime_dir: Path, events: DriverEvents, clock: LoopClock,
-                 *, state_dir: Path | None = None, startup_wait_s: float = 20.0) -> None:
+                 *, state_dir: Path | None = None, startup_wait_s: float = 20.0,
+                 detach_wait_s: float = 15.0) -> None:
         self.cfg = cfg
         self.runtime_dir = Path(runtime_dir)
         self.events = events
         self.clock = clock
         self.state_dir = state_dir
         self.startup_wait_s = startup_wait_s
+        #: How long a detach waits for hosts still starting to attach (under systemd's
+        #: TimeoutStopSec=30s in packaging/systemd/npud.service).
+        self.detach_wait_s = detach_wait_s
         self.enforce_admission = bool(cfg.section("manager").get("enforce_admission", True))
         self.poll_s = float(cfg.section("thermal").get("poll_interval_s", 1.0))
         self.table: dict[int, SchedulingConfig] = {}
@@ -121,9 +131,16 @@ class DriverSupervisor:
         Each attached host sees npud's connection close, exactly as when npud dies: it
         keeps its loaded models running for ``orphan_grace_s``, loads nothing new, and
         is adopted by the next npud that attaches in time (else it releases them all and
-        exits). Nothing is revoked or ended here. A host that never attached (still
-        starting) holds nothing and would wait for no grace: it is stopped."""
-        self.detaching = True
+        exits). Nothing is revoked or ended here.
+
+        A host still starting (a restart right after a driver crash: the replacement is
+        importing its backend) is waited for, up to ``detach_wait_s``, and attached, so
+        that it too is left running: stopped, it would hold nothing, but the next npud
+        would start its backend from scratch, and an attached host is the one kind that
+        runs the orphan grace and exits if no npud comes back. One that does not come up
+        in time is stopped (it holds nothing)."""
+        self.detaching = True  # from here no host is started or restarted
+        await wait_settled(self.clock, self.slots, self.detach_wait_s)
         await self.stop()
 
     def devices(self) -> list[DeviceInfo]:
@@ -265,7 +282,7 @@ class DriverSupervisor:
         # live one that does not answer is attached again, never replaced.
         grace = float(self.cfg.section("manager").get("orphan_grace_s", 10.0))
         patience_until = clock.now() + grace + 5.0
-        while not self.stopping:
+        while not (self.stopping or self.detaching):  # a detach starts nothing new
             started = clock.now()
             try:
                 if adopt:
@@ -290,10 +307,11 @@ class DriverSupervisor:
                 slot.host_ready.clear()
                 self._mark_down(slot)
                 await self._terminate(slot, attached=was_up)
+                slot.settled.set()
                 if was_up and not self.stopping:
                     self.events.driver_down(slot.name, slot.last_exit or "driver exited")
             slot.ready.set()  # it tried; npud's start does not wait for a broken driver
-            if self.stopping:
+            if self.stopping or self.detaching:
                 return
             delay = slot.backoff.next_delay(clock.now() - started)
             log.warning("driver %s is down (%s); restarting in %.1f s", slot.name,
@@ -315,6 +333,7 @@ class DriverSupervisor:
         launch.close()  # the host holds the listening socket now
         slot.launch = launch
         slot.proc = proc
+        slot.settled.clear()  # starting: a detach waits for it to attach (see detach)
         exited = asyncio.ensure_future(proc.wait())
         try:
             await self._wait_ready(slot, proc, exited)
@@ -336,6 +355,7 @@ class DriverSupervisor:
             log.info("driver %s is up (pid %d, %s)", slot.name, proc.pid, slot.info.version)
             self.events.driver_up(slot.info)
             slot.ready.set()
+            slot.settled.set()
             await self._watch(slot, conn, exited, closed)
         finally:
             if not exited.done():

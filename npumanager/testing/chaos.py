@@ -16,7 +16,9 @@ importance. Every tick it checks, from outside:
 
 and at the end the fd count and RSS of npud and the driver against the start. The report
 also gives what the apps saw: the share of executes that succeeded and the longest gap
-between two successful executes of one app across the restarts.
+between two successful executes of one app across the restarts, and where the run's logs
+are (npud.log: npud's and its driver hosts' output; stats/: each app's executes), kept
+whenever a violation needs them diagnosed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npumanager.testing.daemon import driver_hosts
+from npumanager.testing.daemon import driver_hosts, process_running
 from npumanager.testing.procs import spawn_as
 
 APP_UID0 = 50001
@@ -54,6 +56,9 @@ class Report:
     npud_restarts: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     prepare_failures: dict[str, int] = field(default_factory=dict)
+    #: The run's directory (npud.log, stats/, rt/, state/); "" once removed (a clean run
+    #: in a temporary directory, unless kept).
+    log_dir: str = ""
 
     def count(self, what: str) -> None:
         self.events[what] = self.events.get(what, 0) + 1
@@ -79,6 +84,9 @@ class Report:
         if self.prepare_failures:
             lines.append("failed prepares (retried): " + ", ".join(
                 f"{k} {v}" for k, v in sorted(self.prepare_failures.items())))
+        lines.append(f"logs: {self.log_dir}/npud.log (npud and its driver hosts), "
+                     f"{self.log_dir}/stats/ (the apps' executes)" if self.log_dir else
+                     "logs: removed (a clean run; --keep or --log-dir DIR keeps them)")
         return "\n".join(lines)
 
 
@@ -271,14 +279,31 @@ class Npud:
 
 
 def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
-              workdir: Path | None = None) -> Report:
+              workdir: Path | None = None, keep: bool = False) -> Report:
+    """The run, in ``workdir`` (created if missing, always kept) or else in a new
+    temporary directory, removed after a clean run unless ``keep``; a run with a
+    violation keeps it, and the report names it."""
+    import shutil
+
+    root = Path(workdir) if workdir is not None else Path(
+        tempfile.mkdtemp(prefix="npu-chaos-", dir="/tmp"))
+    root.mkdir(parents=True, exist_ok=True)
+    report = Report(log_dir=str(root))
+    try:
+        _run(root, report, duration, apps, seed)
+    finally:
+        if workdir is None and not keep and not report.violations and report.duration_s:
+            shutil.rmtree(root, ignore_errors=True)
+            report.log_dir = ""
+    return report
+
+
+def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> None:
     from npumanager.client import NpuManager
     from npumanager.constants import ThermalStatus
     from npumanager.testing.daemon import stop_driver_hosts, to_toml
 
     rng = random.Random(seed)
-    report = Report()
-    root = Path(workdir or tempfile.mkdtemp(prefix="npu-chaos-", dir="/tmp"))
     rt, state, stats = root / "rt", root / "state", root / "stats"
     rt.mkdir(mode=0o755, exist_ok=True)
     os.chmod(root, 0o755)
@@ -336,8 +361,9 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
                 report.count("npud SIGTERM")
                 if failed:
                     report.violations.append(failed)
-                if host is not None and _dead_quiet(host):
-                    report.violations.append(f"npud's SIGTERM stopped its driver host {host}")
+                if host is not None and not process_running(host):
+                    report.violations.append(f"npud's SIGTERM stopped its driver host {host}"
+                                             + _host_story(log, host))
             time.sleep(rng.uniform(0.0, 1.0))
             npud.start()
             report.npud_restarts += 1
@@ -400,7 +426,18 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
         s, e = report.start.get(proc, {}), report.end.get(proc, {})
         if s and e and e["fds"] > s["fds"] + 32:
             report.violations.append(f"{proc} fds grew {s['fds']} -> {e['fds']}")
-    return report
+
+
+def _host_story(log: Path, pid: int) -> str:
+    """What npud's log says of host ``pid``: attached ("is up"/"adopted") or not."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    said = [line.split(" ", 1)[0] + " " + line.rsplit(": ", 1)[-1]
+            for line in text.splitlines() if f"(pid {pid}," in line]
+    return (f" (npud's log: {'; '.join(said[:3])})" if said
+            else " (npud's log never names it: it had not attached)")
 
 
 def _dead(pid: int) -> bool:

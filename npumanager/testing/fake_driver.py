@@ -19,6 +19,7 @@ HAL version 0) and :class:`IncompleteDriver` (lacks ``compile``).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -111,6 +112,19 @@ class FakeDriver(Driver):
     def temperature(self, now: float, utilization: float) -> float | None:
         t = self.options.get("temperature_c")
         return None if t is None else float(t)
+
+
+class GatedStartDriver(FakeDriver):
+    """Its host is not ready until the file ``options.start_gate`` exists (a host still
+    importing its backend, held there as long as a test needs): what npud does while a
+    host starts, without a race."""
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        gate = str(self.options.get("start_gate", ""))
+        deadline = time.monotonic() + float(self.options.get("start_gate_max_s", 60.0))
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 class OldHalDriver(FakeDriver):

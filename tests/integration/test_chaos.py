@@ -17,14 +17,14 @@ pytestmark = pytest.mark.slow
 def test_a_short_fixed_seed_chaos_run_breaks_no_invariant(tmp_path: Path) -> None:
     workdir = Path(f"/tmp/npu-chaos-test-{os.getpid()}")
     workdir.mkdir(mode=0o755)
-    try:
-        report = run_chaos(40.0, apps=3, seed=2, workdir=workdir)
-    finally:
-        import shutil
-
-        shutil.rmtree(workdir, ignore_errors=True)
+    report = run_chaos(40.0, apps=3, seed=2, workdir=workdir)
     print(report.render())
+    # The report names where the logs are; on a violation they stay there for diagnosis.
+    assert report.log_dir == str(workdir) and (workdir / "npud.log").is_file()
     assert report.violations == [], report.render()
+    import shutil
+
+    shutil.rmtree(workdir, ignore_errors=True)
     assert report.npud_restarts >= 2, report.render()
     assert report.events.get("npud SIGKILL", 0) >= 1, report.render()
     assert report.events.get("npud SIGTERM", 0) >= 1, report.render()

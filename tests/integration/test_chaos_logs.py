@@ -1,0 +1,73 @@
+"""`npu chaos` keeps the evidence a violation needs: the report names the run's directory
+(npud.log with npud's and its driver hosts' output, stats/ with the apps' executes); a
+temporary one is removed after a clean run only, and `--log-dir DIR` / `--keep` keep it.
+The run itself is stubbed here (tests/integration/test_chaos.py runs the real one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from npumanager.cli.main import build_parser
+from npumanager.testing import chaos
+
+
+def _fake_run(violation: str | None) -> Any:
+    def run(root: Path, report: chaos.Report, duration: float, apps: int, seed: int) -> None:
+        (root / "npud.log").write_text("npud ready\n")
+        report.duration_s = duration
+        if violation:
+            report.violations.append(violation)
+    return run
+
+
+def test_a_clean_run_removes_its_temporary_directory_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chaos, "_run", _fake_run(None))
+    report = chaos.run_chaos(1.0)
+    assert report.log_dir == ""
+    assert "logs: removed (a clean run; --keep or --log-dir DIR keeps them)" in report.render()
+
+
+def test_a_violation_keeps_the_temporary_directory_and_the_report_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chaos, "_run", _fake_run("npud's SIGTERM stopped its driver host 1"))
+    report = chaos.run_chaos(1.0)
+    try:
+        assert Path(report.log_dir, "npud.log").read_text() == "npud ready\n"
+        assert f"logs: {report.log_dir}/npud.log (npud and its driver hosts)" in report.render()
+    finally:
+        import shutil
+
+        shutil.rmtree(report.log_dir, ignore_errors=True)
+
+
+def test_keep_and_log_dir_keep_a_clean_run(monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    monkeypatch.setattr(chaos, "_run", _fake_run(None))
+    kept = chaos.run_chaos(1.0, keep=True)
+    try:
+        assert Path(kept.log_dir, "npud.log").is_file()
+    finally:
+        import shutil
+
+        shutil.rmtree(kept.log_dir, ignore_errors=True)
+    args = build_parser().parse_args(["chaos", "--duration", "1", "--log-dir",
+                                      str(tmp_path / "run")])
+    assert args.log_dir == tmp_path / "run" and not args.keep
+    report = chaos.run_chaos(1.0, workdir=args.log_dir)
+    assert report.log_dir == str(tmp_path / "run") and (tmp_path / "run" / "npud.log").is_file()
+
+
+def test_a_stopped_host_is_named_with_what_npuds_log_says_of_it(tmp_path: Path) -> None:
+    log = tmp_path / "npud.log"
+    log.write_text(
+        "12:40:40.308 info    npumanager.service.supervisor: driver reference is up "
+        "(pid 24849, 1.0+ort1.32.0)\n"
+        "npud ready on /tmp/x/rt/npu.sock (pid 24848, drivers: reference)\n")
+    assert chaos._host_story(log, 24849) == (
+        " (npud's log: 12:40:40.308 driver reference is up (pid 24849, 1.0+ort1.32.0))")
+    assert chaos._host_story(log, 24843) == (
+        " (npud's log never names it: it had not attached)")
