@@ -46,15 +46,27 @@ def in_process(onnx: bytes, x: np.ndarray) -> np.ndarray:
     return np.asarray(s.run(["y"], {"x": x})[0])
 
 
-@pytest.fixture
-def preparer(tmp_path: Path) -> Iterator[Preparer]:
+def _preparer(tmp_path: Path, sched: str) -> Iterator[Preparer]:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    hc = HostConfig("reference", background_sched="idle")
+    hc = HostConfig("reference", background_sched=sched)
     driver = ReferenceDriver({})
     p = Preparer(hc, driver, driver.get_number_of_cache_files_needed(), state)
     yield p
     p.close()
+
+
+@pytest.fixture
+def preparer(tmp_path: Path) -> Iterator[Preparer]:
+    """The host's default background class (nice 10). Not SCHED_IDLE for every test: an
+    idle worker runs only while a core is idle, and with the rest of the suite busy on both
+    cores its compiles starved past the 120 s test timeout (and the teardown's wait)."""
+    yield from _preparer(tmp_path, "nice")
+
+
+@pytest.fixture
+def idle_preparer(tmp_path: Path) -> Iterator[Preparer]:
+    yield from _preparer(tmp_path, "idle")
 
 
 def prepare(p: Preparer, onnx: bytes, *, background: bool = True,
@@ -80,7 +92,8 @@ def policy(pid: int) -> int:
 
 
 def test_a_background_model_compiles_in_a_lowered_process_with_the_same_outputs(
-        preparer: Preparer) -> None:
+        idle_preparer: Preparer) -> None:
+    preparer = idle_preparer
     onnx = mlp()
     x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
     done = prepare(preparer, onnx)

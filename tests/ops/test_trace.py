@@ -146,10 +146,12 @@ def test_trace_record_against_a_real_npud(npud_drivers: DaemonProcess, tmp_path:
     # The recorder says when it has started: connected to npud, its clock running and the
     # drivers' step recording on (start() polls device.trace before it returns).
     started = threading.Event()
+    recorders: list[TraceRecorder] = []
     real_start = TraceRecorder.start
 
     def start(self: TraceRecorder) -> TraceRecorder:
         recorder = real_start(self)
+        recorders.append(recorder)
         started.set()
         return recorder
 
@@ -166,29 +168,35 @@ def test_trace_record_against_a_real_npud(npud_drivers: DaemonProcess, tmp_path:
 
     monkeypatch.setattr(TraceRecorder, "poll", poll)
 
+    # The recording lasts until the workload is done (as Ctrl-C ends it), not a fixed 3 s
+    # that a loaded machine's prepare and 40 executions overran (18 of 40 steps recorded);
+    # --duration only bounds it.
     def record() -> None:
-        result["rc"] = npu(capsys, "trace", "record", "--duration", "3", "-o", str(out),
+        result["rc"] = npu(capsys, "trace", "record", "--duration", "120", "-o", str(out),
                            "--png", str(png), "--summary", str(summ), "--runtime-dir", str(rt))
 
     t = threading.Thread(target=record)
     t.start()
     with NpuManager(rt) as mgr, nn.device("reference", rt) as dev:
         # Start the workload once the recorder has started.
-        assert started.wait(30), "the recorder never started"
+        assert started.wait(60), "the recorder never started"
         cb = Hold()
         req = ModelLoadRequest(9, priority=ModelPriority.BACKGROUND)
         mgr.request_can_load_model(req, cb)
-        assert cb.granted.wait(10)
-        assert seen_request.wait(10), "the recorder never saw the request"
+        assert cb.granted.wait(60)
+        assert seen_request.wait(60), "the recorder never saw the request"
         model = dev.prepare_model(add_model(), grant=cb.listener)
         cb.listener.notify_model_loaded(req)
         for _ in range(40):
             model.execute({"x": np.ones((1, 4), np.float32)}, feature_id=7)
         mgr.override_thermal_status(ThermalStatus.SEVERE)  # a BACKGROUND holder must leave
-        assert cb.asked.wait(10)
+        assert cb.asked.wait(60)
         model.release()
         cb.listener.notify_model_unloaded(req)
-        t.join(30)  # SEVERE stays on for the rest of the recording
+        # SEVERE stays on until the recording has ended: its last poll sees it.
+        recorders[0]._stop.set()
+        t.join(60)
+        assert not t.is_alive(), "the recording did not end"
         mgr.reset_thermal_status()
     rc, stdout, err = result["rc"]
     assert rc == 0, err

@@ -139,6 +139,18 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def wait_for_fds_at_most(pid: int, most: int, timeout: float) -> int:
+    """``pid``'s open fd count once it is at most ``most``, or the count after ``timeout``
+    seconds. A peer that hangs up is taken by the other process's loop when that loop gets
+    the CPU: its fds close some time after the peer is gone, not at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        n = fd_count(pid)
+        if n <= most or time.monotonic() > deadline:
+            return n
+        time.sleep(0.02)
+
+
 def send_with_fds(s: socket.socket, data: bytes, fds: list[int]) -> None:
     """One sendmsg: ``data`` with ``fds`` attached (SCM_RIGHTS) to its first byte."""
     import array
