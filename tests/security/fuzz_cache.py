@@ -78,10 +78,15 @@ _state: dict[str, object] = {}
 
 def _cache() -> tuple[DriverCache, dict[int, tuple[bytes, bytes, bytes]]]:
     if not _state:
-        # In memory where possible: a genuine load counts a hit (a committed write).
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        d = Path(tempfile.mkdtemp(prefix="npu-fuzz-cache-", dir=shm))
+        # In memory where possible: a genuine load counts a hit (a committed write). Under
+        # $NPU_FUZZ_CACHE_DIR when set: libFuzzer ends its process with _exit, so the
+        # atexit below never ran there and every run left a directory in /dev/shm; the
+        # test that starts the fuzzer names a directory and removes it itself.
+        parent = os.environ.get("NPU_FUZZ_CACHE_DIR") or (
+            "/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+        d = Path(tempfile.mkdtemp(prefix="npu-fuzz-cache-", dir=parent))
         atexit.register(shutil.rmtree, d, True)
+        _state["dir"] = d
         cache = DriverCache("fuzz", "v1", 1, 1, state_dir=d / "map", max_bytes=MAX_BYTES,
                             lock_timeout_s=1.0)
         genuine = _genuine()
@@ -94,6 +99,17 @@ def _cache() -> tuple[DriverCache, dict[int, tuple[bytes, bytes, bytes]]]:
                     os.close(fd)
         _state["cache"], _state["genuine"] = cache, genuine
     return _state["cache"], _state["genuine"]  # type: ignore[return-value]
+
+
+def close() -> None:
+    """Close the cache and remove its directory (in-process users: an xdist worker also
+    ends without running atexit)."""
+    cache, d = _state.get("cache"), _state.get("dir")
+    _state.clear()
+    if isinstance(cache, DriverCache):
+        cache.close()
+    if isinstance(d, Path):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _memfd(data: bytes) -> int:

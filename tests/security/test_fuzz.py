@@ -11,8 +11,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,14 @@ BUDGET_S = int(os.environ.get("NPU_FUZZ_SECONDS", "5"))
 HAVE_ATHERIS = importlib.util.find_spec("atheris") is not None
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fuzz_cache_removed() -> Iterator[None]:
+    """The in-process harness's cache directory goes with this module's tests (an xdist
+    worker ends without running atexit: each run left one in /dev/shm)."""
+    yield
+    fuzz_cache.close()
+
+
 def run_atheris(harness: str, tmp_path: Path, rss_mb: int) -> tuple[int, str]:
     """Run ``tests.security.HARNESS`` for the budget; (executions, the output's tail).
 
@@ -38,11 +49,19 @@ def run_atheris(harness: str, tmp_path: Path, rss_mb: int) -> tuple[int, str]:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     rss_mb += resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-    r = subprocess.run(
-        [sys.executable, "-m", f"tests.security.{harness}", f"-max_total_time={BUDGET_S}",
-         f"-rss_limit_mb={rss_mb}", "-max_len=4096", f"-artifact_prefix={tmp_path}/",
-         "-print_final_stats=1", str(corpus)],
-        cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_S + 120)
+    # The harness's state (the cache loader's map) in memory where possible, in a directory
+    # removed here: the fuzzer's process ends with _exit, past any cleanup of its own.
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    state = tempfile.mkdtemp(prefix="npu-fuzz-", dir=shm)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", f"tests.security.{harness}",
+             f"-max_total_time={BUDGET_S}", f"-rss_limit_mb={rss_mb}", "-max_len=4096",
+             f"-artifact_prefix={tmp_path}/", "-print_final_stats=1", str(corpus)],
+            cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_S + 120,
+            env=dict(os.environ, NPU_FUZZ_CACHE_DIR=state))
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
     tail = r.stderr[-4000:]
     assert r.returncode == 0, f"the fuzzer found a failing input:\n{tail}"
     assert "Done " in r.stderr, tail
