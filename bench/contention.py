@@ -41,20 +41,25 @@ from npumanager.demo.contention import (
 
 #: Managed driver configurations: name -> [[driver]] keys. "managed" is npud's default.
 VARIANTS: dict[str, dict[str, Any]] = {
-    # npud's defaults: background threads at nice 10, no reserved channel, 2 channels,
-    # background compiles in a child process; camera and voice execute through bursts.
+    # npud's defaults: 3 channels, 1 of them kept for foreground work, background threads
+    # at SCHED_IDLE, background compiles in a child process; camera and voice execute
+    # through bursts.
     "managed": {},
-    # The kernel-level mechanism off: step-boundary preemption in the queue only.
-    "step-preemption-only": {"background_sched": "normal"},
-    # Other strengths of the same mechanism.
-    "bg-sched-idle": {"background_sched": "idle"},
-    "bg-nice-19": {"background_nice": 19},
-    # A channel kept for foreground work, on top of the defaults and alone.
-    "+reserved-channel": {"reserved_channels": 1},
-    "reserved-channel-only": {"background_sched": "normal", "reserved_channels": 1},
-    "idle+reserved": {"background_sched": "idle", "reserved_channels": 1},
-    # A third channel kept for foreground work: background keeps its two.
-    "3ch+reserved": {"channels": 3, "reserved_channels": 1},
+    # The defaults before this table (2 channels, both open to background work, nice 10).
+    "old-defaults": {"channels": 2, "reserved_channels": 0, "background_sched": "nice"},
+    # The reserved channel taken from two channels (background keeps one), not kept at
+    # all of two or of three.
+    "2ch-1-reserved": {"channels": 2},
+    "2ch-shared": {"channels": 2, "reserved_channels": 0},
+    "3ch-shared": {"reserved_channels": 0},
+    # The kernel-level mechanism off: step-boundary preemption in the queue only, and the
+    # reserved channel alone.
+    "step-preemption-only": {"background_sched": "normal", "channels": 2,
+                             "reserved_channels": 0},
+    "reserved-channel-only": {"background_sched": "normal"},
+    # Background threads niced instead of SCHED_IDLE.
+    "bg-nice-10": {"background_sched": "nice"},
+    "bg-nice-19": {"background_sched": "nice", "background_nice": 19},
     # Session threads per class: the foreground's sessions get 2 intra-op threads.
     "+fg-2-threads": {"options": {"intra_op_threads_foreground": 2}},
     # Background models compile in the driver host (a lowered thread, the GIL shared)
@@ -63,7 +68,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The camera and the voice assistant execute the plain way (an RPC per execution)
     # instead of through bursts.
     "no-bursts": {"bursts": False},
-    # One channel, like a small NPU (what `npu demo` configures).
+    # The embedder's back-to-back batches through a burst too (an app-side choice).
+    "embedder-burst": {"batch_bursts": True},
+    # The driver host's GIL switch interval: 0.5 ms instead of Python's 5 ms, so a thread
+    # serving a foreground execution asks a background thread for the GIL sooner.
+    "switch-0.5ms": {"switch_interval_us": 500},
+    # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
 }
 
@@ -91,8 +101,10 @@ def main() -> int:
         managed = name != "unmanaged"
         knobs = dict(VARIANTS.get(name, {}))
         bursts = bool(knobs.pop("bursts", True))
+        batch_bursts = bool(knobs.pop("batch_bursts", False))
         cfg = driver_config(**knobs) if managed else None
         run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
+                            batch_bursts=batch_bursts,
                             log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                                 file=sys.stderr, flush=True))
         results.append(run.run())

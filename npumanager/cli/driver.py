@@ -82,6 +82,7 @@ async def serve(args: argparse.Namespace) -> int:
             hc.channels = args.channels
         if args.no_enforce_admission:
             hc.enforce_admission = False
+    apply_switch_interval(hcs)
     # Absolute before the host moves into its empty working directory.
     rt = Path(os.path.abspath(runtime_dir(args.runtime_dir)))
     state_root = Path(os.path.abspath(args.state_dir)) if args.state_dir \
@@ -137,6 +138,14 @@ async def serve(args: argparse.Namespace) -> int:
         for host in hosts:
             await host.close()
     return 0
+
+
+def apply_switch_interval(hcs: list[HostConfig]) -> None:
+    """The host process's GIL switch interval: one interpreter serves every device, so the
+    shortest any of them asks for (``switch_interval_us``; 0 keeps Python's)."""
+    intervals = [hc.switch_interval_us for hc in hcs if hc.switch_interval_us > 0]
+    if intervals:
+        sys.setswitchinterval(min(intervals) / 1e6)
 
 
 def plugin_options(hc: HostConfig, state: Path) -> dict[str, Any]:

@@ -174,17 +174,17 @@ class MemorySampler:
 # --- one run ----------------------------------------------------------------------------
 
 
-def driver_config(channels: int = 2, **knobs: Any) -> dict[str, Any]:
-    """npud's config for a managed run: one reference driver, a budget that fits every
-    app (this measures scheduling, not admission), no thermal sources (the driver's
-    thermal model would heat up and send the background away mid-run)."""
+def driver_config(**knobs: Any) -> dict[str, Any]:
+    """npud's config for a managed run: one reference driver with npud's defaults but for
+    ``knobs`` ([[driver]] keys), a budget that fits every app (this measures scheduling,
+    not admission), no thermal sources (the driver's thermal model would heat up and send
+    the background away mid-run)."""
     options = knobs.pop("options", {})
     return {
         "manager": {"unload_deadline_s": 5.0, "log_level": "warning"},
         "policy": {"max_budget": 64},
         "thermal": {"sources": []},
-        "driver": [{"name": "reference", "plugin": "reference", "channels": channels,
-                    **knobs, "options": options}],
+        "driver": [{"name": "reference", "plugin": "reference", **knobs, "options": options}],
     }
 
 
@@ -192,10 +192,12 @@ class ContentionRun:
     def __init__(self, name: str, managed: bool, timing: Timing,
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
-                 log: Any = None, bursts: bool = True) -> None:
+                 log: Any = None, bursts: bool = True, batch_bursts: bool = False) -> None:
         self.name = name
         #: Managed camera and voice execute through bursts (model.burst()).
         self.bursts = bursts
+        #: The managed embedder's batches too (back to back, one burst).
+        self.batch_bursts = batch_bursts
         self.managed = managed
         self.timing = timing
         self.models = models
@@ -225,9 +227,10 @@ class ContentionRun:
             app = replace(app, job_priority=offset[name] + app.job_priority)
         model, managed, rt, bursts = self.models[app.model], self.managed, self.rt, self.bursts
         first_id = 1 + 100 * list(UIDS).index(name)
+        kinds = ("frames", "bursts", "batches") if self.batch_bursts else ("frames", "bursts")
 
         def main(out: Outbox, commands: LineQueue) -> None:
-            bench_app_main(app, model, managed, rt, first_id, out, commands, bursts)
+            bench_app_main(app, model, managed, rt, first_id, out, commands, bursts, kinds)
 
         log_path = os.path.join(self.tmp[0], f"{name}.log")
         self.procs[name] = AppProcess(name, self.uid(name), main, self.events.add, log_path)

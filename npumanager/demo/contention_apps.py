@@ -212,13 +212,15 @@ def work_loop(app: BenchApp, model: DemoModel, engine: Engine, out: Outbox,
 
 def bench_app_main(app: BenchApp, model: DemoModel, managed: bool, runtime_dir: str,
                    first_id: int, out: Outbox, commands: LineQueue,
-                   bursts: bool = True) -> None:
+                   bursts: bool = True,
+                   burst_kinds: tuple[str, ...] = ("frames", "bursts")) -> None:
     """Entry point in the forked child (already running as the app's uid). ``bursts``:
-    a managed app that works at its own pace (frames, bursts) executes through a burst."""
+    a managed app whose kind of work is in ``burst_kinds`` (by default those at their own
+    pace: frames, bursts) executes through a burst."""
     stop = threading.Event()
     commands.start(lambda item: stop.set() if item.get("cmd") == "stop" else None)
     try:
-        stream = bursts and app.kind in ("frames", "bursts")
+        stream = bursts and app.kind in burst_kinds
         engine: Engine = (NpuEngine(app, runtime_dir, first_id, stream) if managed
                           else OrtEngine())
     except Exception as exc:

@@ -64,6 +64,37 @@ threads then fight each other and the background) and stay off. Single quick
 runs vary by about 2x in p99 on this VM: the compile row held in three runs
 (one full-length), the reserved-channel, 3-channel and 2-thread rows in two.
 
+Re-measured on 2026-12-01 after npud began pushing root's entry (bench/contention.py,
+2 vCPUs, cpu-exclusive, each row's unmanaged baseline from its own run). The
+unmanaged camera's contended p99 swings from 0.6 to 12.5 ms between runs (the
+kernel wakes a sleeping camera promptly unless another process's spinning ORT
+pool happens to hold the core), so ratios are taken against the managed run's
+own "alone" phase. Camera p50 / p99 ms with voice + LLM + embedder:
+
+====================================  ==========  ==========  ==========
+run (driver config)                   quick #1    quick #2    full
+====================================  ==========  ==========  ==========
+2 ch shared, nice 10 (old defaults)   2.5 / 10.7
+3 ch, 1 reserved, nice 10             1.2 / 5.4   1.7 / 7.3   1.5 / 5.4
+3 ch, 1 reserved, SCHED_IDLE                      1.3 / 3.3   1.4 / 3.7
+2 ch shared, SCHED_IDLE               2.3 / 6.0   2.3 / 6.9   2.3 / 6.7
+2 ch, 1 reserved, nice 10             1.2 / 4.7
+====================================  ==========  ==========  ==========
+
+Hence the defaults: three channels with one reserved (a foreground execution
+never waits for a background step to end: the camera's p50 halves, and
+background work keeps two channels: embedder 3913 vs 2815 items/s in quick #1,
+where taking the reserved channel from two channels halved it to 1409) and
+SCHED_IDLE background threads (lower contended p99 than nice 10 in all four
+runs that compared them; the full run: 3.7 ms = 1.27x the camera alone, LLM 233
+vs 199 tokens/s, embedder 3084 vs 3091 items/s). A per-frame breakdown of the
+3-channel run (bench/contention_diag.py) found no queueing left: the slow
+frames' time went to the camera's own ORT run (0.5 ms -> 2.9 ms in the worst
+1 %, sharing cores and the 8 MiB L3 with the LLM's 32 MiB of weights) and to
+wake-ups of the camera app and the burst thread. The GIL switch interval
+(0.5 ms instead of 5) did not help (8.7 and 5.1 ms vs 10.7 and 7.3 ms for its
+nice-10 baseline in two runs: within the noise) and stays off.
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context); the thread priorities map onto the backend's own

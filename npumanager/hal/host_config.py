@@ -29,7 +29,8 @@ class HostConfig:
 
     name: str
     plugin: str = "reference"
-    channels: int = 2
+    #: defaults.toml's: three channels, one kept for foreground work (drivers/classes.py).
+    channels: int = 3
     enforce_admission: bool = True
     thermal_cutoff: int = 500
     inline_limit: int = DEFAULT_INLINE_LIMIT
@@ -49,13 +50,17 @@ class HostConfig:
     #: for foreground work, and how background threads are lowered ("idle", "nice",
     #: "normal") with the nice value for "nice".
     foreground_priority: int = 200
-    reserved_channels: int = 0
-    background_sched: str = "nice"
+    reserved_channels: int = 1
+    background_sched: str = "idle"
     background_nice: int = 10
     #: Where a BACKGROUND model compiles when the driver can hand it off
     #: (drivers/compile_worker.py): "process" (a lowered child process, off the driver's
     #: GIL) or "thread" (a lowered thread of the driver host).
     background_compile: str = "process"
+    #: The host process's GIL switch interval in microseconds (sys.setswitchinterval;
+    #: 0 or less: Python's own, 5000): how long a thread that wants the GIL waits before it asks
+    #: the holder to drop it (drivers/classes.py says what it bought).
+    switch_interval_us: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what
     #: ``WorkInfo.device_number`` says, so npud charges work to the right device.
@@ -85,7 +90,7 @@ class HostConfig:
         return cls(
             name=name,
             plugin=str(d.get("plugin", name)),
-            channels=int(d.get("channels", 2)),
+            channels=int(d.get("channels", 3)),
             enforce_admission=bool(mgr.get("enforce_admission", True)),
             thermal_cutoff=int(d.get("thermal_holdback_priority", 500)),
             inline_limit=int(d.get("inline_limit_bytes", DEFAULT_INLINE_LIMIT)),
@@ -101,10 +106,11 @@ class HostConfig:
             limits={k: int(mgr[k]) for k in DRIVER_LIMIT_KEYS if k in mgr},
             orphan_grace_s=float(mgr.get("orphan_grace_s", 10.0)),
             foreground_priority=int(d.get("foreground_priority", 200)),
-            reserved_channels=int(d.get("reserved_channels", 0)),
-            background_sched=str(d.get("background_sched", "nice")),
+            reserved_channels=int(d.get("reserved_channels", 1)),
+            background_sched=str(d.get("background_sched", "idle")),
             background_nice=int(d.get("background_nice", 10)),
             background_compile=str(d.get("background_compile", "process")),
+            switch_interval_us=int(d.get("switch_interval_us", 0)),
             options=dict(d.get("options", {})),
             device_number=number,
             fleet=dict(cfg.section("fleet")),

@@ -67,7 +67,7 @@ def test_once_prints_one_frame(busy_npud: DaemonProcess,
                                capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = npu(capsys, "top", "--once", "--runtime-dir", str(busy_npud.runtime_dir))
     assert rc == 0, err
-    assert re.search(r"reference\s+█*·* ?1/4\s+\S* ?\d/2 busy\s+NONE", out), out
+    assert re.search(r"reference\s+█*·* ?1/4\s+\S* ?\d/3 busy\s+NONE", out), out
     assert re.search(rf"\b{os.getuid()}\s+42\s+<1GB\s+normal\s+loaded\b", out), out
     m = re.search(rf"\b{os.getuid()}\s+foreground \(100\)\s+reference\s+([\d.]+)\s+"
                   rf"([\d.]+) ms\s+([\d.]+) ms\s+(\d+)", out)

@@ -77,3 +77,26 @@ def test_a_lowered_thread_leaves_its_process_alone() -> None:
 def test_an_unknown_background_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="background_sched"):
         background_pool(1, "t", "realtime", 19)
+
+
+def test_the_host_process_takes_the_shortest_switch_interval_its_devices_ask_for() -> None:
+    import sys
+
+    from npumanager.cli.driver import apply_switch_interval
+    from npumanager.config import Config
+    from npumanager.hal.host_config import HostConfig
+
+    cfg = Config.load(None, {"driver": [{"name": "ref", "plugin": "reference",
+                                         "switch_interval_us": 700}]})
+    assert HostConfig.from_config(cfg, "ref").switch_interval_us == 700
+    assert HostConfig.from_config(Config.load(None, {}), "reference").switch_interval_us == 0
+    before = sys.getswitchinterval()
+    try:
+        apply_switch_interval([HostConfig("a", switch_interval_us=700),
+                               HostConfig("b", switch_interval_us=500), HostConfig("c")])
+        assert sys.getswitchinterval() == pytest.approx(500e-6)
+        sys.setswitchinterval(before)
+        apply_switch_interval([HostConfig("a"), HostConfig("b", switch_interval_us=-1)])
+        assert sys.getswitchinterval() == before  # 0 or less: Python's own
+    finally:
+        sys.setswitchinterval(before)
