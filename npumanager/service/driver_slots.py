@@ -18,6 +18,7 @@ from typing import Any
 from npumanager.clock import LoopClock, wait_first
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.driver_launch import DriverLaunch
+from npumanager.service.host_process import HostProcess
 from npumanager.wire.conn import RpcConnection
 
 log = logging.getLogger("npumanager.service.supervisor")
@@ -47,7 +48,7 @@ class DriverSlot:
     entry: dict[str, Any]
     backoff: Backoff
     info: DeviceInfo
-    proc: asyncio.subprocess.Process | None = None
+    proc: HostProcess | None = None
     launch: DriverLaunch | None = None
     conn: RpcConnection | None = None
     up: bool = False
@@ -118,22 +119,4 @@ async def wait_settled(clock: LoopClock, slots: list[DriverSlot], timeout: float
                         "stopping it (it holds nothing)", s.name, timeout)
 
 
-#: The ``subprocess.Popen`` of each host left running (see :func:`disown`).
-_LEFT_RUNNING: list[object] = []
-
-
-def disown(proc: asyncio.subprocess.Process) -> None:
-    """Let a child outlive npud. asyncio's own subprocess transport kills a child that
-    still runs when the transport is closed, and its ``__del__`` closes it: whether that
-    happens before npud exits depends on who still holds it (the child watcher). Taking
-    its handle on the child away makes closing it leave the child alone; the handle is
-    kept, as collecting it would warn that the child still runs (it does, on purpose).
-    uvloop's transport kills only on an explicit close, which nothing here calls."""
-    transport = getattr(proc, "_transport", None)
-    if transport is not None and hasattr(transport, "_proc"):
-        popen, transport._proc = transport._proc, None
-        _LEFT_RUNNING.append(popen)
-        transport.close()  # our ends of its pipes
-
-
-__all__ = ["Backoff", "DriverSlot", "disown", "host_listens", "wait_settled"]
+__all__ = ["Backoff", "DriverSlot", "host_listens", "wait_settled"]

@@ -34,14 +34,9 @@ from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents, event_handlers
-from npumanager.service.driver_slots import (
-    Backoff,
-    DriverSlot,
-    disown,
-    host_listens,
-    wait_settled,
-)
+from npumanager.service.driver_slots import Backoff, DriverSlot, host_listens, wait_settled
 from npumanager.service.events import HeldGrant
+from npumanager.service.host_process import HostProcess
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import RpcConnection
 
@@ -322,10 +317,7 @@ class DriverSupervisor:
         slot.starts += 1
         launch = self._launch(slot)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._command(slot, launch), stdout=asyncio.subprocess.PIPE,
-                stdin=asyncio.subprocess.DEVNULL, **launch.spawn_kwargs(),  # type: ignore[arg-type]
-            )
+            proc = await HostProcess.spawn(self._command(slot, launch), **launch.spawn_kwargs())
         except BaseException:
             launch.close()
             launch.remove_socket()
@@ -459,9 +451,8 @@ class DriverSupervisor:
         await self._watch(slot, conn, never, closed)
         return True
 
-    async def _wait_ready(self, slot: DriverSlot, proc: asyncio.subprocess.Process,
+    async def _wait_ready(self, slot: DriverSlot, proc: HostProcess,
                           exited: asyncio.Future[int]) -> None:
-        assert proc.stdout is not None
         line_task = asyncio.ensure_future(proc.stdout.readline())
         both: set[asyncio.Future[Any]] = {line_task, exited}
         done = await wait_first(self.clock, both, 60.0)
@@ -576,20 +567,17 @@ class DriverSupervisor:
         slot.launch = None  # npud's copy of the listener is closed already (_run_once)
         proc, slot.proc = slot.proc, None
         if proc is not None:
-            disown(proc)
+            proc.disown()
 
-    async def _stop_process(self, proc: asyncio.subprocess.Process | None) -> None:
+    async def _stop_process(self, proc: HostProcess | None) -> None:
         if proc is None:
             return
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
+            proc.terminate()
             try:
                 await wait_for(self.clock, proc.wait(), 10.0)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                proc.kill()
                 await proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.feed_eof()
+        proc.close_stdout()
 
