@@ -20,8 +20,9 @@ def register(sub: Any) -> None:
         "stopped past their unload deadline and thermal status and importance move; "
         "check the invariants from outside and print a report, which names the directory "
         "with the run's logs. Exit 1 on any violation.")
-    p.add_argument("--duration", type=positive_float, default=60.0, metavar="S",
-                   help="seconds to run (default 60)")
+    p.add_argument("--duration", type=duration, default=60.0, metavar="T",
+                   help="how long to run: seconds, or with a unit: 90s, 10m, 1h "
+                   "(default 60)")
     p.add_argument("--apps", type=int_range(1, 64), default=4, metavar="N",
                    help="app processes (default 4)")
     p.add_argument("--seed", type=int, default=1, metavar="S", help="random seed (default 1)")
@@ -33,6 +34,16 @@ def register(sub: Any) -> None:
     p.add_argument("--keep", action="store_true",
                    help="keep the temporary directory after a clean run too")
     p.set_defaults(func=main)
+
+
+def duration(text: str) -> float:
+    """Seconds: ``600``, ``600s``, ``10m``, ``1h`` (the issue's ``--duration 10m``)."""
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(text[-1:].lower())
+    seconds = positive_float(text[:-1] if scale else text) * (scale or 1.0)
+    return seconds
+
+
+duration.__name__ = "duration"
 
 
 def main(args: argparse.Namespace) -> int:

@@ -71,3 +71,16 @@ def test_a_stopped_host_is_named_with_what_npuds_log_says_of_it(tmp_path: Path) 
         " (npud's log: 12:40:40.308 driver reference is up (pid 24849, 1.0+ort1.32.0))")
     assert chaos._host_story(log, 24843) == (
         " (npud's log never names it: it had not attached)")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("600", 600.0), ("90s", 90.0), ("10m", 600.0),
+                                               ("1h", 3600.0), ("0.5", 0.5)])
+def test_duration_takes_seconds_or_a_unit(text: str, seconds: float) -> None:
+    assert build_parser().parse_args(["chaos", "--duration", text]).duration == seconds
+
+
+@pytest.mark.parametrize("text", ["10x", "m", "-1m", "0", ""])
+def test_a_bad_duration_is_refused(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["chaos", "--duration", text])
+    assert exited.value.code == 2 and "--duration" in capsys.readouterr().err
