@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
@@ -91,6 +91,15 @@ class PreparedModel(ABC):
                 np.copyto(dest, outs[name], casting="no")
                 outs[name] = dest
         return outs
+
+    def bind(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+             ) -> Callable[[], dict[str, np.ndarray]] | None:
+        """Optional: a run bound once to these arrays (a burst's fixed request: views of
+        registered memory that stay mapped while the run is kept), which reads
+        ``inputs`` as they are at each call, writes every output into ``outputs`` and
+        returns a dict naming those same arrays. None (the default): ``run_into`` each
+        time. A backend binds here what it would otherwise set up per run."""
+        return None
 
     def abort(self) -> None:  # noqa: B027 - optional hook
         """Best effort: make a ``run`` in progress return early (cancel, revoke)."""

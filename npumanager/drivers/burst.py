@@ -44,6 +44,7 @@ from google.protobuf.message import DecodeError
 
 from npumanager import tensorio
 from npumanager.drivers import events as ev
+from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
 from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
 from npumanager.drivers.steps import Execution, Reply
 from npumanager.errors import (
@@ -78,7 +79,7 @@ class BurstServer:
 
     def __init__(self, burst_id: int, client: ClientConn, model_id: int,
                  pool: tensorio.MappedPool, pool_id: int, req_size: int, resp_size: int,
-                 execute: Callable[[BurstServer, pb.Execute], Reply],
+                 execute: Callable[[BurstServer, bytes], tuple[Reply, FixedRequest | None]],
                  answered: Callable[[], None]) -> None:
         self.burst_id = burst_id
         self.client = client
@@ -91,6 +92,12 @@ class BurstServer:
         self.resp_size = resp_size
         self.data_start = layout.data_start(req_size, resp_size)
         self._execute = execute
+        #: The last request parsed, kept while the stream repeats it (:mod:`.burst_fixed`;
+        #: read and replaced under the host's lock).
+        self.fixed: FixedRequest | None = None
+        #: The fixed request whose full reply the client got last (then SAME answers).
+        self.sent: FixedRequest | None = None
+        self.same_ok = bool(layout.read_client_flags(pool.buf) & layout.FLAG_SAME)
         #: Called once the reply is out: what the execution left for the loop goes there.
         self._answered = answered
         self.closing = False
@@ -159,7 +166,9 @@ class BurstServer:
                 os.close(self.peer_fd)
                 self.peer_fd = -1
             # Its mapping too (the loop closes it again with the pool: harmless), so that
-            # the line below means every fd of this burst is closed.
+            # the line below means every fd of this burst is closed; its kept request's
+            # views first (a mapping with views cannot close).
+            self.fixed = self.sent = None
             self.pool.close()
             # Its last act, once every fd of its own is closed (tests wait for this line).
             log.info("burst %d of uid %d ended", self.burst_id, self.client.conn.peer.uid)
@@ -188,20 +197,20 @@ class BurstServer:
                                       f"request area of {self.req_size} bytes")
             # Copied out first: the client may rewrite the memory while it is parsed.
             data = bytes(self.pool.buf[self.req_off:self.req_off + length])
-            try:
-                msg = pb.Execute.FromString(data)
-            except DecodeError:
-                raise InvalidArgument("the burst request is not an Execute message") from None
-            result, fds = self._execute(self, msg)
+            (result, fds), fixed = self._execute(self, data)
             if fds:  # outputs that fit neither the response nor the data area
                 need = sum(os.fstat(fd).st_size for fd in fds)
                 close_fds(fds)
                 raise _TooBig(need, "the outputs do not fit the burst's shared memory")
-            payload = result.SerializeToString()
-            if len(payload) > self.resp_size:
-                raise _TooBig(len(payload), "the response does not fit the burst's "
-                                            "response area")
-            status = layout.OK
+            if fixed is not None and self.sent is fixed:
+                status = layout.SAME  # the outputs lie where the last reply said
+            else:
+                payload = result.SerializeToString()
+                if len(payload) > self.resp_size:
+                    raise _TooBig(len(payload), "the response does not fit the burst's "
+                                                "response area")
+                status = layout.OK
+                self.sent = fixed if self.same_ok else None
         except _TooBig as exc:
             payload = pb.BurstError(type="LimitExceeded", message=str(exc),
                                     need_bytes=exc.need).SerializeToString()
@@ -217,7 +226,8 @@ class BurstServer:
                                     message="the response area is too small").SerializeToString()
             payload = payload[:self.resp_size]
         buf = self.pool.buf
-        buf[self.resp_off:self.resp_off + len(payload)] = payload
+        if payload:
+            buf[self.resp_off:self.resp_off + len(payload)] = payload
         layout.write_response_header(buf, seq, status, len(payload))
         try:
             self.sock.send(b"\1", socket.MSG_DONTWAIT)
@@ -318,29 +328,63 @@ class Bursts:
 
     # --- a burst execution (on the burst's thread) ------------------------------------
 
-    def execute(self, server: BurstServer, msg: pb.Execute) -> Reply:
-        """Submit ``msg`` as an execution of the burst's model, exactly as device.execute
-        does; run its steps here while the state starts them at once, else wait."""
+    def forget_pool(self, pool_id: int) -> None:
+        """A pool is about to close (the loop, the lock held): kept requests with views
+        into it go, so its mapping can close now."""
+        for server in self._servers.values():
+            fixed = server.fixed
+            if fixed is not None and fixed.uses_pool(pool_id):
+                server.fixed = None
+
+    def execute(self, server: BurstServer, data: bytes) -> tuple[Reply, FixedRequest | None]:
+        """Submit the request ``data`` as an execution of the burst's model, exactly as
+        device.execute does; run its steps here while the state starts them at once, else
+        wait. A request that repeats the kept one is not parsed or decoded again."""
         host = self.host
         t0 = time.perf_counter()
         client = server.client
-        msg.model_id = server.model_id  # a burst executes its own model, whatever it says
         done = threading.Event()
         with host.lock:
             if server.closing or client.conn.closed:
                 raise DeviceUnavailable("the burst is closed")
-            inputs = decode_inputs(msg, client.pools)
+            prepared = host.res.prepared.get(server.model_id)
+            fixed = server.fixed
+            if fixed is not None and (fixed.data != data
+                                      or not fixed.still_valid(client.pools, prepared)):
+                fixed = server.fixed = None
+            if fixed is not None:
+                msg, inputs = fixed.msg, fixed.inputs
+            else:
+                try:
+                    msg = pb.Execute.FromString(data)
+                except DecodeError:
+                    raise InvalidArgument("the burst request is not an Execute message"
+                                          ) from None
+                msg.model_id = server.model_id  # a burst executes its own model
+                inputs = decode_inputs(msg, client.pools)
             ex, event = host.new_execution(client, msg, inputs, t0)
             ex.done = done
-            # Outputs: inline while they fit the response area, large ones into the
-            # burst's data area unless the request named another area of its pools.
-            ex.inline_budget = server.resp_size // 2
-            if msg.out_pool_id:
-                set_output_area(ex, msg, client.pools)
+            if fixed is not None:
+                self._use_fixed(ex, fixed)
             else:
-                ex.out_pool, ex.out_pool_id = server.pool, server.pool_id
-                ex.out_offset = server.data_start
-                ex.out_capacity = server.pool.size - server.data_start
+                # Outputs: inline while they fit the response area, large ones into the
+                # burst's data area unless the request named another area of its pools.
+                ex.inline_budget = server.resp_size // 2
+                if msg.out_pool_id:
+                    set_output_area(ex, msg, client.pools)
+                else:
+                    ex.out_pool, ex.out_pool_id = server.pool, server.pool_id
+                    ex.out_offset = server.data_start
+                    ex.out_capacity = server.pool.size - server.data_start
+                # Kept for the next ones (bound once), whether the state admits this one
+                # or not: what the bytes decode to does not depend on it.
+                assert ex.out_pool is not None
+                fixed = fixed_request(data, msg, inputs, prepared, client.pools,
+                                      (ex.out_pool, ex.out_pool_id, ex.out_offset,
+                                       ex.out_capacity))
+                if fixed is not None:
+                    server.fixed = fixed
+                    self._use_fixed(ex, fixed)
             step = host.submit_here(ex, event)
         while step is not None:
             error, run_us = host.runner.run(ex, step)
@@ -364,4 +408,10 @@ class Bursts:
             raise DeviceUnavailable("the burst closed while its execution waited")
         if isinstance(outcome, BaseException):
             raise outcome
-        return outcome
+        return outcome, fixed if outcome[0] is ex.fixed_result else None
+
+    @staticmethod
+    def _use_fixed(ex: Execution, fixed: FixedRequest) -> None:
+        ex.out_pool, ex.out_pool_id = fixed.out_pool, fixed.out_pool_id
+        ex.out_offset, ex.out_capacity = fixed.out_offset, fixed.out_capacity
+        ex.bound, ex.bound_run, ex.fixed_result = fixed.bound, fixed.run, fixed.result

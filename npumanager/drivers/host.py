@@ -114,6 +114,7 @@ class DriverHost:
                                  self._step_finished, self._on_timer, self.lock)
         self.res.burst_step_done = self._burst_step_done
         self.bursts = Bursts(self)
+        self.res.pool_closing = self.bursts.forget_pool
         #: Set once npud went away and no manager attached again within the orphan grace
         #: (every model is released then; ``npu driver --exit-with-manager`` exits).
         self.orphan_expired = self.npud.orphan_expired

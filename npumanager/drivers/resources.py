@@ -76,6 +76,8 @@ class HostResources:
         #: Called on the worker thread when a step of a burst execution ends there (the
         #: host submits it from that thread; None: through the loop like any step).
         self.burst_step_done: Callable[[Execution, str | None, float], None] | None = None
+        #: Called (the lock held) right before a pool closes, with its id.
+        self.pool_closing: Callable[[int], None] | None = None
         self._runners: dict[type, Callable[[Any], None]] = {
             ev.RunStep: self._run_step,
             ev.AbortStep: self._abort_step,
@@ -256,6 +258,8 @@ class HostResources:
         if owned is not None:
             client, pool = owned
             del client.pools[ins.pool_id]
+            if self.pool_closing is not None:
+                self.pool_closing(ins.pool_id)  # bursts drop their views of it first
             pool.close()
 
     def _arm_timer(self, ins: ev.ArmTimer) -> None:

@@ -9,7 +9,10 @@ channel for one model, set up once)::
     data_start        tensors: inputs the client wrote, outputs the driver wrote
 
 Header (little-endian): magic, version, then the client's ``req_seq`` and
-``req_len``, then the driver's ``resp_seq``, ``resp_status`` and ``resp_len``.
+``req_len``, then the driver's ``resp_seq``, ``resp_status`` and ``resp_len``, then
+(at 40) the client's flags, written before it opens the burst: ``FLAG_SAME`` says it
+takes a ``SAME`` response (no payload: the outputs lie where its last ``OK`` response
+for the same request said; :mod:`npumanager.drivers.burst_fixed`).
 A side writes its payload first and its sequence number last; the other side
 reads the number first. The doorbell (one byte on a socketpair) is a system
 call, a full barrier on every architecture; a client that spins on ``resp_seq``
@@ -35,10 +38,16 @@ _REQ = struct.Struct("<QI")  # req_seq, req_len at offset 8
 _RESP = struct.Struct("<QII")  # resp_seq, resp_status, resp_len at offset 24
 REQ_AT = 8
 RESP_AT = 24
+FLAGS_AT = 40
+_FLAGS = struct.Struct("<I")
 
 #: Response statuses.
 OK = 0
 ERROR = 1
+SAME = 2
+
+#: Client flags.
+FLAG_SAME = 1
 
 #: Smallest request and response areas a driver accepts.
 MIN_AREA = 4096
@@ -77,3 +86,11 @@ def read_response_header(buf: object) -> tuple[int, int, int]:
 def write_response_header(buf: object, seq: int, status: int, length: int) -> None:
     struct.pack_into("<II", buf, RESP_AT + 8, status, length)  # type: ignore[arg-type]
     struct.pack_into("<Q", buf, RESP_AT, seq)  # type: ignore[arg-type]
+
+
+def write_client_flags(buf: object, flags: int) -> None:
+    _FLAGS.pack_into(buf, FLAGS_AT, flags)  # type: ignore[arg-type]
+
+
+def read_client_flags(buf: object) -> int:
+    return int(_FLAGS.unpack_from(buf, FLAGS_AT)[0])  # type: ignore[arg-type]

@@ -50,7 +50,7 @@ def _raw(b: Burst, request: bytes | None, length: int | None = None) -> str:
                                 else length)
     sock.send(b"\1")
     status, n = b._wait(b._seq, pool.buf, sock)
-    if status == layout.OK:
+    if status in (layout.OK, layout.SAME):  # SAME: served, outputs where they were
         return "ok"
     at = layout.HEADER + b._req
     return pb.BurstError.FromString(bytes(pool.buf[at:at + n])).type
