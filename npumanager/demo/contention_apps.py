@@ -11,6 +11,8 @@ with one of two engines:
   npud before loading (``request_can_load_model``), prepares on the device
   under the grant it got, runs multi-step jobs in the driver (``steps=N``,
   outputs fed back) with its job priority, and releases and reports unloaded.
+  Sequences of single executions (frames, bursts, the embedder's batches when
+  the run says so) go through one burst.
 
 The work loop (:func:`work_loop`) is the same for both, so the only difference
 between the two runs is who schedules the work. Kinds of work:
@@ -102,8 +104,8 @@ class NpuEngine:
         from npumanager.client import NpuManager
 
         self.app = app
-        #: Single executions at the app's own pace go through a burst (model.burst(), set
-        #: up once after prepare), as `npu demo`'s camera and voice do.
+        #: Sequences of single executions go through a burst (model.burst(), set up once
+        #: after prepare), as `npu demo`'s camera and voice do (the caller decides which).
         self.stream = stream
         self.mgr = NpuManager(runtime_dir, client_name=app.name)
         self.dev = nn.Device("reference", runtime_dir)

@@ -95,6 +95,20 @@ wake-ups of the camera app and the burst thread. The GIL switch interval
 (0.5 ms instead of 5) did not help (8.7 and 5.1 ms vs 10.7 and 7.3 ms for its
 nice-10 baseline in two runs: within the noise) and stays off.
 
+With these defaults, two more full runs (unmanaged / managed, same run): camera
+contended p99 2.7 / 5.8 and 0.7 / 4.9 ms (1.34x and 1.04x the managed camera
+alone, whose own p99 moved between 4.4 and 4.7 ms); the old defaults 7.2 ms
+in the second (14.9 ms while loading, 8.0 with the defaults). Tried and not
+kept: the host's thread that loads a compile worker's result at nice 10 instead of SCHED_IDLE
+(loading p99 7.4 vs 7.6 ms: the GIL it holds there was not the loading
+phase's cost) and the embedder's batches through a burst (3088 vs 2645, 3372
+vs 2759, 2707 vs 2833 items/s in three runs). Background throughput: the LLM
+gets 160-240 % of its unmanaged rate (one ORT thread per session: unmanaged,
+every app's ORT pool spins on both cores), the embedder 58-76 % (not split
+per app yet; likely: each batch is an RPC through the host whose step waits
+for a SCHED_IDLE thread, while the LLM's back-to-back steps always have work
+for theirs); both apps' ratios averaged: 156 % and 127 % in those two runs.
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context); the thread priorities map onto the backend's own

@@ -63,6 +63,8 @@ def test_the_table_puts_runs_side_by_side() -> None:
     assert any("1.25x alone (target <= 1.3x: PASS)" in ln for ln in lines)
     assert any("LLM tokens/s: managed 90 %" in ln and "PASS" in ln for ln in lines)
     assert any("embedder items/s: managed 50 %" in ln and "FAIL" in ln for ln in lines)
+    assert any("both apps (mean of the two): managed 70 %" in ln and "FAIL" in ln
+               for ln in lines)
 
 
 def test_compare_refuses_a_running_npud() -> None:
