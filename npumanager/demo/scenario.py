@@ -41,6 +41,9 @@ from npumanager.demo.process import AppProcess
 from npumanager.demo.render import Renderer, fmt_ms
 from npumanager.demo.summary import print_summary, status_excerpt
 
+#: How many times its idle-machine timeout :meth:`Scenario.expect` waits for an event.
+PATIENCE = 4.0
+
 
 class NotAdmin(Exception):
     """The demo's client is not an admin of the npud it was pointed at."""
@@ -135,7 +138,12 @@ class Scenario:
 
     def expect(self, app: str | None, ev: str, what: str, timeout: float, after: float = 0.0,
                **match: Any) -> Event | None:
-        """Wait for an event; a miss is recorded and reported, never a hang."""
+        """Wait for an event; a miss is recorded and reported, never a hang. ``timeout`` is
+        what the event takes on an idle machine with room to spare; the wait is
+        PATIENCE times that, so that a loaded machine shows the scene late rather than
+        reporting it missing (a background LLM compile took 34 s of a 30 s wait with
+        the test suite on both cores). An event that comes returns at once."""
+        timeout *= PATIENCE
         got = self.log.wait(app, ev, timeout, after,
                             (lambda e: all(e.get(k) == v for k, v in match.items()))
                             if match else None)

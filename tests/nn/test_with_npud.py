@@ -130,8 +130,13 @@ def test_a_killed_npuds_driver_runs_loaded_models_loads_nothing_new_then_exits(
     orphan grace. Nothing new is loaded without a manager (the dead npud's grants would
     act outside any budget), and once the grace is over the host releases everything and
     exits (a restarted npud starts its own host on the same socket path)."""
+    # The grace bounds what the checks below may take, on a loaded machine too: a prepare
+    # the driver still serves (before it has read npud's hang-up) can take seconds there,
+    # and 2 s for that loop inside 3 s of grace left no room (not seen failing; found
+    # reading the suite for wall-clock bounds).
+    grace = 8.0
     env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
-    npud = DaemonProcess(runtime_dir, {"manager": {"orphan_grace_s": 3.0}}, drivers=True,
+    npud = DaemonProcess(runtime_dir, {"manager": {"orphan_grace_s": grace}}, drivers=True,
                          env=env, ready_timeout=60).start()
     try:
         drv = _driver_pid(runtime_dir)
@@ -153,10 +158,13 @@ def test_a_killed_npuds_driver_runs_loaded_models_loads_nothing_new_then_exits(
                 except NoManagerAttached as exc:
                     assert "loads nothing new until npud is back" in str(exc)
                     break
-                assert time.monotonic() - killed < 2.0, "a prepare was served without npud"
+                # Served only until the driver has taken npud's hang-up, well within the
+                # grace (the wall clock here bounds a loop, it measures nothing).
+                assert time.monotonic() - killed < grace / 2, \
+                    "prepares were still served without npud"
             assert _alive(drv)
-            assert _wait_gone(drv, 20), "the orphaned driver host did not exit"
-            assert time.monotonic() - killed >= 3.0, "it exited before the grace was over"
+            assert _wait_gone(drv, 30), "the orphaned driver host did not exit"
+            assert time.monotonic() - killed >= grace, "it exited before the grace was over"
             with pytest.raises(DeviceUnavailable):
                 model.execute({"x": x})
             dev.close()
