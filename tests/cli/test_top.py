@@ -83,7 +83,11 @@ def test_live_view_in_a_terminal(busy_npud: DaemonProcess, tmp_path: Path) -> No
     Ctrl-C."""
     session = f"npu-top-{uuid.uuid4().hex[:8]}"
     npu_bin = Path(sys.executable).with_name("npu")
-    sock = ["-S", str(tmp_path / "tmux.sock")]  # our own tmux server, nobody else's
+    # Our own tmux server, nobody else's, with no user config; a detached session's window
+    # falls back to default-size when tmux recalculates sizes (80x24 unless set).
+    conf = tmp_path / "tmux.conf"
+    conf.write_text("set -g default-size 120x40\n")
+    sock = ["-f", str(conf), "-S", str(tmp_path / "tmux.sock")]
     # When npu top quits, the pane's shell signals a tmux channel the test waits on.
     done = f"{session}-done"
     cmd = (f"{npu_bin} top --runtime-dir {busy_npud.runtime_dir} --interval 0.3; "
@@ -109,8 +113,13 @@ def test_live_view_in_a_terminal(busy_npud: DaemonProcess, tmp_path: Path) -> No
             shown[0] = screen()
             return bool(pred(shown[0]))
 
-        watch.wait_until(lambda: showing(
-            lambda s: "per uid" in s and re.search(r"\b42\s+<1GB", s)), 30)
+        # A whole frame at 120 columns: the screen can be caught mid-draw, and a frame once
+        # came out 80 columns wide ("0.19 …" for p50 in the per-uid row).
+        def whole_frame(s: str) -> bool:
+            return bool("per uid" in s and re.search(r"\b42\s+<1GB", s) and re.search(
+                r"foreground \(100\)\s+reference\s+[\d.]+\s+[\d.]+ ms", s))
+
+        watch.wait_until(lambda: showing(whole_frame), 30)
         first_screen = shown[0]
         assert "npu top" in first_screen and "devices" in first_screen, first_screen
         assert re.search(r"reference\s+█*·* ?1/4", first_screen), first_screen
