@@ -58,9 +58,9 @@ def _preparer(tmp_path: Path, sched: str) -> Iterator[Preparer]:
 
 @pytest.fixture
 def preparer(tmp_path: Path) -> Iterator[Preparer]:
-    """The host's default background class (nice 10). Not SCHED_IDLE for every test: an
-    idle worker runs only while a core is idle, and with the rest of the suite busy on both
-    cores its compiles starved past the 120 s test timeout (and the teardown's wait)."""
+    """A worker at nice 10. Not SCHED_IDLE for every test: an idle worker runs only while
+    a core is idle, and with the rest of the suite busy on both cores its compiles starved
+    past the 120 s test timeout (and the teardown's wait)."""
     yield from _preparer(tmp_path, "nice")
 
 
