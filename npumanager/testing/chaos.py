@@ -4,10 +4,10 @@ It starts npud (its own runtime and state dirs) with the reference driver, and N
 processes (under uids 50001.. when run as root) that make random requests, cancel them,
 prepare models, execute single and multi-step jobs, unload, and die. Meanwhile it
 restarts npud, alternately after a SIGKILL (a crash) and a SIGTERM (a clean restart: npud
-must exit 0 and leave its driver host running for the new npud to adopt),
-SIGKILLs the driver (npud restarts it), SIGSTOPs apps past
-their unload deadline, moves the thermal status (admin override) and apps'
-importance. Every tick it checks, from outside:
+must exit 0 and leave its driver host running for the new npud to adopt), SIGKILLs the
+driver (npud restarts it; sometimes npud is SIGTERMed while that replacement starts),
+SIGSTOPs apps past their unload deadline, moves the thermal status (admin override) and
+apps' importance. Every tick it checks, from outside:
 
 * the budget: the holders npud reports that are not being unloaded fit the (thermally
   scaled) budget;
@@ -17,8 +17,7 @@ importance. Every tick it checks, from outside:
 and at the end the fd count and RSS of npud and the driver against the start. The report
 also gives what the apps saw: the share of executes that succeeded and the longest gap
 between two successful executes of one app across the restarts, and where the run's logs
-are (npud.log: npud's and its driver hosts' output; stats/: each app's executes), kept
-whenever a violation needs them diagnosed.
+are (npud.log: npud and its driver hosts; stats/: the apps'), kept on a violation.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ class Report:
     npud_restarts: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     prepare_failures: dict[str, int] = field(default_factory=dict)
-    #: The run's directory (npud.log, stats/, rt/, state/); "" once removed (a clean run
-    #: in a temporary directory, unless kept).
+    #: The run's directory (npud.log, stats/, rt/, state/); "" once removed.
     log_dir: str = ""
 
     def count(self, what: str) -> None:
@@ -280,9 +278,8 @@ class Npud:
 
 def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
               workdir: Path | None = None, keep: bool = False) -> Report:
-    """The run, in ``workdir`` (created if missing, always kept) or else in a new
-    temporary directory, removed after a clean run unless ``keep``; a run with a
-    violation keeps it, and the report names it."""
+    """The run, in ``workdir`` (kept) or a new temporary directory (removed after a clean
+    run unless ``keep``); the report names it."""
     import shutil
 
     root = Path(workdir) if workdir is not None else Path(
@@ -355,15 +352,7 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
                 npud.kill()
                 report.count("npud SIGKILL")
             else:
-                # A clean restart: the driver host must outlive npud (it is adopted).
-                host = _driver_pid(rt)
-                failed = npud.stop()
-                report.count("npud SIGTERM")
-                if failed:
-                    report.violations.append(failed)
-                if host is not None and not process_running(host):
-                    report.violations.append(f"npud's SIGTERM stopped its driver host {host}"
-                                             + _host_story(log, host))
+                _sigterm(npud, _driver_pid(rt), report)
             time.sleep(rng.uniform(0.0, 1.0))
             npud.start()
             report.npud_restarts += 1
@@ -373,6 +362,14 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 report.count("driver SIGKILL")
+                # Sometimes a restart right then, while npud's replacement host is still
+                # starting (the race behind a "stopped its driver host" violation).
+                new = _replacement(rt, pid) if rng.random() < 0.3 else None
+                if new is not None:
+                    report.count("npud SIGTERM while its driver host starts")
+                    _sigterm(npud, new, report)
+                    npud.start()
+                    report.npud_restarts += 1
             next_driver_kill = now + rng.uniform(10.0, 25.0)
         r = rng.random()
         if r < 0.04 and len(stopped) < apps - 1:
@@ -426,6 +423,28 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
         s, e = report.start.get(proc, {}), report.end.get(proc, {})
         if s and e and e["fds"] > s["fds"] + 32:
             report.violations.append(f"{proc} fds grew {s['fds']} -> {e['fds']}")
+
+
+def _sigterm(npud: Npud, host: int | None, report: Report) -> None:
+    """A clean restart's stop: npud exits 0 and its driver host outlives it (adopted)."""
+    failed = npud.stop()
+    report.count("npud SIGTERM")
+    if failed:
+        report.violations.append(failed)
+    if host is not None and not process_running(host):
+        report.violations.append(f"npud's SIGTERM stopped its driver host {host}"
+                                 + _host_story(npud.log, host))
+
+
+def _replacement(rt: Path, killed: int, timeout: float = 3.0) -> int | None:
+    """The host npud starts after ``killed``, as soon as it exists (still starting)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = _driver_pid(rt)
+        if new is not None and new != killed:
+            return new
+        time.sleep(0.005)
+    return None
 
 
 def _host_story(log: Path, pid: int) -> str:
