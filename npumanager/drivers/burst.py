@@ -44,9 +44,10 @@ from google.protobuf.message import DecodeError
 
 from npumanager import tensorio
 from npumanager.drivers import events as ev
+from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
 from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
-from npumanager.drivers.steps import Execution, Reply
+from npumanager.drivers.steps import Done, Execution, Reply
 from npumanager.errors import (
     DeviceUnavailable,
     GeneralFailure,
@@ -343,7 +344,7 @@ class Bursts:
         host = self.host
         t0 = time.perf_counter()
         client = server.client
-        done = threading.Event()
+        done = Done()
         with host.lock:
             if server.closing or client.conn.closed:
                 raise DeviceUnavailable("the burst is closed")
@@ -352,40 +353,18 @@ class Bursts:
             if fixed is not None and (fixed.data != data
                                       or not fixed.still_valid(client.pools, prepared)):
                 fixed = server.fixed = None
-            if fixed is not None:
-                msg, inputs = fixed.msg, fixed.inputs
-            else:
-                try:
-                    msg = pb.Execute.FromString(data)
-                except DecodeError:
-                    raise InvalidArgument("the burst request is not an Execute message"
-                                          ) from None
-                msg.model_id = server.model_id  # a burst executes its own model
-                inputs = decode_inputs(msg, client.pools)
-            ex, event = host.new_execution(client, msg, inputs, t0)
-            ex.done = done
-            if fixed is not None:
+            key = fixed.fast if fixed is not None else None
+            if fixed is not None and key is not None:
+                # A repeat the state admitted before: admitted with what it found then,
+                # while nothing it checked has changed (drivers/state_fast.py).
+                ex = host.execution(client, fixed.msg, fixed.inputs, t0)
+                ex.done = done
                 self._use_fixed(ex, fixed)
-            else:
-                # Outputs: inline while they fit the response area, large ones into the
-                # burst's data area unless the request named another area of its pools.
-                ex.inline_budget = server.resp_size // 2
-                if msg.out_pool_id:
-                    set_output_area(ex, msg, client.pools)
-                else:
-                    ex.out_pool, ex.out_pool_id = server.pool, server.pool_id
-                    ex.out_offset = server.data_start
-                    ex.out_capacity = server.pool.size - server.data_start
-                # Kept for the next ones (bound once), whether the state admits this one
-                # or not: what the bytes decode to does not depend on it.
-                assert ex.out_pool is not None
-                fixed = fixed_request(data, msg, inputs, prepared, client.pools,
-                                      (ex.out_pool, ex.out_pool_id, ex.out_offset,
-                                       ex.out_capacity))
-                if fixed is not None:
-                    server.fixed = fixed
-                    self._use_fixed(ex, fixed)
-            step = host.submit_here(ex, event)
+                admitted, step = host.submit_fast(ex, key)
+                if not admitted:
+                    key = fixed.fast = None
+            if key is None:
+                ex, step = self._submit_full(server, data, fixed, prepared, t0, done)
         while step is not None:
             error, run_us = host.runner.run(ex, step)
             with host.lock:
@@ -409,6 +388,48 @@ class Bursts:
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome, fixed if outcome[0] is ex.fixed_result else None
+
+    def _submit_full(self, server: BurstServer, data: bytes, fixed: FixedRequest | None,
+                     prepared: PreparedModel | None, t0: float, done: Done
+                     ) -> tuple[Execution, ev.RunStep | None]:
+        """The lock held: ``data`` submitted as an ExecuteRequested (decoded first unless it
+        is the kept request); what it decodes to is kept for the next ones, bound once,
+        whether the state admits it or not, and what the state's checks found once it
+        does."""
+        host = self.host
+        client = server.client
+        if fixed is not None:
+            msg, inputs = fixed.msg, fixed.inputs
+        else:
+            try:
+                msg = pb.Execute.FromString(data)
+            except DecodeError:
+                raise InvalidArgument("the burst request is not an Execute message") from None
+            msg.model_id = server.model_id  # a burst executes its own model
+            inputs = decode_inputs(msg, client.pools)
+        ex, event = host.new_execution(client, msg, inputs, t0)
+        ex.done = done
+        if fixed is None:
+            # Outputs: inline while they fit the response area, large ones into the
+            # burst's data area unless the request named another area of its pools.
+            ex.inline_budget = server.resp_size // 2
+            if msg.out_pool_id:
+                set_output_area(ex, msg, client.pools)
+            else:
+                ex.out_pool, ex.out_pool_id = server.pool, server.pool_id
+                ex.out_offset = server.data_start
+                ex.out_capacity = server.pool.size - server.data_start
+            assert ex.out_pool is not None
+            fixed = fixed_request(data, msg, inputs, prepared, client.pools,
+                                  (ex.out_pool, ex.out_pool_id, ex.out_offset,
+                                   ex.out_capacity))
+            server.fixed = fixed
+        if fixed is not None:
+            self._use_fixed(ex, fixed)
+        step = host.submit_here(ex, event)
+        if fixed is not None:
+            fixed.fast = host.state.fast_key(event)
+        return ex, step
 
     @staticmethod
     def _use_fixed(ex: Execution, fixed: FixedRequest) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.state_fast import FastKey
 from npumanager.proto.v1 import driver_pb2 as pb
 
 #: The element kinds a bound run takes (numeric tensors; strings, sequences, maps and
@@ -53,6 +54,8 @@ class FixedRequest:
     result: pb.ExecuteResult
     #: The backend's run bound to ``inputs`` and the output views (None: run_into).
     run: Callable[[], dict[str, Any]] | None
+    #: What the state's full admission of this request found (:mod:`.state_fast`).
+    fast: FastKey | None = None
 
     def still_valid(self, pools: dict[int, tensorio.MappedPool],
                     prepared: PreparedModel | None) -> bool:

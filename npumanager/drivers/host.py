@@ -55,6 +55,7 @@ from npumanager.drivers.npud_link import NpudLink, admin
 from npumanager.drivers.prepare import Prepared, Preparer
 from npumanager.drivers.resources import HostResources
 from npumanager.drivers.state import DriverState
+from npumanager.drivers.state_fast import FastKey
 from npumanager.drivers.steps import Execution, Reply, StepRunner
 from npumanager.errors import GeneralFailure, InvalidArgument, NpuError
 from npumanager.fds import close_fds
@@ -473,12 +474,10 @@ class DriverHost:
         """The execution of an execute request and the event that submits it."""
         steps = max(1, msg.steps)
         feedback = tuple(msg.feedback.items()) if steps > 1 else ()
-        ticket = next(self._tickets)
+        ex = self.execution(client, msg, inputs, t0, dict(feedback))
+        ticket = ex.ticket
         original_uid = msg.original_uid if msg.has_original_uid else None
         feature_id = msg.feature_id if msg.has_feature_id else None
-        ex = Execution(ticket, self.res.prepared.get(msg.model_id), inputs, dict(feedback),
-                       client.conn.peer.uid if original_uid is None else original_uid,
-                       feature_id, t0)
         event = ev.ExecuteRequested(
             stimulus_id=f"execute-{ticket}", now=self.clock.now(), conn=client.cid,
             ticket=ticket, model_id=msg.model_id, inputs=tuple(inputs), values=inputs,
@@ -487,6 +486,31 @@ class DriverHost:
             exec_id=msg.exec_id,
         )
         return ex, event
+
+    def execution(self, client: ClientConn, msg: pb.Execute, inputs: dict[str, Any],
+                  t0: float, feedback: dict[str, str] | None = None) -> Execution:
+        """A new ticket's execution of an execute request (no event for the state yet)."""
+        return Execution(next(self._tickets), self.res.prepared.get(msg.model_id), inputs,
+                         feedback or {}, msg.original_uid if msg.has_original_uid
+                         else client.conn.peer.uid,
+                         msg.feature_id if msg.has_feature_id else None, t0)
+
+    def submit_fast(self, ex: Execution, key: FastKey) -> tuple[bool, ev.RunStep | None]:
+        """From a burst thread, the lock held: admit ``ex`` as a repeat of the request
+        ``key`` was made for (:mod:`.state_fast`); (admitted, the step of ``ex`` this thread
+        runs). Not admitted: the state wants the full path (nothing changed)."""
+        res = self.res
+        ticket = ex.ticket
+        res.executions[ticket] = ex
+        try:
+            out = self.state.execute_fast(key, ticket, f"execute-{ticket}", self.clock.now())
+        except BaseException:
+            del res.executions[ticket]
+            raise
+        if out is None:
+            del res.executions[ticket]
+            return False, None
+        return True, res.carry_out_here(out, ex)
 
     def submit_here(self, ex: Execution, event: ev.Event) -> ev.RunStep | None:
         """From a burst thread, with the lock held: submit ``event`` about ``ex``; the

@@ -64,6 +64,7 @@ from npumanager.drivers.records import (
     WorkStats,
 )
 from npumanager.drivers.runqueue import Job, RunQueue
+from npumanager.drivers.state_fast import FastAdmission
 from npumanager.drivers.state_models import ORPHAN_TIMER, ModelRules
 from npumanager.errors import GrantRevoked, InvalidArgument
 from npumanager.hal.types import (
@@ -79,9 +80,19 @@ __all__ = ["ORPHAN_TIMER", "DriverParams", "DriverState", "GrantCheck"]
 DEBOUNCE_TIMER = "debounce"
 _QUEUED, _RUNNING, _PAUSED = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED
 _REQUESTED, _STARTED, _ENDED = WorkKind.REQUESTED, WorkKind.STARTED, WorkKind.ENDED
+#: (an Enum's ``name`` is a property: two Python calls on every job's end)
+_REASON_NAMES = {r: r.name for r in EndReason}
+#: Events that change nothing an execute request's checks read (its connection and
+#: model, the model's specs, the attributed uid's priority range, thermal status and
+#: the manager link are untouched; queue, channels, bounds and debouncing are not
+#: checked but decided afresh on every admission): they leave ``epoch`` alone. Every
+#: other event bumps it, a debounce timer excepted.
+_NEUTRAL = frozenset({ev.ExecuteRequested, ev.StepFinished, ev.PoolRegistered,
+                      ev.PoolUnregistered, ev.PrepareBegun, ev.PrepareEnded,
+                      ev.ClientConnected, ev.ModelPrepared, ev.GrantIssued})
 
 
-class DriverState(ModelRules):
+class DriverState(ModelRules, FastAdmission):
     """The driver host's whole state; see the module docstring for the rules (grants,
     prepares, models and the manager link: :class:`~.state_models.ModelRules`)."""
 
@@ -116,6 +127,10 @@ class DriverState(ModelRules):
         self._log = DecisionLog(p.decision_log_size)
         self._out: list[ev.Instruction] = []
         self._ev: ev.Event | None = None
+        #: Bumped by every event that can change what an execute request's checks find
+        #: (see ``_NEUTRAL``): the fast admission of :mod:`.state_fast` holds only while
+        #: it stands still.
+        self.epoch = 0
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.ClientConnected: self._on_connected,
             ev.ClientGone: self._on_gone,
@@ -146,8 +161,12 @@ class DriverState(ModelRules):
         out: list[ev.Instruction] = []
         self._out = out
         self._ev = event
+        kind = type(event)
+        if kind not in _NEUTRAL and (kind is not ev.TimerFired
+                                     or event.key != DEBOUNCE_TIMER):  # type: ignore[attr-defined]
+            self.epoch += 1  # what a fast admission found may not hold any more
         try:
-            self._handlers[type(event)](event)
+            self._handlers[kind](event)
             if self._debounce.next_deadline() is not None:
                 self._sync_timer()
         finally:
@@ -313,16 +332,26 @@ class DriverState(ModelRules):
             raise InvalidArgument(f"execution ticket {e.ticket} is already in use")
         uid = client.uid
         eff = self.effective_priority(uid, e.original_uid, e.job_priority)
+        self._admit(client, model, e.ticket, steps, eff, e.job_priority, e.original_uid,
+                    e.feature_id, e.group_id, e.exec_id, e.now)
+
+    def _admit(self, client: ClientRecord, model: ModelRecord, ticket: int, steps: int,
+               eff: int, job_priority: int, original_uid: int | None,
+               feature_id: int | None, group_id: bytes | None, exec_id: int,
+               now: float) -> Job:
+        """An execution whose request passed every check (the full path, or the fast path
+        of :mod:`.state_fast` with what that same check found): within the uid's bound
+        it is admitted, reported (debouncing) and queued, then dispatched."""
+        uid = client.uid
         self.ledger.check_job(uid, len(client.jobs))
         # Admitted: nothing below raises.
         self.ledger.add_job(uid)
-        now = e.now
-        info = WorkInfo(next(self._work_ids), e.group_id, uid, client.pid,
-                        uid if e.original_uid is None else e.original_uid, e.feature_id,
-                        e.job_priority, eff, int(now * 1000), self.params.device_number)
-        job = Job(e.ticket, info, e.conn, e.model_id, e.exec_id, steps, next(self._seq),
+        info = WorkInfo(next(self._work_ids), group_id, uid, client.pid,
+                        uid if original_uid is None else original_uid, feature_id,
+                        job_priority, eff, int(now * 1000), self.params.device_number)
+        job = Job(ticket, info, client.conn, model.model_id, exec_id, steps, next(self._seq),
                   cls=exec_class(eff, self.protection.foreground_priority))
-        self._jobs[e.ticket] = job
+        self._jobs[ticket] = job
         client.jobs.add(job)
         model.jobs.add(job)
         self.stats.submitted += 1
@@ -331,9 +360,10 @@ class DriverState(ModelRules):
         job.reported = self._debounce.begin(uid) and self.listening
         if job.reported:
             self._out.append(ev.ReportWork(_REQUESTED, info, 0))
-        self._decide("work", info.id, "admitted", model=e.model_id, eff=eff, steps=steps)
+        self._decide("work", info.id, "admitted", model=model.model_id, eff=eff, steps=steps)
         self._queue.push(job)
         self._dispatch()
+        return job
 
     def _on_cancel(self, e: ev.CancelRequested) -> None:
         client = self._clients.get(e.conn)
@@ -467,7 +497,7 @@ class DriverState(ModelRules):
         if self._debounce.end(job.info.uid, info, reason, e.now, listening):
             self._out.append(ev.ReportWork(_ENDED, info, int(reason)))
         self._out.append(ev.FinishJob(job.ticket, job_id, reason, job.step, error, job.revoked))
-        self._decide("work", job_id, "ended", reason=reason.name, steps=job.step)
+        self._decide("work", job_id, "ended", reason=_REASON_NAMES[reason], steps=job.step)
         if model is not None and not model.jobs and model.model_id in self._releasing:
             del self._releasing[model.model_id]
             self._out.append(ev.ReleaseModel(model.model_id))
