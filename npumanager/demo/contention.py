@@ -34,7 +34,7 @@ from npumanager.constants import Importance, ModelPriority, ModelSize
 from npumanager.demo.contention_apps import BenchApp, bench_app_main
 from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.observe import Event, EventLog
-from npumanager.demo.process import AppProcess, LineQueue, Outbox
+from npumanager.demo.process import AppProcess, LineQueue, Outbox, signals_held
 
 #: uids of the apps when run as root (npud tells apps apart by uid).
 UIDS = {"camera": 62001, "voice": 62002, "llm": 62003, "embedder": 62004, "loader": 62005}
@@ -235,7 +235,9 @@ class ContentionRun:
             bench_app_main(app, model, managed, rt, first_id, out, commands, bursts, kinds)
 
         log_path = os.path.join(self.tmp[0], f"{name}.log")
-        self.procs[name] = AppProcess(name, self.uid(name), main, self.events.add, log_path)
+        with signals_held():  # a Ctrl-C now is taken once the app is on the list
+            self.procs[name] = AppProcess(name, self.uid(name), main, self.events.add,
+                                          log_path)
 
     def wait_for(self, name: str, ev: str, after: float, timeout: float = 60.0) -> Event:
         got = self.events.wait(name, ev, timeout, after)

@@ -30,6 +30,25 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def signals_held() -> Any:
+    """Hold Ctrl-C and SIGTERM (pending, not lost) while an app is forked and recorded.
+
+    The demo stops on Ctrl-C by raising KeyboardInterrupt and stopping every app it has
+    recorded. A Ctrl-C that landed between ``fork()`` and the caller recording the child
+    left an app nobody stopped (seen under load: "demo apps still running"). Held here,
+    the signal is taken right after the ``with`` block, when the app is on the list.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class Outbox:
     """The child's end of the event pipe: one JSON object per line, one write each."""
 
@@ -104,6 +123,8 @@ class AppProcess:
                 os.close(cmd_w)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # the demo ends us on Ctrl-C
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                # The parent may fork inside signals_held(): the mask is inherited.
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 1)
                 os.dup2(log_fd, 2)

@@ -37,7 +37,7 @@ from npumanager.demo.cast import (
 )
 from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.observe import Event, EventLog, HalObserver
-from npumanager.demo.process import AppProcess
+from npumanager.demo.process import AppProcess, signals_held
 from npumanager.demo.render import Renderer, fmt_ms
 from npumanager.demo.summary import print_summary, status_excerpt
 
@@ -163,9 +163,10 @@ class Scenario:
         def main(outbox: Any, commands: Any) -> None:
             app_main(spec, model, rt, cache_dir, outbox, commands)
 
-        proc = AppProcess(name, spec.uid, main, self.log.add,
-                          os.path.join(self.cache_root, f"{name}.log"))
-        self.apps[name] = proc
+        with signals_held():  # a Ctrl-C now is taken once the app is on the list
+            proc = AppProcess(name, spec.uid, main, self.log.add,
+                              os.path.join(self.cache_root, f"{name}.log"))
+            self.apps[name] = proc
         return proc
 
     def set_importance(self, name: str) -> None:
