@@ -24,6 +24,22 @@ def _root_log_handlers() -> Iterator[None]:
     root.setLevel(level)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _hosts_left_running() -> Iterator[None]:
+    """At the end of the session, stop and reap the driver hosts that in-process npuds
+    left running for a next npud (SIGTERM is a restart): their tests are over, and a
+    Popen collected at exit with its child still running raises the ResourceWarning
+    that the "error" warnings filter turns into an "Exception ignored" trace."""
+    yield
+    from npumanager.service import host_process
+
+    for popen in host_process._LEFT_RUNNING:
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait()
+    host_process._LEFT_RUNNING.clear()
+
+
 @pytest.fixture
 def runtime_dir() -> Iterator[Path]:
     """A fresh runtime dir under /tmp, traversable by other uids (pytest's tmp_path is 0700),
