@@ -25,6 +25,7 @@ from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.supervisor import Backoff, DriverSupervisor
 from npumanager.testing.daemon import process_running
+from tests.drivers.supervisor_thread import supervisor_on_a_thread
 
 FAKE = "npumanager.testing.fake_driver:FakeDriver"
 X = {"x": np.zeros((1, 4), np.float32)}
@@ -101,26 +102,9 @@ def start_supervisor(runtime_dir: Path, state_dir: Path) -> Iterator[Running]:
         "thermal": {"poll_interval_s": 0.05},
     })
     events = Events()
-    loop = asyncio.new_event_loop()
     sup = DriverSupervisor(cfg, runtime_dir, events, MonotonicClock(), state_dir=state_dir)
-    ready = threading.Event()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(sup.start())
-        ready.set()
-        loop.run_forever()
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    assert ready.wait(60)
-    try:
+    with supervisor_on_a_thread(sup) as loop:
         yield Running(sup, loop, events)
-    finally:
-        asyncio.run_coroutine_threadsafe(sup.stop(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(30)
-        loop.close()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from npumanager.config import Config
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.supervisor import DriverSupervisor
 from npumanager.testing.daemon import driver_hosts, process_running
+from tests.drivers.supervisor_thread import supervisor_on_a_thread
 
 pytestmark = pytest.mark.slow
 
@@ -70,28 +70,11 @@ def supervisor(runtime_dir: Path, state_dir: Path, gate: Path,
         "name": "fake", "plugin": GATED, "channels": 1, "restart_backoff_s": 0.05,
         "options": {"start_gate": str(gate)}}]})
     events = Events()
-    loop = asyncio.new_event_loop()
     # startup_wait_s: npud's start does not wait for a gated host (the test does).
     sup = DriverSupervisor(cfg, runtime_dir, events, MonotonicClock(), state_dir=state_dir,
                            startup_wait_s=0.05, detach_wait_s=detach_wait_s)
-    started = threading.Event()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(sup.start())
-        started.set()
-        loop.run_forever()
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    assert started.wait(60)
-    try:
+    with supervisor_on_a_thread(sup) as loop:
         yield Running(sup, loop, events)
-    finally:
-        asyncio.run_coroutine_threadsafe(sup.stop(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(30)
-        loop.close()
 
 
 def _starting_pid(r: Running) -> int:
