@@ -180,7 +180,7 @@ class CacheVerifier:
             raise GeneralFailure(f"cannot open cache map {self.path}: {exc}") from exc
         try:
             self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._db.execute("PRAGMA journal_mode = WAL")
+            self._enter_wal(busy_timeout_s)
             self._db.execute("PRAGMA synchronous = FULL")
             with self._write():
                 if self._meta_if_any("schema") not in (None, SCHEMA_VERSION):
@@ -204,6 +204,29 @@ class CacheVerifier:
         except sqlite3.Error as exc:
             self._db.close()
             raise GeneralFailure(f"cannot initialise cache map {self.path}: {exc}") from exc
+
+    def _enter_wal(self, busy_timeout_s: float) -> None:
+        """Switch the file to WAL mode, waiting out other connections doing the same.
+
+        Changing the journal mode needs an exclusive lock, and SQLite answers
+        "database is locked" at once instead of calling the busy handler, so several
+        driver processes opening a new map together would fail. The mode is
+        persistent: once one of them has switched it, the others find it set.
+        """
+        deadline = time.monotonic() + busy_timeout_s
+        pause = 0.001
+        while True:
+            try:
+                row = self._db.execute("PRAGMA journal_mode").fetchone()
+                if row is not None and str(row[0]).lower() == "wal":
+                    return
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     # --- transactions -------------------------------------------------------
 
