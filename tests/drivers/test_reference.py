@@ -49,6 +49,37 @@ def test_run_into_writes_outputs_in_place() -> None:
     np.testing.assert_array_equal(dest, np.maximum(x, 0))
 
 
+def test_bound_run_finds_the_graph_id_its_run_options_are_asked_for() -> None:
+    """ONNX Runtime's run_with_iobinding asks the RunOptions for ``gpu_graph_id`` on every
+    run; when unset the lookup raises (a C++ exception, caught in Python): about 80 µs of
+    a tiny model's bound run. The reference model's options carry it, and the bound run
+    (a burst's) still writes its outputs in place."""
+    import onnxruntime.capi.onnxruntime_inference_collection as coll
+
+    drv = ReferenceDriver({})
+    m = drv.compile(relu_model((4, 8)), CompileOptions())
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    dest = np.zeros((4, 8), np.float32)
+    run = m.bind({"x": x}, {"y": dest})
+    assert run is not None
+    asked: list[object] = []
+    real = coll._graph_annotation_id
+
+    def graph_id(opts: object) -> int:
+        asked.append(opts.get_run_config_entry("gpu_graph_id"))  # type: ignore[attr-defined]
+        return real(opts)
+
+    coll._graph_annotation_id = graph_id  # type: ignore[assignment]
+    try:
+        out = run()
+    finally:
+        coll._graph_annotation_id = real  # type: ignore[assignment]
+    assert asked == ["-1"]  # found: no exception raised on the way
+    assert out["y"] is dest
+    np.testing.assert_array_equal(dest, np.maximum(x, 0))
+    m.release()
+
+
 def test_step_model_is_not_constant_folded_and_counts_steps() -> None:
     drv = ReferenceDriver({})
     m = drv.compile(step_model(4, work_dim=16), CompileOptions())
