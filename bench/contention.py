@@ -36,6 +36,7 @@ from npumanager.demo.contention import (
     driver_config,
     format_rows,
     side_by_side,
+    summary,
     verdicts,
 )
 
@@ -68,11 +69,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The camera and the voice assistant execute the plain way (an RPC per execution)
     # instead of through bursts.
     "no-bursts": {"bursts": False},
-    # The embedder's back-to-back batches through a burst too (an app-side choice).
-    "embedder-burst": {"batch_bursts": True},
+    # The embedder's back-to-back batches one RPC each instead of through a burst (an
+    # app-side choice; bursts are the default since bursts got cheaper: 510c360).
+    "embedder-no-burst": {"batch_bursts": False},
     # The driver host's GIL switch interval: 0.5 ms instead of Python's 5 ms, so a thread
     # serving a foreground execution asks a background thread for the GIL sooner.
     "switch-0.5ms": {"switch_interval_us": 500},
+    # The quiet window (drivers/quiet.py): no background step starts while the camera's
+    # frame runs or when it would reach within X of the camera's next frame.
+    "quiet-2ms": {"quiet_window_us": 2000},
+    "quiet-off": {"quiet_window_us": 0},
+    # Fair share among background apps (drivers/share.py): the uid over its share of
+    # background time runs at SCHED_IDLE, the others at nice 19 (they preempt it).
+    "share-19": {"background_sched": "share", "background_nice": 19},
+    "share-19+quiet-2ms": {"background_sched": "share", "background_nice": 19,
+                           "quiet_window_us": 2000},
+    # Background steps pinned away from CPU 0 (drivers/steps.py: background_cpus).
+    "bg-spare-cpus": {"background_cpus": "spare"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
 }
@@ -84,6 +97,7 @@ def main() -> int:
     ap.add_argument("--ablate", action="store_true", help="also the ablation variants")
     ap.add_argument("--only", default="", help="comma-separated runs: unmanaged, managed, "
                     + ", ".join(VARIANTS))
+    ap.add_argument("--json", default="", help="also write every run's numbers to this file")
     args = ap.parse_args()
     timing = Timing.quick() if args.quick else Timing()
     names = ["unmanaged", "managed"]
@@ -101,7 +115,7 @@ def main() -> int:
         managed = name != "unmanaged"
         knobs = dict(VARIANTS.get(name, {}))
         bursts = bool(knobs.pop("bursts", True))
-        batch_bursts = bool(knobs.pop("batch_bursts", False))
+        batch_bursts = bool(knobs.pop("batch_bursts", True))
         cfg = driver_config(**knobs) if managed else None
         run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
                             batch_bursts=batch_bursts,
@@ -113,6 +127,10 @@ def main() -> int:
           f"{timing.loading_s:g} s; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
           f"{'one uid per app' if os.getuid() == 0 else 'one uid, job priorities'})")
     print(format_rows(side_by_side(results)))
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps([summary(r) for r in results], indent=1))
     by = {r.name: r for r in results}
     if "unmanaged" in by and "managed" in by:
         print()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npumanager.constants import Importance, ModelPriority, ModelSize
+from npumanager.demo import contention_cpu
 from npumanager.demo.contention_apps import BenchApp, bench_app_main
 from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.observe import Event, EventLog
@@ -61,9 +62,13 @@ def bench_apps() -> dict[str, BenchApp]:
 
 @dataclass(frozen=True)
 class Timing:
-    alone_s: float = 6.0
-    contended_s: float = 12.0
-    loading_s: float = 8.0
+    """Phase lengths. A full run's contended phase is 30 s (900 frames: its p99 is the
+    9th-worst frame): at 12 s (360 frames, the 4th-worst) the p99 of the same code
+    moved 2x between runs."""
+
+    alone_s: float = 10.0
+    contended_s: float = 30.0
+    loading_s: float = 15.0
     settle_s: float = 1.0
 
     @classmethod
@@ -103,6 +108,11 @@ class RunResult:
     work_done: dict[str, int] = field(default_factory=dict)
     mem_peak_mib: float = float("nan")  # whole machine, above the idle level before the run
     rss_peak_mib: float = float("nan")  # the processes this run started, summed
+    #: The slowest 2 % of the camera's frames per phase: (seconds into the phase, ms), to
+    #: see whether a p99 was a few bad moments or a steady tail.
+    worst: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: CPU in each phase: this run's processes, everyone else's, the hypervisor's steal.
+    cpu: dict[str, contention_cpu.CpuUse] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
@@ -192,13 +202,15 @@ class ContentionRun:
     def __init__(self, name: str, managed: bool, timing: Timing,
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
-                 log: Any = None, bursts: bool = True, batch_bursts: bool = False) -> None:
+                 log: Any = None, bursts: bool = True, batch_bursts: bool = True) -> None:
         self.name = name
         #: Managed camera and voice execute through bursts (model.burst()).
         self.bursts = bursts
-        #: The managed embedder's batches too (one burst instead of an RPC a batch). Off:
-        #: bench/contention.py's embedder-burst row measured 3088 vs 2645, 3372 vs 2759
-        #: and 2707 vs 2833 items/s in three runs: not a clear gain.
+        #: The managed embedder's batches too (one burst instead of an RPC a batch), as an
+        #: app would write a loop of executions with the SDK. Off, before bursts got
+        #: cheaper (510c360), it measured no clear gain (3088 vs 2645, 3372 vs 2759, 2707
+        #: vs 2833 items/s); now the embedder with the LLM decoding, same npud, 4 s each:
+        #: 4076 items/s through a burst vs 2906 an RPC a batch (alone 7124 vs 4736).
         self.batch_bursts = batch_bursts
         self.managed = managed
         self.timing = timing
@@ -210,6 +222,7 @@ class ContentionRun:
         self.events = EventLog()
         self.procs: dict[str, AppProcess] = {}
         self.windows: dict[str, tuple[float, float]] = {}
+        self.cpu: dict[str, contention_cpu.CpuUse] = {}
         self.rt = ""
         self.tmp: list[str] = []
         self.say = log or (lambda msg: None)
@@ -276,9 +289,14 @@ class ContentionRun:
 
     def phase(self, name: str, seconds: float) -> None:
         if name in self.phases:
+            me = os.getpid()
+            a = contention_cpu.mark(descendants(me))
             t0 = time.monotonic()
             time.sleep(seconds)
-            self.windows[name] = (t0, time.monotonic())
+            t1 = time.monotonic()
+            self.cpu[name] = contention_cpu.between(a, contention_cpu.mark(descendants(me)),
+                                                    t1 - t0)
+            self.windows[name] = (t0, t1)
 
     def run(self) -> RunResult:
         self.tmp.append(tempfile.mkdtemp(prefix="npu-contention-"))
@@ -331,6 +349,7 @@ class ContentionRun:
     def collect(self, r: RunResult) -> None:
         ev = self.events
         r.errors = [f"{e['app']}: {e['what']}: {e['error']}" for e in ev.find(ev="error")]
+        r.cpu = dict(self.cpu)
         frames = ev.find("camera", "frame")
         r.work_done = {"decode": len(ev.find("llm", "decode")),
                        "batch": len(ev.find("embedder", "batch"))}
@@ -338,6 +357,9 @@ class ContentionRun:
             if name in self.windows:
                 a, b = self.windows[name]
                 r.camera[name] = Stats([e["ms"] for e in frames if a <= e["t"] < b])
+                mine = sorted(((e["t"] - a, e["ms"]) for e in frames if a <= e["t"] < b),
+                              key=lambda x: -x[1])
+                r.worst[name] = [(round(t, 3), ms) for t, ms in mine[:max(1, len(mine) // 50)]]
         if "loading" in self.windows:
             a, b = self.windows["loading"]
             spans = []
@@ -406,7 +428,23 @@ def side_by_side(results: list[RunResult]) -> list[tuple[str, ...]]:
         ("peak memory, machine (MiB over idle)", *[_f(r.mem_peak_mib, 0) for r in results]),
         ("peak RSS of the run's processes (MiB)", *[_f(r.rss_peak_mib, 0) for r in results]),
     ]
+    for phase in ("alone", "contended", "loading"):
+        rows.append((f"CPU {phase}: run / foreign / steal (cores)",
+                     *[r.cpu[phase].cell() if phase in r.cpu else "-" for r in results]))
     return rows
+
+
+def summary(r: RunResult) -> dict[str, Any]:
+    """One run's numbers as plain data (bench/contention.py --json)."""
+    def stats(s: Stats) -> dict[str, float]:
+        return {"p50": s.pct(0.5), "p99": s.pct(0.99), "max": s.max, "n": len(s.ms)}
+
+    return {"name": r.name, "camera": {k: stats(v) for k, v in r.camera.items()},
+            "voice": stats(r.voice), "llm_tokens_s": r.llm_tokens_s,
+            "embedder_items_s": r.embedder_items_s, "load_p50_ms": r.loads.pct(0.5),
+            "mem_peak_mib": r.mem_peak_mib, "rss_peak_mib": r.rss_peak_mib,
+            "cpu": {k: vars(v) for k, v in r.cpu.items()}, "worst": r.worst,
+            "errors": r.errors}
 
 
 def format_rows(rows: list[tuple[str, ...]]) -> str:

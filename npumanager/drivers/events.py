@@ -232,6 +232,9 @@ class RunStep(Instruction):
     background: bool = field(default=False, compare=False)
     #: The job's effective priority, for the backend's own knobs (PreparedModel.begin_step).
     priority: int = field(default=-1, compare=False)
+    #: A background step of a uid that used more than its share of the background's
+    #: time (.share): the shell runs it where the other background steps preempt it.
+    yields: bool = field(default=False, compare=False)
 
 
 @dataclass(slots=True)

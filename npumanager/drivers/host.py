@@ -100,7 +100,8 @@ class DriverHost:
         self.runner = StepRunner(hc.name, hc.channels, inline_limit=hc.inline_limit,
                                  max_frame=hc.max_frame, stats=self.exec_stats,
                                  background_sched=hc.background_sched,
-                                 background_nice=hc.background_nice)
+                                 background_nice=hc.background_nice,
+                                 background_cpus=hc.background_cpus)
         self.server: RpcServer | None = None
         self._clients: dict[RpcConnection, ClientConn] = {}
         self._cids = itertools.count(1)

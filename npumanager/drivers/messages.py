@@ -48,7 +48,9 @@ def params_from(hc: HostConfig) -> DriverParams:
                         limits=Limits(**hc.limits), orphan_grace_s=hc.orphan_grace_s,
                         foreground_priority=hc.foreground_priority,
                         reserved_channels=hc.reserved_channels,
-                        background_threads=hc.background_sched != "normal")
+                        background_threads=hc.background_sched != "normal",
+                        quiet_window_us=hc.quiet_window_us,
+                        background_share=hc.background_sched == "share")
 
 
 def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:

@@ -72,16 +72,18 @@ class Preparer:
         #: it must not take the core from foreground work; ONNX Runtime's intra-op threads,
         #: created by the compiling thread, inherit that too.
         self.bg_compile_pool = self.compile_pool
-        if hc.background_sched != "normal":
+        # (fair share among background apps is for their steps: compiles stay idle)
+        sched = "idle" if hc.background_sched == "share" else hc.background_sched
+        if sched != "normal":
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
-                                                   hc.background_sched, hc.background_nice)
+                                                   sched, hc.background_nice)
         #: BACKGROUND models a driver can compile elsewhere (``compile_in_worker``) compile
         #: in a lowered child process, off this process's GIL (drivers/compile_worker.py).
         self.worker: CompileWorker | None = None
         self._worker_hook: Callable[..., PreparedModel | None] | None = getattr(
             driver, "compile_in_worker", None)
         if hc.background_compile == "process" and self._worker_hook is not None:
-            self.worker = CompileWorker(hc.name, hc.background_sched, hc.background_nice)
+            self.worker = CompileWorker(hc.name, sched, hc.background_nice)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first

@@ -34,6 +34,11 @@ class DriverParams:
     #: The shell runs BACKGROUND steps on background threads (its thread policy is not
     #: "normal"): then they never take the inline idle path on the event loop.
     background_threads: bool = False
+    #: The quiet window around paced foreground frames in µs (:mod:`.quiet`; 0: off).
+    quiet_window_us: float = 0.0
+    #: Fair share among background uids (:mod:`.share`): steps of a uid over its share
+    #: are marked ``RunStep.yields`` (the shell's background_sched = "share").
+    background_share: bool = False
     #: Ended grants and released models remembered to say why a later call fails.
     tombstones: int = 4096
     decision_log_size: int = 4096

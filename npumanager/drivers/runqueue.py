@@ -10,6 +10,7 @@ while the device is hot; the rest of the queue is not blocked behind them.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from npumanager.drivers.classes import ExecClass, may_start
@@ -81,16 +82,33 @@ class RunQueue:
         self._heap = [e for e in self._heap if e[2] is not job]
         heapq.heapify(self._heap)
 
+    def foreground_streams(self) -> set[tuple[int, int]]:
+        """(connection, model) of every FOREGROUND job running or queued (a queued one
+        is taken before any background job: it ranks above them)."""
+        fg = ExecClass.FOREGROUND
+        out = {(j.conn, j.model_id) for j in self.running.values() if j.cls is fg}
+        out.update((j.conn, j.model_id) for _, _, j in self._heap if j.cls is fg)
+        return out
+
+    def background_uids(self) -> set[int]:
+        """uids with BACKGROUND work running or queued."""
+        bg = ExecClass.BACKGROUND
+        out = {j.info.uid for j in self.running.values() if j.cls is bg}
+        out.update(j.info.uid for _, _, j in self._heap if j.cls is bg)
+        return out
+
     def held_count(self, cutoff: int | None) -> int:
         if cutoff is None:
             return 0
         return sum(1 for eff, _, _ in self._heap if eff > cutoff)
 
-    def take(self, cutoff: int | None) -> list[tuple[Job, JobState]]:
+    def take(self, cutoff: int | None, quiet: Callable[[Job], bool] | None = None
+             ) -> list[tuple[Job, JobState]]:
         """Start the best queued jobs on the free channels; those above ``cutoff`` (thermal
         hold-back, None: nothing held) stay queued, and so do background jobs while
-        ``channels - reserved`` background steps run. Returns each job started with the
-        state it had in the queue (it is RUNNING now)."""
+        ``channels - reserved`` background steps run or ``quiet(job)`` says so (the quiet
+        window, :mod:`.quiet`). Returns each job started with the state it had in the
+        queue (it is RUNNING now)."""
         heap, free = self._heap, self._free
         if not free or not heap:
             return []
@@ -101,7 +119,8 @@ class RunQueue:
             entry = heapq.heappop(heap)
             job = entry[2]
             if (cutoff is not None and entry[0] > cutoff) or not may_start(
-                    job.cls, background, self.channels, self.reserved):
+                    job.cls, background, self.channels, self.reserved) or (
+                    quiet is not None and job.cls is ExecClass.BACKGROUND and quiet(job)):
                 held.append(entry)
             else:
                 chosen.append(job)

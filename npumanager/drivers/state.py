@@ -55,6 +55,7 @@ from npumanager.drivers.configs import SchedulingConfigs
 from npumanager.drivers.debounce import Debouncer
 from npumanager.drivers.decisions import DecisionLog
 from npumanager.drivers.events import JobState, WorkKind
+from npumanager.drivers.quiet import QuietWindow
 from npumanager.drivers.records import (
     ClientRecord,
     DriverParams,
@@ -64,6 +65,7 @@ from npumanager.drivers.records import (
     WorkStats,
 )
 from npumanager.drivers.runqueue import Job, RunQueue
+from npumanager.drivers.share import BackgroundShare
 from npumanager.drivers.state_fast import FastAdmission
 from npumanager.drivers.state_models import ORPHAN_TIMER, ModelRules
 from npumanager.errors import GrantRevoked, InvalidArgument
@@ -78,6 +80,9 @@ from npumanager.hal.types import (
 __all__ = ["ORPHAN_TIMER", "DriverParams", "DriverState", "GrantCheck"]
 
 DEBOUNCE_TIMER = "debounce"
+QUIET_TIMER = "quiet"
+#: Timers that change nothing an execute request's checks read (see ``_NEUTRAL``).
+_NEUTRAL_TIMERS = frozenset({DEBOUNCE_TIMER, QUIET_TIMER})
 _QUEUED, _RUNNING, _PAUSED = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED
 _REQUESTED, _STARTED, _ENDED = WorkKind.REQUESTED, WorkKind.STARTED, WorkKind.ENDED
 #: (an Enum's ``name`` is a property: two Python calls on every job's end)
@@ -124,6 +129,12 @@ class DriverState(ModelRules, FastAdmission):
         self._seq = itertools.count()
         self._cutoff: int | None = None  # effective priorities above it are held back
         self._timer_at: float | None = None
+        #: The quiet window around paced foreground frames (.quiet; None: off) and when
+        #: its timer is armed to look at held background work again.
+        self.quiet = QuietWindow(p.quiet_window_us / 1e6) if p.quiet_window_us > 0 else None
+        self._quiet_at: float | None = None
+        #: Fair share among background uids (.share; None: off).
+        self.share = BackgroundShare() if p.background_share else None
         self._log = DecisionLog(p.decision_log_size)
         self._out: list[ev.Instruction] = []
         self._ev: ev.Event | None = None
@@ -163,7 +174,7 @@ class DriverState(ModelRules, FastAdmission):
         self._ev = event
         kind = type(event)
         if kind not in _NEUTRAL and (kind is not ev.TimerFired
-                                     or event.key != DEBOUNCE_TIMER):  # type: ignore[attr-defined]
+                                     or event.key not in _NEUTRAL_TIMERS):  # type: ignore[attr-defined]
             self.epoch += 1  # what a fast admission found may not hold any more
         try:
             self._handlers[kind](event)
@@ -352,6 +363,8 @@ class DriverState(ModelRules, FastAdmission):
         job = Job(ticket, info, client.conn, model.model_id, exec_id, steps, next(self._seq),
                   cls=exec_class(eff, self.protection.foreground_priority))
         self._jobs[ticket] = job
+        if self.quiet is not None and job.cls is ExecClass.FOREGROUND:
+            self.quiet.arrived((client.conn, model.model_id), now)
         client.jobs.add(job)
         model.jobs.add(job)
         self.stats.submitted += 1
@@ -392,6 +405,8 @@ class DriverState(ModelRules, FastAdmission):
         model = self._models.get(job.model_id) or self._releasing.get(job.model_id)
         if model is not None:
             model.note_run(e.run_us)
+        if self.share is not None and job.cls is ExecClass.BACKGROUND:
+            self.share.note(job.info.uid, e.run_us / 1e6, e.now)
         self._queue.release(job)
         job.step += 1
         if job.cancel_reason is not None:
@@ -422,6 +437,10 @@ class DriverState(ModelRules, FastAdmission):
             if self.orphaned_at is not None:
                 self._orphan_grace_over()
             return
+        if e.key == QUIET_TIMER:
+            self._quiet_at = None
+            self._dispatch()
+            return
         if e.key != DEBOUNCE_TIMER:
             return
         self._timer_at = None
@@ -432,7 +451,15 @@ class DriverState(ModelRules, FastAdmission):
 
     def _dispatch(self, yielding: Job | None = None) -> None:
         out = self._out
-        chosen = self._queue.take(self._cutoff)
+        quiet = self.quiet
+        if quiet is not None and (quiet.paced() or quiet.holding):
+            chosen = self._queue.take(self._cutoff, self._quiet_gate(quiet))
+            at = quiet.wake_at
+            if at is not None and at != self._quiet_at:
+                self._quiet_at = at  # held background work is looked at again then
+                out.append(ev.ArmTimer(QUIET_TIMER, at))
+        else:
+            chosen = self._queue.take(self._cutoff)
         if yielding is not None and yielding.state is _QUEUED:
             yielding.state = _PAUSED
             self.stats.paused += 1
@@ -451,9 +478,29 @@ class DriverState(ModelRules, FastAdmission):
             elif job.reported and self.listening:
                 out.append(ev.ReportWork(_STARTED, self._stamp(job.info),
                                          int(StartReason.INITIAL)))
+            bg = job.cls is ExecClass.BACKGROUND
             out.append(ev.RunStep(job.ticket, job.step, job.step + 1 >= job.steps,
-                                  self._inline(job), job.channel or 0, job.info.id,
-                                  job.cls is ExecClass.BACKGROUND, job.info.effective_priority))
+                                  self._inline(job), job.channel or 0, job.info.id, bg,
+                                  job.info.effective_priority,
+                                  bg and self.share is not None and self.share.yields(
+                                      job.info.uid, self._ev.now,  # type: ignore[union-attr]
+                                      self._queue.background_uids())))
+
+    def _quiet_gate(self, quiet: QuietWindow) -> Callable[[Job], bool]:
+        """The run queue's predicate: must this background job wait for a paced
+        foreground frame (.quiet)? Its expected step time is its model's median."""
+        e = self._ev
+        assert e is not None
+        now, models = e.now, self._models
+        running = self._queue.foreground_streams()  # about to run, or running
+        quiet.wake_at, quiet.holding = None, False
+
+        def held(job: Job) -> bool:
+            model = models.get(job.model_id)
+            run_us = model.run_us if model is not None else None
+            return quiet.held(now, (run_us or 0.0) / 1e6, running)
+
+        return held
 
     def _inline(self, job: Job) -> bool:
         model = self._models.get(job.model_id)

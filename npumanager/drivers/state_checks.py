@@ -44,6 +44,8 @@ def validate_driver_state(s: DriverState) -> None:
     # Work conservation: no free channel while work that may run waits.
     cutoff = s._cutoff
     waiting = [j for j in q.queued() if cutoff is None or j.info.effective_priority <= cutoff]
+    if s.quiet is not None and s.quiet.holding:  # background work held by the window
+        waiting = [j for j in waiting if j.cls is ExecClass.FOREGROUND]
     if q.reserved:  # background work may wait while only kept channels are free
         bg_room = q.channels - q.reserved - sum(
             1 for j in q.running.values() if j.cls is ExecClass.BACKGROUND)

@@ -32,18 +32,35 @@ Reply = tuple[pb.ExecuteResult, list[int]]
 
 log = logging.getLogger("npumanager.drivers.steps")
 
-BACKGROUND_SCHED = ("idle", "nice", "normal")
+BACKGROUND_SCHED = ("idle", "nice", "normal", "share")
+BACKGROUND_CPUS = ("all", "spare")
 
 
-def lower_this_thread(sched: str, nice: int) -> None:
+def spare_cpus() -> set[int] | None:
+    """Every CPU this process may use but its lowest, or None with fewer than two:
+    where ``background_cpus = "spare"`` keeps background steps."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return None
+    return set(cpus[1:]) if len(cpus) >= 2 else None
+
+
+def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None) -> None:
     """Lower the calling thread (Linux schedules threads, not processes: the tid).
 
     ``idle``: SCHED_IDLE, the kernel runs the thread only when no normal thread wants
     the core, so a foreground step (or the camera app itself) preempts it at once
     rather than sharing the core 50/50 as CFS does between nice-0 threads. ``nice``: a
     CFS weight of about 1.5 % at 19, for kernels or sandboxes without SCHED_IDLE.
-    Threads ONNX Runtime creates later from this one inherit the policy."""
+    Threads ONNX Runtime creates later from this one inherit the policy. ``cpus``: the
+    CPUs the thread may run on (None: all it may now)."""
     tid = threading.get_native_id()
+    if cpus:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError as exc:
+            log.warning("background threads stay on every CPU: %s", exc)
     try:
         if sched == "idle":
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
@@ -53,12 +70,13 @@ def lower_this_thread(sched: str, nice: int) -> None:
         log.warning("background threads stay at normal priority: %s", exc)
 
 
-def background_pool(workers: int, prefix: str, sched: str, nice: int) -> ThreadPoolExecutor:
+def background_pool(workers: int, prefix: str, sched: str, nice: int,
+                    cpus: set[int] | None = None) -> ThreadPoolExecutor:
     if sched not in BACKGROUND_SCHED:
         raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
                          f"not {sched!r}")
     return ThreadPoolExecutor(workers, thread_name_prefix=prefix,
-                              initializer=lower_this_thread, initargs=(sched, nice))
+                              initializer=lower_this_thread, initargs=(sched, nice, cpus))
 
 
 class Done:
@@ -146,7 +164,7 @@ class StepRunner:
 
     def __init__(self, name: str, channels: int, *, inline_limit: int, max_frame: int,
                  stats: ExecStats | None = None, background_sched: str = "normal",
-                 background_nice: int = 19) -> None:
+                 background_nice: int = 19, background_cpus: str = "all") -> None:
         self.inline_limit = inline_limit
         self.max_frame = max_frame
         self.stats = stats if stats is not None else ExecStats()
@@ -154,19 +172,35 @@ class StepRunner:
         self.busy_s = 0.0
         self._workers = ThreadPoolExecutor(channels, thread_name_prefix=f"npu-{name}-ch")
         self._bg_workers = self._workers
-        if background_sched != "normal":
-            self._bg_workers = background_pool(channels, f"npu-{name}-bg", background_sched,
-                                               background_nice)
+        if background_cpus not in BACKGROUND_CPUS:
+            raise ValueError(f"background_cpus must be one of {', '.join(BACKGROUND_CPUS)}, "
+                             f"not {background_cpus!r}")
+        cpus = spare_cpus() if background_cpus == "spare" else None
+        if background_sched not in BACKGROUND_SCHED:
+            raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
+                             f"not {background_sched!r}")
+        share = background_sched == "share"
+        #: Background steps that yield (.share: a uid over its share) run here.
+        self._bg_yield = self._workers
+        if background_sched != "normal" or cpus:
+            self._bg_workers = background_pool(channels, f"npu-{name}-bg",
+                                               "nice" if share else background_sched,
+                                               background_nice, cpus)
+            self._bg_yield = self._bg_workers
+        if share:
+            self._bg_yield = background_pool(channels, f"npu-{name}-bgy", "idle",
+                                             background_nice, cpus)
 
     def close(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
-        if self._bg_workers is not self._workers:
-            self._bg_workers.shutdown(wait=True, cancel_futures=True)
+        for pool in {self._bg_workers, self._bg_yield} - {self._workers}:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def start(self, ex: Execution, step: RunStep,
               done: Callable[[str | None, float], None]) -> None:
         """Run the step on a worker thread; ``done(error, run_us)`` is called there."""
-        pool = self._bg_workers if step.background else self._workers
+        pool = ((self._bg_yield if step.yields else self._bg_workers) if step.background
+                else self._workers)
         fut = pool.submit(self.run, ex, step)
         fut.add_done_callback(lambda f: done(*f.result()))
 

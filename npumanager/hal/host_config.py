@@ -61,6 +61,10 @@ class HostConfig:
     #: 0 or less: Python's own, 5000): how long a thread that wants the GIL waits before it asks
     #: the holder to drop it (drivers/classes.py says what it bought).
     switch_interval_us: int = 0
+    #: The quiet window around paced foreground frames, µs (drivers/quiet.py; 0: off).
+    quiet_window_us: int = 0
+    #: Where background steps run: "all" CPUs, or "spare" (every CPU but the lowest).
+    background_cpus: str = "all"
     options: dict[str, Any] = field(default_factory=dict)
     #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what
     #: ``WorkInfo.device_number`` says, so npud charges work to the right device.
@@ -111,6 +115,8 @@ class HostConfig:
             background_nice=int(d.get("background_nice", 10)),
             background_compile=str(d.get("background_compile", "process")),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
+            quiet_window_us=int(d.get("quiet_window_us", 0)),
+            background_cpus=str(d.get("background_cpus", "all")),
             options=dict(d.get("options", {})),
             device_number=number,
             fleet=dict(cfg.section("fleet")),

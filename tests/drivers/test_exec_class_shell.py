@@ -100,3 +100,67 @@ def test_the_host_process_takes_the_shortest_switch_interval_its_devices_ask_for
         assert sys.getswitchinterval() == before  # 0 or less: Python's own
     finally:
         sys.setswitchinterval(before)
+
+
+def test_with_fair_share_yielding_background_steps_run_idle_the_others_niced() -> None:
+    runner = StepRunner("t", 1, inline_limit=1024, max_frame=1 << 20, background_sched="share",
+                        background_nice=7)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def policy(yields: bool) -> tuple[int, int]:
+        probe = PolicyProbe()
+        ex = Execution(1, probe, {"x": np.zeros(1, np.float32)}, {})
+        done = threading.Event()
+        runner.start(ex, RunStep(1, 0, True, False, background=True, yields=yields),
+                     lambda error, us: done.set())
+        assert done.wait(10)
+        return probe.seen[0]
+
+    try:
+        assert policy(yields=False) == (os.SCHED_OTHER, base + 7)
+        assert policy(yields=True)[0] == os.SCHED_IDLE
+        assert run_on(runner, background=False) == (os.SCHED_OTHER, base)
+    finally:
+        runner.close()
+
+
+class CpuProbe(PolicyProbe):
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.cpus = os.sched_getaffinity(threading.get_native_id())
+        return {"y": np.zeros(1, np.float32)}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_spare_cpus_keep_background_steps_off_the_first_cpu() -> None:
+    runner = StepRunner("t", 1, inline_limit=1024, max_frame=1 << 20, background_sched="idle",
+                        background_cpus="spare")
+    mine = sorted(os.sched_getaffinity(0))
+    try:
+        for background, want in ((True, set(mine[1:])), (False, set(mine))):
+            probe = CpuProbe()
+            done = threading.Event()
+            runner.start(Execution(1, probe, {"x": np.zeros(1, np.float32)}, {}),
+                         RunStep(1, 0, True, False, background=background),
+                         lambda error, us, done=done: done.set())
+            assert done.wait(10)
+            assert probe.cpus == want
+    finally:
+        runner.close()
+    with pytest.raises(ValueError, match="background_cpus"):
+        StepRunner("t", 1, inline_limit=1024, max_frame=1 << 20, background_cpus="some")
+
+
+def test_the_new_driver_keys_reach_the_host_and_its_state() -> None:
+    from npumanager.config import Config
+    from npumanager.drivers.messages import params_from
+    from npumanager.hal.host_config import HostConfig
+
+    cfg = Config.load(None, {"driver": [{"name": "ref", "plugin": "reference",
+                                         "quiet_window_us": 1500, "background_cpus": "spare",
+                                         "background_sched": "share"}]})
+    hc = HostConfig.from_config(cfg, "ref")
+    assert (hc.quiet_window_us, hc.background_cpus) == (1500, "spare")
+    p = params_from(hc)
+    assert p.quiet_window_us == 1500 and p.background_share and p.background_threads
+    d = HostConfig.from_config(Config.load(None, {}), "reference")
+    assert not params_from(d).background_share

@@ -1,0 +1,140 @@
+"""The quiet window: no background step starts when it would overlap a paced
+foreground frame (pure: time is the caller's ``now``).
+
+A camera submits one execution per frame on its own clock (30 fps: every 33.3
+ms). On the reference driver a background step that runs *while* that frame
+runs slows the frame even at SCHED_IDLE: the kernel gives the frame's thread
+its core at once, but the two cores still share the L3 cache and the memory
+bus, and an LLM decode step streams its 32 MiB of weights through them (the
+camera's ORT run went from 0.5 to 2.9 ms in its worst 1 % of frames:
+bench/contention_diag.py). On an accelerator with one queue and no preemption
+inside a kernel it is worse: a background step started just before a frame
+delays the frame by the step's whole length.
+
+So the driver learns each foreground stream's pace (the arrivals of one
+connection's executions of one model: a stream whose recent intervals agree is
+*paced*, its next frame due one period after its last) and, with
+``quiet_window_us`` = X > 0:
+
+* while a paced stream's frame runs, no background step starts;
+* a background step whose expected length (its model's median step time, at
+  most half the period) would reach into ``[due - X, due + X]`` does not start
+  before the frame has come and gone, or ``due + X`` passed without it (a late
+  or stopped stream holds nothing back for longer than X).
+
+Background work keeps the rest of each period: at 30 fps with X = 2 ms and 4
+ms LLM steps, about 8 of every 33 ms. Work not paced (a voice assistant's
+irregular bursts, one-off executions) holds nothing back: there is no due time
+to keep clear, and holding background work for every foreground execution
+would let a busy foreground app starve it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Hashable
+from dataclasses import dataclass, field
+
+#: Intervals kept per stream; a stream is paced once MIN_INTERVALS of them are known
+#: and most of them lie within PACE_TOLERANCE of their median.
+KEPT_INTERVALS = 8
+MIN_INTERVALS = 3
+PACE_TOLERANCE = 0.25
+#: Periods a stream is believed for: frames further apart (or a stream that stopped
+#: longer ago) are not a pace to keep clear.
+MIN_PERIOD_S = 0.002
+MAX_PERIOD_S = 0.5
+
+
+@dataclass(slots=True)
+class Pace:
+    """One foreground stream's recent arrivals."""
+
+    last: float
+    intervals: list[float] = field(default_factory=list)
+    #: The median interval while the stream is paced, else None.
+    period: float | None = None
+
+    def arrived(self, now: float) -> None:
+        gap = now - self.last
+        self.last = now
+        iv = self.intervals
+        iv.append(gap)
+        if len(iv) > KEPT_INTERVALS:
+            del iv[0]
+        self.period = None
+        if len(iv) < MIN_INTERVALS:
+            return
+        median = sorted(iv)[len(iv) // 2]
+        if not MIN_PERIOD_S <= median <= MAX_PERIOD_S:
+            return
+        agree = sum(1 for x in iv if abs(x - median) <= PACE_TOLERANCE * median)
+        if 2 * agree > len(iv):
+            self.period = median
+
+
+class QuietWindow:
+    """Foreground streams' paces and the hold they put on background steps."""
+
+    def __init__(self, window_s: float) -> None:
+        if window_s <= 0:
+            raise ValueError("a quiet window needs a positive width")
+        self.window_s = window_s
+        self.streams: dict[Hashable, Pace] = {}
+        #: When the earliest hold ``held`` found since the caller cleared it ends (None:
+        #: none with an end; a running frame's hold ends with the frame, an event).
+        self.wake_at: float | None = None
+        #: Whether ``held`` held a job back since the caller cleared it (the state's
+        #: work-conservation check lets background work wait then).
+        self.holding = False
+
+    def arrived(self, key: Hashable, now: float) -> None:
+        """A foreground execution of stream ``key`` was admitted at ``now``."""
+        pace = self.streams.get(key)
+        if pace is None:
+            # Streams that stopped long ago are forgotten as new ones come (bounded by
+            # the connections and models the driver holds anyway).
+            for k in [k for k, p in self.streams.items() if now - p.last > 4 * MAX_PERIOD_S]:
+                del self.streams[k]
+            self.streams[key] = Pace(now)
+        else:
+            pace.arrived(now)
+
+    def forget(self, key: Hashable) -> None:
+        self.streams.pop(key, None)
+
+    def hold_end(self, now: float, run_s: float, running: Collection[Hashable]) -> float | None:
+        """None: a background step expected to take ``run_s`` may start at ``now``.
+        Else when the hold ends at the latest: ``math.inf`` while a paced stream's
+        frame runs (in ``running``), or the end of the window around its next frame."""
+        x = self.window_s
+        end: float | None = None
+        for key, pace in self.streams.items():
+            period = pace.period
+            if period is None:
+                continue
+            if key in running:
+                return math.inf
+            due = pace.last + period
+            if now >= due + x:
+                due += period  # one frame missed (a late frame is not made up for)
+                if now >= due + x:
+                    continue  # stopped, or not paced any more
+            if now + min(run_s, period / 2) >= due - x:
+                end = due + x if end is None else min(end, due + x)
+        return end
+
+    def held(self, now: float, run_s: float, running: Collection[Hashable]) -> bool:
+        """Whether a background step expected to take ``run_s`` must not start at ``now``;
+        the earliest finite hold end met since ``wake_at`` was last cleared goes there."""
+        end = self.hold_end(now, run_s, running)
+        if end is None:
+            return False
+        self.holding = True
+        if end != math.inf and (self.wake_at is None or end < self.wake_at):
+            self.wake_at = end
+        return True
+
+    def paced(self) -> bool:
+        """Whether any stream is paced (else nothing is held)."""
+        return any(p.period is not None for p in self.streams.values())
