@@ -11,8 +11,10 @@ value or name: argparse's own errors and :class:`UsageError`), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,7 +111,16 @@ def _quiet_broken_pipe() -> None:
         pass
 
 
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1` writes every thread's stack to stderr (npud's and a driver host's end
+    up in their log) instead of ending the process: how a stuck one tells where it is."""
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        # fd 2, not sys.stderr: main() also runs in-process, under a replaced sys.stderr.
+        faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _stacks_on_sigusr1()
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], Any] | None = getattr(args, "func", None)

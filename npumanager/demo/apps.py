@@ -39,6 +39,7 @@ from npumanager.constants import (
 )
 from npumanager.demo.models import DemoModel
 from npumanager.demo.process import LineQueue, Outbox
+from npumanager.errors import GrantRevoked, NpuError
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,8 @@ class App:
                                                    cache_dir=self.cache_dir, token=self.token)
         except Exception as exc:
             self.out.emit("error", what="prepare", error=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, GrantRevoked):  # a slow prepare outlived its grant
+                self.after_revoke()
             return
         ms = (time.perf_counter() - t0) * 1000
         if self.spec.stream:
@@ -202,10 +205,16 @@ class App:
                       comply=self.spec.comply)
         if not self.spec.comply:
             return  # the stubborn app keeps its model and carries on
+        had = self.model is not None
         self.release()
-        self.listener.notify_model_unloaded(request)
-        ms = (time.monotonic() - self.unload_asked_at) * 1000
-        self.out.emit("unloaded", id=request.id, ms=round(ms, 2))
+        if self.listener is not None:
+            try:
+                self.listener.notify_model_unloaded(request)
+            except NpuError:  # revoked meanwhile (a slow prepare): the request has ended
+                had = False
+        if had:
+            ms = (time.monotonic() - self.unload_asked_at) * 1000
+            self.out.emit("unloaded", id=request.id, ms=round(ms, 2))
         self.retry_at = time.monotonic() + self.spec.retry_after_s
 
     def on_complete(self, payload: tuple[Any, RequestStatus]) -> None:
@@ -221,9 +230,14 @@ class App:
             self.model.release()
             self.model = None
 
-    def work(self) -> None:
-        from npumanager.errors import GrantRevoked, NpuError
+    def after_revoke(self) -> None:
+        if self.spec.exit_on_revoke:
+            # Exit once npud's REVOKED callback is in (the driver may tell us first).
+            self.exit_at = time.monotonic() + 1.0
+        else:
+            self.retry_at = time.monotonic() + self.spec.retry_after_s
 
+    def work(self) -> None:
         spec, m = self.spec, self.model_def
         t0 = time.perf_counter()
         try:
@@ -236,11 +250,7 @@ class App:
         except GrantRevoked as exc:
             self.out.emit("execute_revoked", error=str(exc))
             self.release()
-            if spec.exit_on_revoke:
-                # Exit once npud's REVOKED callback is in (the driver may tell us first).
-                self.exit_at = time.monotonic() + 1.0
-            else:
-                self.retry_at = time.monotonic() + spec.retry_after_s
+            self.after_revoke()
             return
         except NpuError as exc:
             self.out.emit("error", what="execute", error=f"{type(exc).__name__}: {exc}")

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from npumanager.demo import diag
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -125,6 +127,7 @@ class AppProcess:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 # The parent may fork inside signals_held(): the mask is inherited.
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+                diag.in_app()
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 1)
                 os.dup2(log_fd, 2)

@@ -12,7 +12,7 @@ from npumanager.demo.render import Renderer, fmt_ms, percentile
 
 if TYPE_CHECKING:
     from npumanager.demo.apps import AppSpec
-    from npumanager.demo.cast import Run
+    from npumanager.demo.cast import DemoOptions, Run
 
 _SIZE = {"LESS_THAN_1GB": "<1GB", "BETWEEN_1GB_AND_2GB": "1-2GB", "GREATER_THAN_2G": ">2GB"}
 
@@ -121,3 +121,36 @@ def print_summary(out: Renderer, log: EventLog, run: Run, hal: HalObserver | Non
     out.note(f"demo ran {total_s:.1f} s. To watch npud yourself: `npu serve --runtime-dir "
              "/tmp/npu` in one terminal, then `npu status --runtime-dir /tmp/npu` (or "
              "`npu demo --runtime-dir /tmp/npu`) in another.", "")
+
+
+def write_outputs(rec: Any, opts: DemoOptions, run_rec: Run, root: bool,
+                  out: Renderer) -> None:
+    """trace.json (Perfetto), timeline.png and summary.json of the recording ``rec`` into
+    --out DIR (a new dir under /tmp if none was given)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from npumanager.trace.chrome import summarize, to_chrome
+
+    where = Path(opts.out) if opts.out else Path(
+        tempfile.mkdtemp(prefix="npu-demo-out-", dir="/tmp"))
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "trace.json").write_text(json.dumps(to_chrome(rec)))
+    summary = summarize(rec)
+    summary["demo"] = {
+        "fast": opts.fast, "root": root, "failures": run_rec.failures,
+        "skipped": run_rec.skipped,
+        "scenes": [{"name": ph.name, "start_s": round(ph.t0 - rec.t0, 3),
+                    "end_s": None if ph.t1 is None else round(ph.t1 - rec.t0, 3)}
+                   for ph in run_rec.phases]}
+    (where / "summary.json").write_text(json.dumps(summary, indent=2))
+    written = ["trace.json (open it in https://ui.perfetto.dev)", "summary.json"]
+    try:
+        from npumanager.trace.timeline import draw
+
+        draw(rec, where / "timeline.png", "npu demo: four apps sharing one accelerator")
+        written.insert(1, "timeline.png")
+    except ImportError:
+        out.note("timeline.png needs matplotlib: pip install 'npumanager[plots]'", "")
+    out.note(f"wrote {', '.join(written)} to {where}/", "")

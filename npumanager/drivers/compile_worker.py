@@ -45,6 +45,7 @@ blobs then the data blobs, or ``{"ok": false, "type": "InvalidArgument" |
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -284,6 +285,7 @@ def _serve_one(req: dict[str, Any], fd: int) -> tuple[dict[str, Any], int | None
 
 def main(argv: list[str]) -> int:
     sock_fd, sched, nice = int(argv[0]), argv[1], int(argv[2])
+    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # `kill -USR1`: stacks
     _die_with_parent()
     _lower_process(sched, nice)
     sock = socket.socket(fileno=sock_fd)
