@@ -106,9 +106,11 @@ def add_outcome(runtime_dir: str, bias: float = 1.0) -> str:
     return prepare_outcomes(runtime_dir, [add_model(4, bias)])[0]
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+               show: Callable[[], Any] | None = None) -> Any:
     """Until ``pred`` is true: a state the driver reports (device.stats), which no app can
-    announce (an app does not know when the driver has queued its job or seen npud go)."""
+    announce (an app does not know when the driver has queued its job or seen npud go).
+    ``show``: what the timeout's message says the state was then."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -117,5 +119,6 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}"
+                                 + (f"; then: {show()}" if show is not None else ""))
         time.sleep(0.01)

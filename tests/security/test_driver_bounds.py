@@ -144,7 +144,7 @@ def test_queued_and_running_jobs_per_uid_are_bounded(start_npud: StartDaemon,
     hog = procs.spawn_as(ATTACKER, None, hog_jobs, str(runtime_dir), 3, timeout=120)
     try:
         wait_until(lambda: (lambda s: s["busy"] + s["queued"] == 3)(driver_load(runtime_dir)),
-                   30, "the attacker's three jobs")
+                   30, "the attacker's three jobs", lambda: driver_load(runtime_dir))
         assert_device_served(runtime_dir)  # the bystander's own bound is untouched
         hog.send("go on")
         out = hog.wait()
