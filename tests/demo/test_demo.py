@@ -6,7 +6,6 @@ the demo claims to show must really have happened in the run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -14,12 +13,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from npumanager.demo import diag
-from npumanager.demo.diag import descendants
+from tests.demo.runner import run_demo
 
 pytestmark = pytest.mark.slow
 
@@ -43,42 +40,6 @@ def _npud_pid(out: str) -> int:
     return int(m.group(1))
 
 
-def _run_demo(args: list[str], timeout: float, **popen: Any) -> tuple[int, str, str]:
-    """Run `npu ARGS`; (exit status, stdout, stderr). A demo still running after
-    ``timeout`` s fails the test with its whole output and every process's stacks: it is
-    sent SIGUSR1 (npu demo then writes its threads' stacks, signals npud, the driver
-    host, its compile worker and the apps, and writes npud's output and the apps' logs,
-    where their stacks land), then SIGTERM (its own cleanup), then SIGKILL."""
-    proc = subprocess.Popen(_npu(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, stdin=subprocess.DEVNULL, **popen)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err
-    except subprocess.TimeoutExpired:
-        pass
-    sent = ["SIGUSR1 (stacks)"]
-    tree = descendants(proc.pid)
-    proc.send_signal(signal.SIGUSR1)
-    for sig, wait in ((None, diag.SETTLE_S + 3.0), (signal.SIGTERM, 10.0),
-                      (signal.SIGKILL, None)):
-        if sig is not None:
-            sent.append(sig.name)
-            proc.send_signal(sig)
-        try:
-            out, err = proc.communicate(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    if "SIGKILL" in sent:  # npud and its host, which a SIGKILLed demo could not stop
-        for pid in tree:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    pytest.fail(f"npu {' '.join(args)} did not end within {timeout:g} s; sent "
-                f"{', '.join(sent)}: exit status {proc.returncode}. Its whole output, with "
-                f"the stacks of every process:\n--- stdout ---\n{out}\n--- stderr ---\n{err}",
-                pytrace=False)
-
-
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -97,7 +58,7 @@ def _gone(pid: int) -> bool:
 def test_fast_demo_shows_every_behaviour_and_cleans_up(tmp_path: Path) -> None:
     # (How long it takes is not asserted: ~12 s alone, 48 s with the suite on a loaded
     # 2-core machine; a wall-clock bound here only measured the machine.)
-    rc, out, err = _run_demo(["demo", "--fast", "--out", str(tmp_path / "out")], 90,
+    rc, out, err = run_demo(["demo", "--fast", "--out", str(tmp_path / "out")], 90,
                              env={**os.environ, "COLUMNS": "100"})
     assert rc == 0, out + err
     assert "did not happen" not in out, out
@@ -210,7 +171,7 @@ def test_demo_on_a_running_npud_restores_importances(tmp_path: Path, runtime_dir
         with NpuManager(npud.runtime_dir) as admin:
             admin.set_uid_importance(61001, Importance.CACHED)
             before = {u: v["importance"] for u, v in admin.dump()["uids"].items()}
-        rc, out, err = _run_demo(["demo", "--fast", "--runtime-dir", str(rt), "--out",
+        rc, out, err = run_demo(["demo", "--fast", "--runtime-dir", str(rt), "--out",
                                   str(tmp_path / "out")], 100)
         assert rc == 0, out + err
         assert "set_uid_importance(61001, FOREGROUND)" in out
