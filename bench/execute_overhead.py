@@ -43,18 +43,17 @@ own thread.
 Same-run baselines: a raw Unix socket round trip and the transport's own RPC
 round trip (echo). Usage: python bench/execute_overhead.py [--rounds R]
 [--n N] [--paced-s S] [--quick] [--only tiny,gru,...] [--foreground] [--json PATH]
+[--against DIR] (DIR: another source tree, e.g. a worktree of main: its driver host
+serves the plain and burst modes again in the same run, "driver @DIR", "burst @DIR")
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import resource
-import select
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -67,6 +66,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transport_rtt import raw_socket_rtt, rpc_echo_rtt  # (bench/ is on sys.path)
 
 from npumanager import nn
 from npumanager.drivers.base import CompileOptions, PreparedModel
@@ -143,6 +144,8 @@ class Bound:
     remote: nn.Model
     stack: ExitStack = field(default_factory=ExitStack)
     driver_pid: int = 0  # whose CPU time counts as the driver side
+    #: The same case prepared in the ``--against`` tree's driver host (same local model).
+    against: Bound | None = None
     _bufs: dict[str, np.ndarray] | None = None
 
     def input_buffers(self) -> dict[str, np.ndarray]:
@@ -161,6 +164,12 @@ class Mode:
     #: The call to time for a case, or None where this mode does not apply.
     bind: Callable[[Bound], Callable[[], object] | None]
     paced: bool = True  # False: back-to-back rows only
+    against: bool = False  # served by the --against tree's driver host
+
+
+def _on_against(bind: Callable[[Bound], Callable[[], object] | None]
+                ) -> Callable[[Bound], Callable[[], object] | None]:
+    return lambda b: bind(b.against) if b.against is not None else None
 
 
 def _in_process(b: Bound) -> Callable[[], object]:
@@ -203,6 +212,14 @@ MODES: list[Mode] = [
     Mode("driver, copying API", _driver_copying, paced=False),
     Mode("burst", _burst()),
 ]
+
+
+def add_against_modes(label: str) -> None:
+    """``--against DIR``: the plain and burst modes again, served by a driver host that
+    runs DIR's source tree (the client side is this tree's): a before/after comparison
+    of driver changes in one run, interleaved with the rest."""
+    MODES.append(Mode(f"driver @{label}", _on_against(_driver), against=True))
+    MODES.append(Mode(f"burst @{label}", _on_against(_burst()), against=True))
 
 
 def add_spin_modes(spins: list[float]) -> None:
@@ -283,69 +300,6 @@ def matmul_case(drv: ReferenceDriver, n: int) -> Case:
     return Case(f"matmul {batch}x{dim} (~2 ms)", onnx, x, n, paces=(30.0, 100.0))
 
 
-# --- same-run transport baselines --------------------------------------------------------
-
-
-def raw_socket_rtt(n: int) -> list[float]:
-    a, b = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        a.close()
-        while True:
-            d = b.recv(4096)
-            if not d:
-                os._exit(0)
-            b.sendall(d)
-    b.close()
-    msg = b"x" * 64
-    ts = tight(lambda: (a.sendall(msg), a.recv(4096)), n)
-    a.close()
-    os.waitpid(pid, 0)
-    return ts
-
-
-def rpc_echo_rtt(n: int, rt: Path) -> list[float]:
-    from npumanager.wire.client import SyncRpcClient
-    from npumanager.wire.server import RpcServer
-
-    path = str(rt / "echo.sock")
-    ready_r, ready_w = os.pipe()
-
-    def serve() -> None:
-        async def main() -> None:
-            srv = RpcServer(path, "echo", {"echo": lambda ctx, p: p})
-            await srv.start()
-            os.write(ready_w, b"1")  # listening: the parent may connect
-            await asyncio.sleep(3600)
-
-        try:
-            asyncio.run(main())
-        except (asyncio.CancelledError, RuntimeError):
-            pass
-
-    pid = os.fork()
-    if pid == 0:
-        os.close(ready_r)
-        serve()
-        os._exit(0)
-    os.close(ready_w)
-    # The child says when it listens (its socket file appears before that: connecting
-    # then could be refused).
-    r, _, _ = select.select([ready_r], [], [], 30)
-    ok = bool(r) and os.read(ready_r, 1) == b"1"
-    os.close(ready_r)
-    if not ok:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        raise SystemExit("the echo server did not start")
-    c = SyncRpcClient(path, "echo", threaded=False)
-    ts = tight(lambda: c.call("echo", b"x" * 64), n)
-    c.close()
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return ts
-
-
 # --- running and reporting ----------------------------------------------------------------
 
 
@@ -377,9 +331,11 @@ def run_case(b: Bound, rounds: int, paced_s: float) -> dict[tuple[str, str], lis
     res: dict[tuple[str, str], list[float]] = {}
 
     def timed(name: str, pace: str, run: Callable[[], list[float]]) -> None:
-        c0, d0 = process_cpu(), process_cpu(b.driver_pid) if b.driver_pid else 0.0
+        mode = fns[name][0]
+        pid = b.against.driver_pid if mode.against and b.against else b.driver_pid
+        c0, d0 = process_cpu(), process_cpu(pid) if pid else 0.0
         ts = run()
-        c1, d1 = process_cpu(), process_cpu(b.driver_pid) if b.driver_pid else 0.0
+        c1, d1 = process_cpu(), process_cpu(pid) if pid else 0.0
         res.setdefault((name, pace), []).extend(ts)
         acc = CPU.setdefault((b.case.name, name, pace), [0.0, 0.0, 0.0])
         acc[0] += c1 - c0
@@ -502,7 +458,12 @@ def main() -> int:
                     help="comma-separated µs: also time bursts that spin that long first")
     ap.add_argument("--foreground", action="store_true",
                     help="the driver counts this uid's work as FOREGROUND (see the docstring)")
+    ap.add_argument("--against", type=Path,
+                    help="another source tree (a worktree of an older commit): its driver "
+                         "host serves the plain and burst modes again, in the same run")
     args = ap.parse_args()
+    if args.against:
+        add_against_modes(args.against.resolve().name)
     add_spin_modes([float(v) for v in args.spin.split(",") if v.strip()])
     if args.quick:
         args.n, args.rounds, args.paced_s = 100, 1, 0.1
@@ -525,19 +486,45 @@ def main() -> int:
             config = st / "npu.toml"
             config.write_text('[[driver]]\nname = "reference"\nplugin = "reference"\n'
                               'foreground_priority = 1000\n')
-        with running_driver("reference", rt, st, config=config,
-                            args=["--no-enforce-admission"]) as proc:
+        with ExitStack() as hosts:
+            proc = hosts.enter_context(running_driver(
+                "reference", rt, st, config=config, args=["--no-enforce-admission"]))
             dev = nn.device("reference", rt)
+            hosts.callback(dev.close)
+            other = None
+            if args.against:
+                rt2 = Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
+                hosts.callback(shutil.rmtree, rt2, True)
+                path, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
+                # The host is `python -m npumanager driver`: it imports the tree in its
+                # working directory first, then PYTHONPATH's.
+                os.environ["PYTHONPATH"] = str(args.against.resolve())
+                os.chdir(args.against)
+                try:
+                    proc2 = hosts.enter_context(running_driver(
+                        "reference", rt2, st, config=config, args=["--no-enforce-admission"]))
+                finally:
+                    os.chdir(cwd)
+                    if path is None:
+                        del os.environ["PYTHONPATH"]
+                    else:
+                        os.environ["PYTHONPATH"] = path
+                other = nn.device("reference", rt2)
+                hosts.callback(other.close)
             for case in cases:
                 b = Bound(case, drv.compile(case.onnx, CompileOptions()),
                           dev.prepare_model(case.onnx), driver_pid=proc.pid)
+                if other is not None:
+                    b.against = Bound(case, b.local, other.prepare_model(case.onnx),
+                                      stack=b.stack, driver_pid=proc2.pid)
                 try:
                     with b.stack:
                         results[case.name] = run_case(b, args.rounds, args.paced_s)
                 finally:
                     b.remote.release()
+                    if b.against is not None:
+                        b.against.remote.release()
                     b.local.release()
-            dev.close()
         print(f"\nexecute overhead ({args.rounds} rounds, modes interleaved; "
               f"{'FOREGROUND' if args.foreground else 'BACKGROUND'} work; "
               f"{time.monotonic() - started:.0f} s; load {os.getloadavg()[0]:.2f} "

@@ -30,3 +30,21 @@ def test_quick_run_times_every_mode_tight_and_paced(tmp_path: Path) -> None:
                 row = rows[f"{mode} @ {pace}"]
                 assert row["n"] > 0 and 0 < row["p50_us"] <= row["p99_us"], (mode, pace, row)
                 assert row["client_cpu_us"] > 0, (mode, pace, row)
+
+
+@pytest.mark.slow
+def test_against_another_tree_adds_its_plain_and_burst_modes(tmp_path: Path) -> None:
+    """--against DIR: a second driver host, run from DIR's source tree (here this same
+    tree), serves the plain and burst modes again in the same run."""
+    out = tmp_path / "result.json"
+    tree = BENCH.parents[1]
+    p = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--only", "tiny", "--json", str(out),
+         "--against", str(tree)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["tiny [1,4] add"]
+    for mode in ("driver", "burst"):
+        row = rows[f"{mode} @{tree.name} @ 30 Hz"]
+        assert row["n"] > 0 and row["driver_cpu_us"] > 0, (mode, row)
