@@ -70,7 +70,17 @@ class CompileOptions:
 
 
 class PreparedModel(ABC):
-    """A compiled model. ``run`` may be called from several worker threads at once."""
+    """A compiled model. ``run`` may be called from several worker threads at once.
+
+    What the host calls, for a driver writer: ``run`` (required) executes once;
+    ``release`` frees the model. Optional hooks, each with a default that works
+    through ``run``: ``run_into`` writes outputs into given arrays (views of a
+    client's shared memory); ``bind`` returns a run bound once to fixed input and
+    output arrays, which a burst's repeated request calls instead of ``run_into``
+    on every execution (return None to decline); ``begin_step`` hands the job's
+    priority to the backend before a step; ``abort`` ends a run early;
+    ``artifacts`` gives the compilation-cache blobs; ``backend_state`` reports
+    knobs for ``device.stats``. The README's "Writing a driver" says the same."""
 
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]

@@ -80,8 +80,10 @@ class BurstServer:
 
     def __init__(self, burst_id: int, client: ClientConn, model_id: int,
                  pool: tensorio.MappedPool, pool_id: int, req_size: int, resp_size: int,
-                 execute: Callable[[BurstServer, bytes], tuple[Reply, FixedRequest | None]],
-                 answered: Callable[[], None]) -> None:
+                 execute: Callable[[BurstServer, bytes],
+                                   tuple[Reply, FixedRequest | None] | None],
+                 answered: Callable[[], None],
+                 prepare_next: Callable[[BurstServer], None]) -> None:
         self.burst_id = burst_id
         self.client = client
         self.model_id = model_id
@@ -98,6 +100,12 @@ class BurstServer:
         self.fixed: FixedRequest | None = None
         #: The fixed request whose full reply the client got last (then SAME answers).
         self.sent: FixedRequest | None = None
+        #: The sequence number of the request being answered (0: none, or answered).
+        self.serving = 0
+        #: The next execution of the kept request, made once the last reply was out (off
+        #: the client's wait): (the fixed request it is of, it, its end signal).
+        self.spare: tuple[FixedRequest, Execution] | None = None
+        self._prepare_next = prepare_next
         self.same_ok = bool(layout.read_client_flags(pool.buf) & layout.FLAG_SAME)
         #: Called once the reply is out: what the execution left for the loop goes there.
         self._answered = answered
@@ -143,7 +151,6 @@ class BurstServer:
                 poller.poll()
                 if self.closing:
                     break
-                gone = self._drain()
                 if self.peer_fd >= 0:  # the client has its end: a hang-up now means gone
                     os.close(self.peer_fd)
                     self.peer_fd = -1
@@ -152,8 +159,13 @@ class BurstServer:
                     last = seq
                     self._answer(seq, length)
                     self._answered()
-                elif not gone:
-                    gone = self._drain(_DRAIN_MAX)  # rings with no new request
+                    # Its ring is taken once the reply is out, off the client's wait (the
+                    # client rings again only after reading this reply, so the ring taken
+                    # here is this request's or an older one's, never the next one's).
+                    gone = self._drain()
+                    self._prepare_next(self)
+                else:
+                    gone = self._drain(_DRAIN_MAX)  # rings with no new request, a hang-up
                 if gone:
                     break
         except Exception:
@@ -169,7 +181,7 @@ class BurstServer:
             # Its mapping too (the loop closes it again with the pool: harmless), so that
             # the line below means every fd of this burst is closed; its kept request's
             # views first (a mapping with views cannot close).
-            self.fixed = self.sent = None
+            self.fixed = self.sent = self.spare = None
             self.pool.close()
             # Its last act, once every fd of its own is closed (tests wait for this line).
             log.info("burst %d of uid %d ended", self.burst_id, self.client.conn.peer.uid)
@@ -192,13 +204,17 @@ class BurstServer:
 
     def _answer(self, seq: int, length: int) -> None:
         status, payload = layout.ERROR, b""
+        self.serving = seq
         try:
             if not 0 < length <= self.req_size:
                 raise InvalidArgument(f"burst request length {length} lies outside the "
                                       f"request area of {self.req_size} bytes")
             # Copied out first: the client may rewrite the memory while it is parsed.
             data = bytes(self.pool.buf[self.req_off:self.req_off + length])
-            (result, fds), fixed = self._execute(self, data)
+            done = self._execute(self, data)
+            if done is None:
+                return  # answered SAME as soon as the run was over (answer_same)
+            (result, fds), fixed = done
             if fds:  # outputs that fit neither the response nor the data area
                 need = sum(os.fstat(fd).st_size for fd in fds)
                 close_fds(fds)
@@ -222,6 +238,8 @@ class BurstServer:
             log.exception("burst %d: an execution failed", self.burst_id)
             kind, message = error_to_wire(GeneralFailure(f"{type(exc).__name__}: {exc}"))
             payload = pb.BurstError(type=kind, message=message).SerializeToString()
+        if not self.serving:
+            return  # answered SAME already (answer_same): the client has its outputs
         if len(payload) > self.resp_size:  # an error message too long for the area
             payload = pb.BurstError(type="LimitExceeded",
                                     message="the response area is too small").SerializeToString()
@@ -229,7 +247,19 @@ class BurstServer:
         buf = self.pool.buf
         if payload:
             buf[self.resp_off:self.resp_off + len(payload)] = payload
+        self.serving = 0
         layout.write_response_header(buf, seq, status, len(payload))
+        self._ring()
+
+    def answer_same(self) -> None:
+        """Answer the request being served SAME (its outputs lie where the last full
+        answer said), before its end is recorded: the host's lock held from the check
+        that the end will be COMPLETED (``DriverState.completes``) to its recording."""
+        seq, self.serving = self.serving, 0
+        layout.write_response_header(self.pool.buf, seq, layout.SAME, 0)
+        self._ring()
+
+    def _ring(self) -> None:
         try:
             self.sock.send(b"\1", socket.MSG_DONTWAIT)
         except BlockingIOError:
@@ -293,7 +323,7 @@ class Bursts:
         layout.init_header(pool.buf)
         burst_id = next(self._ids)
         server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
-                             self.execute, host.res.wake_loop)
+                             self.execute, host.res.wake_loop, self.prepare_next)
         self._servers[burst_id] = server
         server.start()
         peer = server.peer_fd
@@ -336,15 +366,31 @@ class Bursts:
             fixed = server.fixed
             if fixed is not None and fixed.uses_pool(pool_id):
                 server.fixed = None
+            spare = server.spare
+            if spare is not None and spare[0].uses_pool(pool_id):
+                server.spare = None
 
-    def execute(self, server: BurstServer, data: bytes) -> tuple[Reply, FixedRequest | None]:
+    def prepare_next(self, server: BurstServer) -> None:
+        """Once a reply is out: the next execution of the kept request, made now rather
+        than when the client is waiting for it (under the lock: a pool closing drops it
+        with the kept request, ``forget_pool``)."""
+        with self.host.lock:
+            fixed = server.fixed
+            if fixed is not None and fixed.fast is not None and not server.closing:
+                server.spare = fixed, fixed.execution(next(self.host._tickets), 0.0, Done())
+
+    def execute(self, server: BurstServer, data: bytes
+                ) -> tuple[Reply, FixedRequest | None] | None:
         """Submit the request ``data`` as an execution of the burst's model, exactly as
         device.execute does; run its steps here while the state starts them at once, else
-        wait. A request that repeats the kept one is not parsed or decoded again."""
+        wait. A request that repeats the kept one is not parsed or decoded again. None:
+        answered SAME already, as soon as its run was over and before its end was recorded
+        (the state said that end is COMPLETED, and nothing can change that while the lock
+        is held): the client does not wait for the bookkeeping."""
         host = self.host
         t0 = time.perf_counter()
         client = server.client
-        done = Done()
+        spare, server.spare = server.spare, None
         with host.lock:
             if server.closing or client.conn.closed:
                 raise DeviceUnavailable("the burst is closed")
@@ -357,20 +403,35 @@ class Bursts:
             if fixed is not None and key is not None:
                 # A repeat the state admitted before: admitted with what it found then,
                 # while nothing it checked has changed (drivers/state_fast.py).
-                ex = host.execution(client, fixed.msg, fixed.inputs, t0)
-                ex.done = done
-                self._use_fixed(ex, fixed)
+                if spare is not None and spare[0] is fixed:
+                    ex = spare[1]  # made when the last reply was out
+                    ex.t0 = t0
+                else:
+                    ex = fixed.execution(next(host._tickets), t0, Done())
                 admitted, step = host.submit_fast(ex, key)
                 if not admitted:
                     key = fixed.fast = None
             if key is None:
-                ex, step = self._submit_full(server, data, fixed, prepared, t0, done)
+                ex, step = self._submit_full(server, data, fixed, prepared, t0, Done())
+        done = ex.done
+        assert done is not None
+        answered = False
         while step is not None:
             error, run_us = host.runner.run(ex, step)
             with host.lock:
+                # (read before the answer: the end is recorded as of when the run was
+                # over, whenever the client goes on)
+                now = host.clock.now()
+                if (error is None and fixed is not None and server.sent is fixed
+                        and ex.result is not None and ex.result[0] is fixed.result
+                        and host.state.completes(ex.ticket)):
+                    server.answer_same()
+                    answered = True
                 step = host.submit_here(ex, ev.StepFinished(
-                    stimulus_id=host._stimulus("step"), now=host.clock.now(),
-                    ticket=ex.ticket, run_us=run_us, error=error))
+                    stimulus_id=host._stimulus("step"), now=now, ticket=ex.ticket,
+                    run_us=run_us, error=error))
+        if answered:
+            return None
         if ex.outcome is None:
             # Queued or paused: another thread runs it; its end sets ``done``. What the
             # loop is to do (reports, timers, other work's inline steps) goes first.
@@ -429,6 +490,7 @@ class Bursts:
         step = host.submit_here(ex, event)
         if fixed is not None:
             fixed.fast = host.state.fast_key(event)
+            fixed.uid, fixed.feature_id = ex.uid, ex.feature_id
         return ex, step
 
     @staticmethod

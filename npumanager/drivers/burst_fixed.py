@@ -27,11 +27,14 @@ import numpy as np
 from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.state_fast import FastKey
+from npumanager.drivers.steps import Done, Execution
 from npumanager.proto.v1 import driver_pb2 as pb
 
 #: The element kinds a bound run takes (numeric tensors; strings, sequences, maps and
 #: optionals are decoded afresh each time).
 _BINDABLE = "biuf"
+#: A single step feeds nothing back (shared by every execution of a fixed request).
+_NO_FEEDBACK: dict[str, str] = {}
 
 
 @dataclass(eq=False, slots=True)
@@ -54,8 +57,19 @@ class FixedRequest:
     result: pb.ExecuteResult
     #: The backend's run bound to ``inputs`` and the output views (None: run_into).
     run: Callable[[], dict[str, Any]] | None
-    #: What the state's full admission of this request found (:mod:`.state_fast`).
+    #: What the state's full admission of this request found (:mod:`.state_fast`), and
+    #: the uid and feature id its executions are attributed to (set with it).
     fast: FastKey | None = None
+    uid: int = 0
+    feature_id: int | None = None
+
+    def execution(self, ticket: int, t0: float, done: Done) -> Execution:
+        """An execution of this request as ``ticket``, built in one call (a stream makes
+        one per execution: no field set twice, nothing read from the message again)."""
+        return Execution(ticket, self.prepared, self.inputs, _NO_FEEDBACK, self.uid,
+                         self.feature_id, t0, self.out_pool, self.out_offset,
+                         self.out_capacity, self.out_pool_id, done=done, bound=self.bound,
+                         bound_run=self.run, fixed_result=self.result)
 
     def still_valid(self, pools: dict[int, tensorio.MappedPool],
                     prepared: PreparedModel | None) -> bool:

@@ -26,6 +26,9 @@ class Debouncer:
     def __init__(self, window_ms: int) -> None:
         self.window_s = max(0, window_ms) / 1000.0
         self._bursts: dict[int, _Burst] = {}
+        #: Bursts with an end pending: ``next_deadline`` is asked after every event, and
+        #: most find none (a stream's pending end is dropped when its next work begins).
+        self._pending = 0
 
     def __repr__(self) -> str:
         pending = sum(1 for b in self._bursts.values() if b.pending is not None)
@@ -41,7 +44,9 @@ class Debouncer:
         if burst is None:
             burst = self._bursts[uid] = _Burst()
         continues = burst.pending is not None
-        burst.pending = None
+        if continues:
+            burst.pending = None
+            self._pending -= 1
         burst.active += 1
         return not continues
 
@@ -57,6 +62,7 @@ class Debouncer:
                 del self._bursts[uid]
             return listening
         if burst.active <= 0:
+            self._pending += 1  # (active work has no end pending: see check)
             burst.pending = (info, reason, now + self.window_s)
         return False
 
@@ -68,6 +74,7 @@ class Debouncer:
             if p is not None and p[2] <= now:
                 out.append((p[2], p[0], p[1]))
                 del self._bursts[uid]  # active is 0 while an end is pending
+                self._pending -= 1
         out.sort(key=lambda e: e[0])
         return [(info, reason) for _, info, reason in out]
 
@@ -76,8 +83,11 @@ class Debouncer:
         for uid, burst in list(self._bursts.items()):
             if burst.pending is not None:
                 del self._bursts[uid]
+        self._pending = 0
 
     def next_deadline(self) -> float | None:
+        if not self._pending:
+            return None
         ds = [b.pending[2] for b in self._bursts.values() if b.pending is not None]
         return min(ds) if ds else None
 
@@ -92,3 +102,5 @@ class Debouncer:
         for uid, b in self._bursts.items():
             assert b.active >= 0, uid
             assert b.pending is None or b.active == 0, f"uid {uid}: end pending while active"
+        pending = sum(1 for b in self._bursts.values() if b.pending is not None)
+        assert self._pending == pending, f"{self._pending} ends counted, {pending} pending"

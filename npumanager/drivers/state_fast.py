@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from npumanager.drivers import events as ev
+from npumanager.drivers.events import JobState
 from npumanager.drivers.records import ClientRecord, ModelRecord
 from npumanager.drivers.runqueue import Job
 
@@ -78,6 +79,17 @@ class FastAdmission:
             return None
         return FastKey(client, model, job.steps, job.info.effective_priority, e.job_priority,
                        e.original_uid, e.feature_id, e.group_id, e.exec_id, self.epoch)
+
+    def completes(self, ticket: int) -> bool:
+        """Whether a ``StepFinished`` of ``ticket`` without an error, if it were handled
+        now, would end its job COMPLETED: the job is running its last step and nobody
+        cancelled it (a cancel, a revocation or a release of its model while the step
+        runs makes the step's end a cancellation). The shell answers a burst execution
+        whose outputs are in place on this word before it submits that event, holding its
+        lock from the question to the event so that no other event comes between."""
+        job = self._jobs.get(ticket)
+        return (job is not None and job.state is JobState.RUNNING
+                and job.cancel_reason is None and job.step + 1 >= job.steps)
 
     def execute_fast(self, key: FastKey, ticket: int, stimulus_id: str, now: float
                      ) -> list[ev.Instruction] | None:

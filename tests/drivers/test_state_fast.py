@@ -194,3 +194,52 @@ def test_the_job_bound_bites_on_a_fast_repeat() -> None:
         s.submit()
     h.step_done(a)
     assert h.running() == [b]
+
+
+def _completes_agrees(h: Harness, ticket: int) -> bool:
+    """``completes(ticket)``, checked against what the step's end then does: the shell
+    answers a burst execution on that word before it submits the end."""
+    said = h.state.completes(ticket)
+    out = h.step_done(ticket)
+    ended = [i for i in out if isinstance(i, ev.FinishJob) and i.ticket == ticket]
+    assert said == (len(ended) == 1 and ended[0].reason is COMPLETED), (said, out)
+    return said
+
+
+def test_completes_says_whether_the_end_of_a_step_completes_its_job() -> None:
+    """The word the burst's early answer rests on: a running last step nobody cancelled
+    completes; a step with more to come, a cancelled one and one whose grant was revoked
+    under it do not, nor does a queued job (each checked against the StepFinished that
+    follows)."""
+    h = Harness(DriverParams(channels=2, enforce_admission=True), debounce_ms=0)
+    h.connect(1)
+    h.connect(2)
+    h.grant("g1", 1)
+    h.grant("g2", 2, request_id=2)
+    m = h.prepare(1, "g1")
+    s = Stream(h, 1, m)
+    s.run(1)
+    t = s.submit()
+    assert s.fast == 1 and _completes_agrees(h, t)
+    # Three steps: the first two end with more to come.
+    multi, _ = h.execute(1, m, steps=3)
+    assert not _completes_agrees(h, multi)
+    assert not _completes_agrees(h, multi)
+    assert _completes_agrees(h, multi)
+    # Cancelled while its step runs: the step's end is the cancellation.
+    t = s.submit()
+    h.cancel(1, m)
+    assert not _completes_agrees(h, t)
+    # Queued behind a busy device: nothing of it runs, so no step of it can end.
+    m2 = h.prepare(2, "g2")
+    a, _ = h.execute(2, m2)
+    b, _ = h.execute(2, m2)
+    queued = s.submit()
+    assert h.state.job_state(queued) is JobState.QUEUED and not h.state.completes(queued)
+    h.step_done(a)
+    h.step_done(b)
+    assert h.state.job_state(queued) is JobState.RUNNING
+    # Its grant revoked while the step runs.
+    h.end_grant("g1", revoked=True)
+    assert not _completes_agrees(h, queued)
+    assert not h.state.completes(12345)  # no such job
