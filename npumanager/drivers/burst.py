@@ -26,6 +26,10 @@ and a hung-up end tells either side that the other is gone.
 Trust: everything read from the memfd is checked (lengths against the areas,
 the request copied out before it is parsed, tensors bounds-checked); any bad
 request gets a typed error in the response area and the thread keeps serving.
+Outputs never go into a burst's header or areas. A uid holds at most
+``MAX_BURSTS_PER_UID`` bursts (threads) over all its connections; a burst whose
+client hung up, or whose memory was unregistered as a pool, is forgotten with its
+memory (tests/security/test_burst_*.py).
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ log = logging.getLogger("npumanager.drivers.burst")
 
 #: Open bursts per connection (each is a thread and a mapping).
 MAX_BURSTS_PER_CONN = 8
+#: Open bursts per uid over all its connections (else 64 connections x 8 threads each).
+MAX_BURSTS_PER_UID = 32
 #: Doorbell rings drained at once when a wake-up found no new request.
 _DRAIN_MAX = 256
 #: A waiting burst execution re-checks whether its burst closed this often.
@@ -83,7 +89,8 @@ class BurstServer:
                  execute: Callable[[BurstServer, bytes],
                                    tuple[Reply, FixedRequest | None] | None],
                  answered: Callable[[], None],
-                 prepare_next: Callable[[BurstServer], None]) -> None:
+                 prepare_next: Callable[[BurstServer], None],
+                 ended: Callable[[BurstServer], bool]) -> None:
         self.burst_id = burst_id
         self.client = client
         self.model_id = model_id
@@ -109,7 +116,12 @@ class BurstServer:
         self.same_ok = bool(layout.read_client_flags(pool.buf) & layout.FLAG_SAME)
         #: Called once the reply is out: what the execution left for the loop goes there.
         self._answered = answered
+        #: Called once the thread ended on its own (the host forgets the burst); False: the
+        #: host's loop is gone.
+        self._ended = ended
         self.closing = False
+        #: The host ended it (close_burst, its connection or its memory gone, shutdown).
+        self.stopped = False
         #: The execution this burst waits for, when the state queued it.
         self.waiting: Execution | None = None
         self.sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -127,6 +139,7 @@ class BurstServer:
 
     def stop(self) -> None:
         """Ask the thread to end (from any thread); it closes its fds on the way out."""
+        self.stopped = True
         if self.closing:
             return
         self.closing = True
@@ -183,8 +196,13 @@ class BurstServer:
             # views first (a mapping with views cannot close).
             self.fixed = self.sent = self.spare = None
             self.pool.close()
-            # Its last act, once every fd of its own is closed (tests wait for this line).
-            log.info("burst %d of uid %d ended", self.burst_id, self.client.conn.peer.uid)
+            # Its last act, once every fd of its own is closed (tests wait for this line);
+            # a burst that ended on its own logs it once the loop forgot it too.
+            if self.stopped or not self._ended(self):
+                self.log_ended()
+
+    def log_ended(self) -> None:
+        log.info("burst %d of uid %d ended", self.burst_id, self.client.conn.peer.uid)
 
     def _drain(self, most: int = 1) -> bool:
         """Take up to ``most`` rings of the doorbell; True when the client's end hung up.
@@ -309,6 +327,11 @@ class Bursts:
             mine = [s for s in self._servers.values() if s.client is client]
             if len(mine) >= MAX_BURSTS_PER_CONN:
                 raise LimitExceeded(f"a connection may hold {MAX_BURSTS_PER_CONN} bursts")
+            uid = ctx.peer.uid
+            theirs = sum(s.client.conn.peer.uid == uid for s in self._servers.values())
+            if theirs >= MAX_BURSTS_PER_UID:
+                raise LimitExceeded(f"uid {uid} holds {theirs} bursts on this driver, the "
+                                    "most a uid may")
             if not host.state.owns_model(client.cid, msg.model_id):
                 raise InvalidArgument(f"no prepared model {msg.model_id} on this connection")
             pool = tensorio.MappedPool(fds[0], msg.size)
@@ -323,7 +346,8 @@ class Bursts:
         layout.init_header(pool.buf)
         burst_id = next(self._ids)
         server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
-                             self.execute, host.res.wake_loop, self.prepare_next)
+                             self.execute, host.res.wake_loop, self.prepare_next,
+                             self._ended)
         self._servers[burst_id] = server
         server.start()
         peer = server.peer_fd
@@ -359,10 +383,34 @@ class Bursts:
 
     # --- a burst execution (on the burst's thread) ------------------------------------
 
+    def _ended(self, server: BurstServer) -> bool:
+        """From a burst's thread that ended on its own (its client hung up, a failure): the
+        loop forgets it and unregisters its memory, as close_burst does. False: the loop
+        is gone."""
+        try:
+            self.host.loop.call_soon_threadsafe(self._forget, server)
+        except RuntimeError:
+            return False  # the host is going away
+        return True
+
+    def _forget(self, server: BurstServer) -> None:
+        try:
+            if self._servers.get(server.burst_id) is server:  # (else closed meanwhile)
+                del self._servers[server.burst_id]
+                client = server.client
+                if self.host._clients.get(client.conn) is client:
+                    self.host.unregister_pool(client, server.pool_id)
+        finally:
+            server.log_ended()
+
     def forget_pool(self, pool_id: int) -> None:
         """A pool is about to close (the loop, the lock held): kept requests with views
-        into it go, so its mapping can close now."""
-        for server in self._servers.values():
+        into it go, so its mapping can close now. A burst's own memory unregistered as a
+        pool ends the burst: it is no longer counted against the uid."""
+        for server in list(self._servers.values()):
+            if server.pool_id == pool_id:
+                self._end(server)
+                continue
             fixed = server.fixed
             if fixed is not None and fixed.uses_pool(pool_id):
                 server.fixed = None
@@ -476,6 +524,7 @@ class Bursts:
             ex.inline_budget = server.resp_size // 2
             if msg.out_pool_id:
                 set_output_area(ex, msg, client.pools)
+                self._check_output_area(client, msg)
             else:
                 ex.out_pool, ex.out_pool_id = server.pool, server.pool_id
                 ex.out_offset = server.data_start
@@ -492,6 +541,17 @@ class Bursts:
             fixed.fast = host.state.fast_key(event)
             fixed.uid, fixed.feature_id = ex.uid, ex.feature_id
         return ex, step
+
+    def _check_output_area(self, client: ClientConn, msg: pb.Execute) -> None:
+        """Outputs never go into a burst's header, request or response area: this host
+        reads them (a sequence number written there is a request nobody rang). (A copy of
+        the list: the loop opens and closes bursts meanwhile.)"""
+        for s in list(self._servers.values()):
+            if s.pool_id == msg.out_pool_id and s.client is client and \
+                    msg.out_offset < s.data_start:
+                raise InvalidArgument(f"the output area at {msg.out_offset} lies in burst "
+                                      f"{s.burst_id}'s header and request and response "
+                                      f"areas (tensors from {s.data_start})")
 
     @staticmethod
     def _use_fixed(ex: Execution, fixed: FixedRequest) -> None:

@@ -65,19 +65,27 @@ class Raw:
 
     def request(self, x_at: int | None = None, out_at: int | None = None, *,
                 x_pool: int | None = None, out_pool: int | None = None, cap: int = 4096,
-                **kw: Any) -> bytes:
-        """An Execute: input x from the pool at ``x_at`` (inline X when None), outputs into
-        ``out_at`` (the driver's choice when None)."""
+                name: str = "x", **kw: Any) -> bytes:
+        """An Execute: input ``name`` (float32 [1, 4]) from the pool at ``x_at`` (inline X
+        when None), outputs into ``out_at`` (the driver's choice when None)."""
         msg = pb.Execute(model_id=self.b.model.model_id, **kw)
         if x_at is None:
-            msg.inputs.add(name="x", dtype="float32", shape=[1, 4], data=X.tobytes())
+            msg.inputs.add(name=name, dtype="float32", shape=[1, 4], data=X.tobytes())
         else:
-            msg.inputs.add(name="x", dtype="float32", shape=[1, 4], offset=x_at, nbytes=16,
+            msg.inputs.add(name=name, dtype="float32", shape=[1, 4], offset=x_at, nbytes=16,
                            pool_id=self.pool_id if x_pool is None else x_pool)
         if out_at is not None:
             msg.out_pool_id = self.pool_id if out_pool is None else out_pool
             msg.out_offset, msg.out_capacity = out_at, cap
         return msg.SerializeToString()
+
+    def outputs(self, result: pb.ExecuteResult) -> list[float]:
+        """The first output of a full answer: inline, or where it says in this burst."""
+        t = result.outputs[0]
+        if t.pool_id == 0:
+            return np.frombuffer(t.data, np.float32).tolist()
+        assert t.pool_id == self.pool_id, t
+        return self.get(t.offset, t.nbytes // 4)
 
     def write(self, data: bytes) -> None:
         self.buf[layout.HEADER:layout.HEADER + len(data)] = data
