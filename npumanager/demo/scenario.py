@@ -308,7 +308,8 @@ class Scenario:
                         "background_sched": "normal"}],
         }
         t0 = time.perf_counter()
-        self.npud = DaemonProcess(self.rt, config, drivers=True,
+        # die_with_parent: a SIGKILLed demo (its apps die with it) leaves no npud behind.
+        self.npud = DaemonProcess(self.rt, config, drivers=True, die_with_parent=True,
                                   env={**os.environ, "NPU_STATE_DIR": state})
         self.npud.start()
         self.out.event("npud", f"ready in {fmt_ms((time.perf_counter() - t0) * 1000)}: "

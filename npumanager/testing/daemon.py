@@ -66,8 +66,12 @@ class DaemonProcess:
         ready_timeout: float = 20.0,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.runtime_dir = Path(runtime_dir)
+        #: SIGTERM npud when the thread that started it ends (a SIGKILLed demo): only for
+        #: a caller that starts it from its main thread and never hands it on.
+        self.die_with_parent = die_with_parent
         self.config = config
         self.drivers = drivers
         self.ready_timeout = ready_timeout
@@ -133,6 +137,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True, env=env, bufsize=1,
+            preexec_fn=_term_with_parent if self.die_with_parent else None,
         )
         self._reader = threading.Thread(target=self._read, name="npud-output", daemon=True)
         self._reader.start()
@@ -217,6 +222,14 @@ class DaemonProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _term_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent's starting thread ends."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
 def driver_hosts(runtime_dir: str | os.PathLike[str]) -> list[int]:

@@ -6,13 +6,18 @@ the demo claims to show must really have happened in the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,6 +159,57 @@ def test_ctrl_c_stops_everything_and_removes_the_temp_dirs() -> None:
             if any(str(u) in uid_line.split() for u in range(61001, 61005)):
                 left.append(d.name)
     assert not left, f"demo apps still running: {left}"
+
+
+def _wait_for(cond: Any, timeout: float, what: str, pid: int) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            try:  # its signal masks (pending, blocked, ignored, caught) and where it waits
+                status = [ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ln.startswith(("State", "Sig", "Shd", "Threads"))]
+                wchan = Path(f"/proc/{pid}/wchan").read_text()
+            except OSError as exc:
+                status, wchan = [str(exc)], ""
+            pytest.fail(f"timed out waiting for {what} (pid {pid}): {status} wchan {wchan}")
+        time.sleep(0.05)
+
+
+@NEEDS_ROOT
+def test_a_killed_demo_leaves_no_npud_or_driver_host_running() -> None:
+    """SIGKILL gives the demo no cleanup; npud (started to die with the demo) and then its
+    driver host (after its orphan grace) end by themselves. Its temp dirs stay: here in a
+    TMPDIR of the test's own."""
+    from npumanager.testing.daemon import driver_hosts
+
+    tmp = Path(tempfile.mkdtemp(prefix="npu-k-", dir="/tmp"))
+    os.chmod(tmp, 0o755)  # the apps (other uids) reach their cache dirs through it
+    proc = subprocess.Popen(_npu("demo", "--fast", "--no-color"), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.stdout is not None
+    config = None
+    try:
+        line = next((ln for ln in proc.stdout if "ready on" in ln), "")
+        npud, rt = _npud_pid(line), _runtime_dir(line)
+        argv = Path(f"/proc/{npud}/cmdline").read_bytes().split(b"\0")
+        config = os.fsdecode(argv[argv.index(b"--config") + 1])
+        hosts = driver_hosts(rt)
+        assert hosts, "no driver host"
+        proc.kill()
+        proc.wait()
+        _wait_for(lambda: _gone(npud), 60, "npud to end", npud)
+        for host in hosts:
+            _wait_for(lambda h=host: _gone(h), 60, "the driver host to end", host)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if config is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(config)
 
 
 @NEEDS_ROOT
