@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
@@ -439,6 +439,15 @@ class Bursts:
         t0 = time.perf_counter()
         client = server.client
         spare, server.spare = server.spare, None
+        kept = server.fixed
+        early = None
+        if kept is None or kept.data != data:
+            # Parsed and decoded before the host's lock, which every uid's executions take:
+            # a request area of a million tiny values takes seconds to decode.
+            try:
+                early = self._decode(server, data, dict(client.pools))
+            except ValueError:
+                pass  # a pool closed under it: decoded again under the lock
         with host.lock:
             if server.closing or client.conn.closed:
                 raise DeviceUnavailable("the burst is closed")
@@ -460,7 +469,8 @@ class Bursts:
                 if not admitted:
                     key = fixed.fast = None
             if key is None:
-                ex, step = self._submit_full(server, data, fixed, prepared, t0, Done())
+                ex, step = self._submit_full(server, data, fixed, prepared, t0, Done(),
+                                             early)
         done = ex.done
         assert done is not None
         answered = False
@@ -498,24 +508,35 @@ class Bursts:
             raise outcome
         return outcome, fixed if outcome[0] is ex.fixed_result else None
 
+    @staticmethod
+    def _decode(server: BurstServer, data: bytes, pools: dict[int, tensorio.MappedPool]
+                ) -> tuple[pb.Execute, dict[str, Any], dict[int, tensorio.MappedPool]]:
+        """``data`` parsed, its inputs decoded against ``pools``; and ``pools``."""
+        try:
+            msg = pb.Execute.FromString(data)
+        except DecodeError:
+            raise InvalidArgument("the burst request is not an Execute message") from None
+        msg.model_id = server.model_id  # a burst executes its own model
+        return msg, decode_inputs(msg, pools), pools
+
     def _submit_full(self, server: BurstServer, data: bytes, fixed: FixedRequest | None,
-                     prepared: PreparedModel | None, t0: float, done: Done
+                     prepared: PreparedModel | None, t0: float, done: Done,
+                     early: tuple[pb.Execute, dict[str, Any],
+                                  dict[int, tensorio.MappedPool]] | None = None
                      ) -> tuple[Execution, ev.RunStep | None]:
         """The lock held: ``data`` submitted as an ExecuteRequested (decoded first unless it
         is the kept request); what it decodes to is kept for the next ones, bound once,
         whether the state admits it or not, and what the state's checks found once it
-        does."""
+        does. ``early``: ``data`` decoded before the lock, used while the connection's pools
+        are still those it was decoded against."""
         host = self.host
         client = server.client
         if fixed is not None:
             msg, inputs = fixed.msg, fixed.inputs
+        elif early is not None and early[2] == client.pools:
+            msg, inputs = early[0], early[1]
         else:
-            try:
-                msg = pb.Execute.FromString(data)
-            except DecodeError:
-                raise InvalidArgument("the burst request is not an Execute message") from None
-            msg.model_id = server.model_id  # a burst executes its own model
-            inputs = decode_inputs(msg, client.pools)
+            msg, inputs, _ = self._decode(server, data, client.pools)
         ex, event = host.new_execution(client, msg, inputs, t0)
         ex.done = done
         if fixed is None:

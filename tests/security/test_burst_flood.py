@@ -314,3 +314,65 @@ def test_a_bursts_memory_unregistered_as_a_pool_ends_the_burst(
         app.kill()
     assert got["burst"].startswith("DeviceUnavailable"), got
     assert got["new burst"] == "ok: [1.0, 2.0, 3.0, 4.0]", got
+
+
+def _value_bomb(n: int) -> bytes:
+    """An Execute of one sequence input of ``n`` float32 scalars, each a message of its own
+    (about 19 bytes each on the wire, a Python object each once decoded)."""
+    elem = pb.Value(tensor=pb.Tensor(dtype="float32", data=bytes(4))).SerializeToString()
+    one = b"\x0a" + bytes([len(elem)]) + elem  # Sequence.elements (field 1), length, bytes
+    seq = pb.Sequence.FromString(one * n)
+    return pb.Execute(values=[pb.Value(name="x", sequence=seq)]).SerializeToString()
+
+
+def decode_bomber(rt: str, bursts: int) -> dict[str, Any]:
+    """Ring requests that fill the largest request area a burst may have with tiny values
+    (seconds of decoding each), from ``bursts`` bursts at once, until told."""
+    from npumanager.nn.burst import _MIN_AREA
+
+    with granted(rt) as (dev, grant):
+        model = dev.prepare_model(add_model(), grant=grant)
+        bomb = _value_bomb((layout.MAX_AREA - 64) // 20)
+        raws = []
+        for _ in range(bursts):
+            b = model.burst()
+            b._close_channel()
+            b._open(layout.MAX_AREA, _MIN_AREA, _MIN_AREA)
+            raws.append(Raw(b))
+        stop, answers = threading.Event(), []
+
+        def bombard(r: Raw) -> None:
+            while not stop.is_set():
+                answers.append(r.status(bomb))
+
+        threads = [threading.Thread(target=bombard, args=(r,)) for r in raws]
+        for t in threads:
+            t.start()
+        procs.announce("bombing")
+        procs.receive(timeout=120)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        return {"answers": sorted(set(answers)), "size": len(bomb)}
+
+
+def test_a_request_that_takes_seconds_to_decode_does_not_stall_another_uid(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    """Decoding a burst's request took the host's lock, which every execution of every uid
+    takes: a 16 MiB request of tiny values held it for about 5 s per ring, and another
+    uid's app could not even connect to the driver (its hello timed out after 10 s)."""
+    start_npud(drivers=True)
+    rt = str(runtime_dir)
+    app = procs.spawn_as(ATTACKER, None, decode_bomber, rt, 1, timeout=180)
+    try:
+        app.expect("bombing", 60)
+        # (Limits on time are the harness's: far beyond what these take while the
+        # decoding leaves the lock alone, far below what they took while it held it.)
+        out = procs.run_as(BYSTANDER, None, bystander_bursts, rt, 10, timeout=30)
+        app.send("stop")
+        got = app.wait(120)
+    finally:
+        app.kill()
+    assert out == [[float(i + 1 + k) for k in range(4)] for i in range(10)], out
+    assert got["answers"] == ["InvalidArgument"] and got["size"] > 15 << 20, got
+    assert_device_served(runtime_dir)
