@@ -67,7 +67,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transport_rtt import raw_socket_rtt, rpc_echo_rtt  # (bench/ is on sys.path)
+from transport_rtt import raw_socket_rtt, rpc_echo_rtt, tight  # (bench/ is on sys.path)
 
 from npumanager import nn
 from npumanager.drivers.base import CompileOptions, PreparedModel
@@ -87,17 +87,6 @@ US = 1e6
 def pct(ts: list[float], q: float) -> float:
     s = sorted(ts)
     return s[min(len(s) - 1, int(len(s) * q))]
-
-
-def tight(fn: Callable[[], object], n: int) -> list[float]:
-    """``n`` calls of ``fn`` back to back; the time of each."""
-    out = []
-    clock = time.perf_counter
-    for _ in range(n):
-        t = clock()
-        fn()
-        out.append(clock() - t)
-    return out
 
 
 def paced(fn: Callable[[], object], n: int, hz: float) -> list[float]:
