@@ -78,6 +78,76 @@ def check_keys(source: str, user: dict[str, Any], defaults: dict[str, Any]) -> N
                     f"defaults.toml)")
 
 
+#: Keys that take another type besides their default's: (section, key) -> the types.
+_ALSO: dict[tuple[str, str], tuple[type, ...]] = {
+    ("manager", "admin_group"): (int,),  # a group name or a gid
+    ("driver", "inline_run_us"): (float,),
+    ("driver", "inline_idle_run_us"): (float,),
+}
+#: String keys that take one of a few words (drivers/steps.py BACKGROUND_SCHED and
+#: drivers/classes.py say what each does).
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("driver", "background_sched"): ("idle", "nice", "normal", "share"),
+    ("driver", "background_compile"): ("process", "thread"),
+    ("driver", "background_cpus"): ("all", "spare"),
+}
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+          dict: "a table", list: "a list"}
+
+
+def _type_error(section: str, key: str, value: Any, default: Any) -> str | None:
+    """What is wrong with ``value`` for a key whose default is ``default``, or None.
+    (bool is an int to Python, never to a config: ``channels = true`` is refused.)"""
+    want: tuple[type, ...] = (type(default), *_ALSO.get((section, key), ()))
+    if float in want:
+        want = (*want, int)  # 1 for 1.0
+    if type(value) not in want:
+        kinds = " or ".join(dict.fromkeys(_KINDS.get(t, t.__name__) for t in want
+                                          if not (t is int and float in want)))
+        shown = str(value).lower() if type(value) is bool else repr(value)  # (as TOML)
+        return f"must be {kinds}, not {shown} ({_KINDS.get(type(value), type(value).__name__)})"
+    words = CHOICES.get((section, key))
+    if words is not None and value not in words:
+        return f"must be one of {', '.join(map(repr, words))}, not {value!r}"
+    return None
+
+
+def check_types(source: str, user: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Refuse a user config's values whose type is not their default's (``quiet_window_us =
+    "x"``, ``background_sched = 3``), naming the key and its section or [[driver]] entry:
+    npud refuses to start, rather than failing later in a driver host it restarts."""
+    for name, value in user.items():
+        if name == "app":  # validated entry by entry by service.apps
+            continue
+        if name == "driver":
+            if not isinstance(value, list):
+                raise InvalidArgument(f"config file {source}: driver must be a list of "
+                                      "tables ([[driver]] entries)")
+            template = defaults["driver"][0]
+            for i, entry in enumerate(value):
+                if not isinstance(entry, dict):
+                    raise InvalidArgument(f"config file {source}: [[driver]] #{i + 1} must "
+                                          "be a table")
+                where = f"[[driver]] #{i + 1}"
+                if isinstance(entry.get("name"), str):
+                    where += f" ({entry['name']!r})"
+                for key, v in entry.items():
+                    bad = _type_error("driver", key, v, template[key])
+                    if bad is not None:
+                        raise InvalidArgument(f"config file {source}: {key} in {where} "
+                                              f"{bad}")
+            continue
+        known = defaults.get(name)
+        if not isinstance(known, dict):
+            continue
+        if not isinstance(value, dict):
+            raise InvalidArgument(f"config file {source}: [{name}] must be a table")
+        for key, v in value.items():
+            bad = _type_error(name, key, v, known[key])
+            if bad is not None:
+                raise InvalidArgument(f"config file {source}: {key} in [{name}] {bad}")
+
+
 @dataclass
 class Config:
     data: dict[str, Any] = field(default_factory=_defaults)
@@ -111,6 +181,7 @@ class Config:
             except tomllib.TOMLDecodeError as exc:
                 raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
             check_keys(str(path), user, data)
+            check_types(str(path), user, data)
             # Lists of tables ([[driver]], [[app]]) replace the defaults wholesale.
             data = _merge(data, user)
             source = str(path)

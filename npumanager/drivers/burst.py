@@ -314,10 +314,14 @@ class Bursts:
             if len(fds) != 1:
                 raise InvalidArgument(f"open_burst takes one memfd, got {len(fds)} fds")
             req, resp = msg.req_size, msg.resp_size
-            for what, n in (("request", req), ("response", resp)):
-                if not layout.MIN_AREA <= n <= layout.MAX_AREA:
-                    raise InvalidArgument(f"a burst's {what} area is {layout.MIN_AREA}.."
-                                          f"{layout.MAX_AREA} bytes, not {n}")
+            for what, n, most in (("request", req, layout.MAX_REQUEST_AREA),
+                                  ("response", resp, layout.MAX_AREA)):
+                if n < layout.MIN_AREA:
+                    raise InvalidArgument(f"a burst's {what} area is at least "
+                                          f"{layout.MIN_AREA} bytes, not {n}")
+                if n > most:
+                    raise LimitExceeded(f"a burst's {what} area is at most {most} bytes, "
+                                        f"not {n}")
             if msg.size < layout.data_start(req, resp):
                 raise InvalidArgument(f"a burst of {msg.size} bytes cannot hold its "
                                       f"{req}+{resp}-byte areas")
@@ -332,8 +336,8 @@ class Bursts:
             if theirs >= MAX_BURSTS_PER_UID:
                 raise LimitExceeded(f"uid {uid} holds {theirs} bursts on this driver, the "
                                     "most a uid may")
-            if not host.state.owns_model(client.cid, msg.model_id):
-                raise InvalidArgument(f"no prepared model {msg.model_id} on this connection")
+            with host.lock:  # (as an execute of it would be refused: GrantRevoked if revoked)
+                host.state.check_owns_model(client.cid, msg.model_id)
             pool = tensorio.MappedPool(fds[0], msg.size)
             size = os.fstat(fds[0]).st_size
         finally:
@@ -345,6 +349,7 @@ class Bursts:
             raise
         layout.init_header(pool.buf)
         burst_id = next(self._ids)
+        client.bursts[pool_id] = burst_id  # (no plain execute names this memory)
         server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
                              self.execute, host.res.wake_loop, self.prepare_next,
                              self._ended)

@@ -48,6 +48,7 @@ from npumanager.drivers.messages import (
     ClientConn,
     decode_inputs,
     params_from,
+    plain_pools,
     prepared_reply,
     set_output_area,
 )
@@ -441,11 +442,12 @@ class DriverHost:
         msg = pb.Execute.FromString(payload)
         client = self._clients[ctx.conn]
         with self.lock:
-            inputs = decode_inputs(msg, client.pools)
+            pools = plain_pools(msg, client)
+            inputs = decode_inputs(msg, pools)
             ex, event = self.new_execution(client, msg, inputs, t0)
             ticket = ex.ticket
             if msg.out_pool_id:
-                set_output_area(ex, msg, client.pools)
+                set_output_area(ex, msg, pools)
             res.executions[ticket] = ex
             try:
                 out = self.state.handle(event)

@@ -37,6 +37,26 @@ class ClientConn:
     cid: int
     conn: RpcConnection
     pools: dict[int, tensorio.MappedPool] = field(default_factory=dict)
+    #: The pools that are a burst's memory (pool id -> burst id): only the burst's own
+    #: requests name them, never a plain execute (its outputs would go over the burst's
+    #: header, request and response areas, which the burst's thread reads and writes).
+    bursts: dict[int, int] = field(default_factory=dict)
+
+
+def plain_pools(msg: pb.Execute, client: ClientConn) -> dict[int, tensorio.MappedPool]:
+    """The pools a plain execute may name: the connection's, but its bursts' memory.
+    A tensor or output area of ``msg`` in a burst's memory is refused by name; one nested in
+    a value finds no such pool."""
+    bursts = client.bursts
+    if not bursts:
+        return client.pools
+    for what, pool_id in [*((f"input {t.name!r}", t.pool_id) for t in msg.inputs),
+                          ("the output area", msg.out_pool_id)]:
+        burst_id = bursts.get(pool_id)
+        if burst_id is not None:
+            raise InvalidArgument(f"{what} lies in pool {pool_id}, burst {burst_id}'s "
+                                  "memory: only that burst's requests name it")
+    return {k: v for k, v in client.pools.items() if k not in bursts}
 
 
 def params_from(hc: HostConfig) -> DriverParams:

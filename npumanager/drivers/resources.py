@@ -258,6 +258,7 @@ class HostResources:
         if owned is not None:
             client, pool = owned
             del client.pools[ins.pool_id]
+            client.bursts.pop(ins.pool_id, None)
             if self.pool_closing is not None:
                 self.pool_closing(ins.pool_id)  # bursts drop their views of it first
             pool.close()

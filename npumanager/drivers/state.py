@@ -68,7 +68,7 @@ from npumanager.drivers.runqueue import Job, RunQueue
 from npumanager.drivers.share import BackgroundShare
 from npumanager.drivers.state_fast import FastAdmission
 from npumanager.drivers.state_models import ORPHAN_TIMER, ModelRules
-from npumanager.errors import GrantRevoked, InvalidArgument
+from npumanager.errors import GrantRevoked, InvalidArgument, NpuError
 from npumanager.hal.types import (
     DEBOUNCE_DURATION_MS,
     EndReason,
@@ -225,10 +225,18 @@ class DriverState(ModelRules, FastAdmission):
         """What ``uid`` holds now (a copy)."""
         return self.ledger.of(uid)
 
-    def owns_model(self, conn: int, model_id: int) -> bool:
-        """Whether ``model_id`` is a live model prepared on connection ``conn``."""
+    def check_owns_model(self, conn: int, model_id: int) -> None:
+        """``model_id`` is a live model prepared on connection ``conn``, else what an
+        execute of it raises: GrantRevoked (with why) when a grant's end dropped it."""
         model = self._models.get(model_id)
-        return model is not None and model.conn == conn
+        if model is None or model.conn != conn:
+            raise self._not_owned(conn, model_id)
+
+    def _not_owned(self, conn: int, model_id: int) -> NpuError:
+        why = self.grants.revoked(model_id, conn)
+        if why is not None:
+            return GrantRevoked(why)
+        return InvalidArgument(f"no prepared model {model_id} on this connection")
 
     def model_ids(self) -> list[int]:
         return sorted(self._models)
@@ -317,10 +325,7 @@ class DriverState(ModelRules, FastAdmission):
         client = self._client(e.conn)
         model = self._models.get(e.model_id)
         if model is None or model.conn != e.conn:
-            why = self.grants.revoked(e.model_id, e.conn)
-            if why is not None:
-                raise GrantRevoked(why)
-            raise InvalidArgument(f"no prepared model {e.model_id} on this connection")
+            raise self._not_owned(e.conn, e.model_id)  # (open_burst's wording too)
         if model.check is not None and e.values is not None:
             # Names, kinds, element types, ranks and fixed dims, against the prepared specs.
             model.check.check(e.values)

@@ -84,6 +84,9 @@ class Burst:
         self.burst_id = 0
         self._req, self._resp, self._data_start = 0, 0, 0
         self._fixed: _FixedLayout | None = None
+        #: Numeric tensors up to this size travel inside the request (0 once a request
+        #: outgrew the largest request area: then all go in the data area, which grows).
+        self._inline = _INLINE
         self._timeout = float(getattr(model._rpc, "call_timeout", 300.0))
         self._open(_MIN_AREA, _MIN_AREA, self._data_guess())
 
@@ -160,7 +163,7 @@ class Burst:
     def _grow(self, g: _Grow) -> None:
         assert self._pool is not None
         data = self._pool.size - self._data_start
-        req = max(self._req, _area(g.req))
+        req = max(self._req, _area(g.req, layout.MAX_REQUEST_AREA))
         resp = max(self._resp, _area(g.resp))
         if g.data:
             data = max(2 * data, data + g.data)
@@ -239,7 +242,23 @@ class Burst:
         msg.out_pool_id, msg.out_offset, msg.out_capacity = pool.pool_id, pos, pool.size - pos
         data = msg.SerializeToString()
         if len(data) > self._req:
-            raise _Grow(req=len(data))
+            if len(data) <= layout.MAX_REQUEST_AREA:
+                raise _Grow(req=len(data))
+            if self._inline:
+                # Too large for any request area (the driver parses it holding its GIL):
+                # every numeric tensor into the data area, grown at once to hold them all.
+                self._inline = 0
+                need = sum(tensorio.align(a.nbytes) for v in inputs.values()
+                           for a in tensorio.tensors_in(v) if a.dtype.kind not in "OUS")
+                if need + _MIN_DATA > pool.size - self._data_start:
+                    raise _Grow(data=need + _MIN_DATA)
+                return self._execute(inputs, job_priority, feature_id, original_uid, steps,
+                                     feedback, group_id, copy)
+            # Strings and maps travel inline only: as a plain execute, which takes what
+            # a frame to the driver holds.
+            return self.model.execute(inputs, job_priority, feature_id, original_uid,
+                                      steps, feedback, group_id=group_id,
+                                      copy_outputs=copy)
         start = layout.HEADER
         pool.buf[start:start + len(data)] = data
         return self._round_trip(pool, sock, None, copy, len(data))
@@ -291,9 +310,11 @@ class Burst:
         values: dict[str, Any] = {}
         value_inputs = self.model._value_inputs
 
+        inline = self._inline
+
         def place(t: pb.Tensor, arr: np.ndarray) -> None:
             nonlocal pos
-            if arr.nbytes <= _INLINE or arr.dtype.kind in "OUS":
+            if arr.nbytes <= inline or arr.dtype.kind in "OUS":
                 tensorio.fill_inline(t, arr)
                 return
             start = tensorio.align(pos)
@@ -317,7 +338,7 @@ class Burst:
                                           f"tensor: {exc}") from None
             elif not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
-            if a.nbytes <= _INLINE or a.dtype.kind in "OUS":
+            if a.nbytes <= inline or a.dtype.kind in "OUS":
                 tensorio.add_inline(msg.inputs, name, a)
             elif staging is not None and (off := staged_offset(staging, a)) is not None:
                 msg.inputs.add(name=name, dtype=tensorio.dtype_name(a.dtype), shape=a.shape,
@@ -508,9 +529,9 @@ class _FixedLayout:
         self.out_views = views
 
 
-def _area(n: int) -> int:
-    """An area size that holds ``n`` bytes with room to spare."""
+def _area(n: int, most: int = layout.MAX_AREA) -> int:
+    """An area size that holds ``n`` bytes with room to spare (at most ``most``)."""
     size = _MIN_AREA
     while size < 2 * n:
         size *= 2
-    return min(size, layout.MAX_AREA)
+    return min(size, most)

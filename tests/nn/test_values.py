@@ -228,3 +228,40 @@ def test_wrong_inputs_are_invalid_argument_naming_the_input(dev: nn.Device) -> N
         np.testing.assert_array_equal(model.execute(ok)["n"], np.array(3))  # still serving
     finally:
         model.release()
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # (the plain path's answer, whatever its type)
+        return type(exc)
+
+
+def test_a_burst_takes_values_larger_than_the_largest_request_area(dev: nn.Device) -> None:
+    """A burst's request area is at most 1 MiB (the driver parses it holding its GIL): a
+    sequence of 1,100 small tensors (1 KiB each, inline in a plain request: 1.1 MiB) goes
+    in the burst's data area instead; strings (inline only) larger than the area get what
+    a plain execute gets."""
+    from npumanager.tensorio import burst as layout
+
+    seq = _model([h.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)],
+                 [h.make_value_info("s", SEQ_F)], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    feed = {"s": [np.full(256, i, np.float32) for i in range(1100)]}
+    expected = in_process(seq, feed)["y"]
+    strings = _identity(T.STRING, [None])
+    model, smodel = dev.prepare_model(seq), dev.prepare_model(strings)
+    try:
+        with model.burst() as b, smodel.burst() as sb:
+            for _ in range(2):
+                same(b.execute(feed)["y"], expected, "sequence")
+            assert b._req <= layout.MAX_REQUEST_AREA
+            fits = {"x": np.array(["x" * 1000] * 700, dtype=object)}  # 0.7 MiB: grows to it
+            same(sb.execute(fits)["y"], fits["x"], "strings")
+            big = {"x": np.array(["x" * 1000] * 1500, dtype=object)}  # 1.5 MiB
+            assert _outcome(lambda: sb.execute(big)) == _outcome(
+                lambda: smodel.execute(big)), "the burst answers as a plain execute does"
+            assert sb._req <= layout.MAX_REQUEST_AREA
+            same(sb.execute(fits)["y"], fits["x"], "strings after")
+    finally:
+        model.release()
+        smodel.release()
