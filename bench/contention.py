@@ -43,8 +43,8 @@ from npumanager.demo.contention import (
 #: Managed driver configurations: name -> [[driver]] keys. "managed" is npud's default.
 VARIANTS: dict[str, dict[str, Any]] = {
     # npud's defaults: 3 channels, 1 of them kept for foreground work, background threads
-    # at SCHED_IDLE, background compiles in a child process; camera and voice execute
-    # through bursts.
+    # at SCHED_IDLE, background compiles in a child process, a 1 ms quiet window around
+    # the camera's frames; camera, voice and the embedder execute through bursts.
     "managed": {},
     # The defaults before this table (2 channels, both open to background work, nice 10).
     "old-defaults": {"channels": 2, "reserved_channels": 0, "background_sched": "nice"},
@@ -63,6 +63,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "bg-nice-19": {"background_sched": "nice", "background_nice": 19},
     # Session threads per class: the foreground's sessions get 2 intra-op threads.
     "+fg-2-threads": {"options": {"intra_op_threads_foreground": 2}},
+    # The background's sessions get 2 intra-op threads (ONNX Runtime's pool, spinning).
+    "+bg-2-threads": {"options": {"intra_op_threads_background": 2}},
     # Background models compile in the driver host (a lowered thread, the GIL shared)
     # instead of a lowered child process (drivers/compile_worker.py).
     "bg-compile-in-driver": {"background_compile": "thread"},
@@ -78,7 +80,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The quiet window (drivers/quiet.py): no background step starts while the camera's
     # frame runs or when it would reach within X of the camera's next frame.
     "quiet-2ms": {"quiet_window_us": 2000},
-    "quiet-off": {"quiet_window_us": 0},
+    "quiet-1ms": {"quiet_window_us": 1000},
+    "quiet-off": {"quiet_window_us": 0},  # (the defaults before the window)
     # Fair share among background apps (drivers/share.py): the uid over its share of
     # background time runs at SCHED_IDLE, the others at nice 19 (they preempt it).
     "share-19": {"background_sched": "share", "background_nice": 19},

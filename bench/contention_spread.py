@@ -58,6 +58,20 @@ def main(paths: list[str]) -> int:
     row("embedder / unmanaged's",
         lambda r, by: r["embedder_items_s"] / by["unmanaged"]["embedder_items_s"])
     row("foreign CPU, contended (cores)", lambda r, by: r["cpu"]["contended"]["foreign"])
+    # All runs' contended frames together: their p99 (from each run's slowest 5 %).
+    cells = []
+    for name in names:
+        worst: list[float] = []
+        frames = 0
+        for run in runs:
+            for r in run:
+                if r["name"] == name and "contended" in r.get("worst", {}):
+                    worst += [ms for _, ms in r["worst"]["contended"]]
+                    frames += r["camera"]["contended"]["n"]
+        worst.sort(reverse=True)
+        k = frames // 100
+        cells.append(f"{worst[k]:.2f} of {frames}" if frames and k < len(worst) else "-")
+    rows.append(("camera p99 contended, runs pooled", *cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"{len(runs)} runs: {', '.join(paths)}")
     for r in rows:

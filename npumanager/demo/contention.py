@@ -108,8 +108,9 @@ class RunResult:
     work_done: dict[str, int] = field(default_factory=dict)
     mem_peak_mib: float = float("nan")  # whole machine, above the idle level before the run
     rss_peak_mib: float = float("nan")  # the processes this run started, summed
-    #: The slowest 2 % of the camera's frames per phase: (seconds into the phase, ms), to
-    #: see whether a p99 was a few bad moments or a steady tail.
+    #: The slowest 5 % of the camera's frames per phase: (seconds into the phase, ms), to
+    #: see whether a p99 was a few bad moments or a steady tail, and to pool runs (the
+    #: p99 of up to five runs' frames together lies among them).
     worst: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: CPU in each phase: this run's processes, everyone else's, the hypervisor's steal.
     cpu: dict[str, contention_cpu.CpuUse] = field(default_factory=dict)
@@ -359,7 +360,7 @@ class ContentionRun:
                 r.camera[name] = Stats([e["ms"] for e in frames if a <= e["t"] < b])
                 mine = sorted(((e["t"] - a, e["ms"]) for e in frames if a <= e["t"] < b),
                               key=lambda x: -x[1])
-                r.worst[name] = [(round(t, 3), ms) for t, ms in mine[:max(1, len(mine) // 50)]]
+                r.worst[name] = [(round(t, 3), ms) for t, ms in mine[:max(1, len(mine) // 20)]]
         if "loading" in self.windows:
             a, b = self.windows["loading"]
             spans = []

@@ -109,10 +109,44 @@ per app yet; likely: each batch is an RPC through the host whose step waits
 for a SCHED_IDLE thread, while the LLM's back-to-back steps always have work
 for theirs); both apps' ratios averaged: 156 % and 127 % in those two runs.
 
+Session 6 (bench/contention.py with a 30 s contended phase, 900 frames; per
+phase the CPU of the run's processes, of everyone else's and steal, so a run
+another user's compiler disturbed shows; cpu-exclusive, 2 vCPUs). Why the
+unmanaged camera's p99 swung from 0.6 to 12.5 ms: its tail is a handful of
+isolated stalls (mostly 12-18 ms, about three scheduler ticks; 3 to 12 per 900
+frames, spread over the phase) among 0.5-1 ms frames, so its p99 (the
+9th-worst frame) lands either on the plain frames or on a stall, as a run had
+fewer or more than nine: 0.8, 1.1, 2.2 and 12.5 ms in four runs of the same
+code, the max 16-40 ms in each. The managed
+camera's tail is broad and steady instead (its 2 % worst all 3.3-6 ms). The
+managed camera *alone* is 1.3-1.6 ms p50, 1.5-3.9 ms p99 (an RPC to another
+process each frame), against 0.4-0.5 / 0.5-1.1 ms for ONNX Runtime in the
+camera's own process, so "managed p99 <= 0.5x unmanaged" is out of reach for a
+CPU-backed driver: the kernel's own scheduler already protects an unmanaged
+camera that sleeps between frames, as no NPU queue does.
+
+The quiet window (:mod:`.quiet`, ``quiet_window_us``) is the one mechanism
+that moved the contended p99 in every paired run (same invocation, same
+code): 3.1 vs 4.6, 3.3 vs 4.7, 3.4 vs 4.0 and 2.8 vs 3.9 ms (2, 1, 2 and 1 ms
+windows) against the defaults before it (the last: 1.27x the camera alone,
+0.22x unmanaged in a run where the unmanaged camera stalled). It costs the LLM
+0-28 % of its tokens/s (still 1.7-2x its unmanaged rate) and the embedder
+4-21 %. Hence ``quiet_window_us = 1000`` by default. What did not help:
+fair share among background uids as kernel classes (``background_sched =
+"share"``, :mod:`.share`: the embedder 2963 vs 2863 items/s, camera p99 5.1 vs
+4.3 ms): the run queue never holds both background apps (two background
+channels, one synchronous execution each) and the machine is not saturated
+(1.7-1.8 cores busy), so the embedder is bound by the latency of its
+executions, not by its share; its batches through a burst instead of an RPC
+each did help (4076 vs 2906 items/s with the LLM decoding, one npud). ONNX
+Runtime's spinning is moot with one intra-op thread per session (no pool).
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
-reserved queue or context); the thread priorities map onto the backend's own
-priority knobs (OpenVINO MODEL_PRIORITY, CUDA stream priorities).
+reserved queue or context, the quiet window: there a background step started
+just before a frame delays the frame by the step's whole length); the thread
+priorities map onto the backend's own priority knobs (OpenVINO MODEL_PRIORITY,
+CUDA stream priorities).
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ connection's executions of one model: a stream whose recent intervals agree is
   before the frame has come and gone, or ``due + X`` passed without it (a late
   or stopped stream holds nothing back for longer than X).
 
-Background work keeps the rest of each period: at 30 fps with X = 2 ms and 4
-ms LLM steps, about 8 of every 33 ms. Work not paced (a voice assistant's
+Background work keeps the rest of each period: at 30 fps with X = 1 ms, 4 ms
+LLM steps and 1.3 ms frames it loses about 6 of every 33 ms (measured: 14-28 %
+of the LLM's tokens/s, drivers/classes.py). Work not paced (a voice assistant's
 irregular bursts, one-off executions) holds nothing back: there is no due time
 to keep clear, and holding background work for every foreground execution
 would let a busy foreground app starve it.

@@ -62,7 +62,7 @@ class HostConfig:
     #: the holder to drop it (drivers/classes.py says what it bought).
     switch_interval_us: int = 0
     #: The quiet window around paced foreground frames, µs (drivers/quiet.py; 0: off).
-    quiet_window_us: int = 0
+    quiet_window_us: int = 1000
     #: Where background steps run: "all" CPUs, or "spare" (every CPU but the lowest).
     background_cpus: str = "all"
     options: dict[str, Any] = field(default_factory=dict)
@@ -115,7 +115,7 @@ class HostConfig:
             background_nice=int(d.get("background_nice", 10)),
             background_compile=str(d.get("background_compile", "process")),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
-            quiet_window_us=int(d.get("quiet_window_us", 0)),
+            quiet_window_us=int(d.get("quiet_window_us", 1000)),
             background_cpus=str(d.get("background_cpus", "all")),
             options=dict(d.get("options", {})),
             device_number=number,

@@ -164,3 +164,6 @@ def test_the_new_driver_keys_reach_the_host_and_its_state() -> None:
     assert p.quiet_window_us == 1500 and p.background_share and p.background_threads
     d = HostConfig.from_config(Config.load(None, {}), "reference")
     assert not params_from(d).background_share
+    # npud's default: a 1 ms quiet window (drivers/classes.py says why).
+    assert d.quiet_window_us == HostConfig("x").quiet_window_us == 1000
+    assert params_from(d).quiet_window_us == 1000
