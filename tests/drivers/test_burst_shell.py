@@ -7,16 +7,19 @@ from there. The app side is the real SDK (``nn``) on a thread, over the real soc
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from npumanager import nn
 from npumanager.hal.types import EndReason
+from npumanager.nn.burst import Burst
 
-from .test_host_shell import Stack, X, run, settle, uid
+from .test_host_shell import INLINE_ALWAYS, GatedModel, Stack, X, run, settle, uid
 
 
 def loop_handoffs(s: Stack) -> list[str]:
@@ -36,25 +39,56 @@ def loop_handoffs(s: Stack) -> list[str]:
     return seen
 
 
+async def close(burst: Burst | None, dev: nn.Device) -> None:
+    """The burst, then the device, also when the test failed: a burst left open is a
+    socket the garbage collector finds later, in whichever test this worker runs next
+    (an 'unclosed socket' ResourceWarning failed an unrelated hypothesis test once)."""
+    try:
+        if burst is not None:
+            await asyncio.to_thread(burst.close)
+    finally:
+        await asyncio.to_thread(dev.close)
+
+
+@pytest.mark.parametrize("first_run_s", [0.0, 0.2])
 def test_a_stream_inside_its_debounce_window_never_wakes_the_event_loop(
-        runtime_dir: Path, state_dir: Path) -> None:
+        runtime_dir: Path, state_dir: Path, first_run_s: float,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # first_run_s: the first step's run made slow, as a loaded machine makes a lowered
+    # worker's (the loop then runs the first hand-off before the step ends).
+    real_run = GatedModel.run
+
+    def run_model(self: GatedModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.threads:
+            time.sleep(first_run_s)
+        return real_run(self, inputs)
+
+    monkeypatch.setattr(GatedModel, "run", run_model)
+
     async def body(s: Stack) -> None:
         await s.grant("g1", uid())
         handoffs = loop_handoffs(s)
         dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        burst: Burst | None = None
         try:
             model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
             burst = await asyncio.to_thread(model.burst)
 
             def execute() -> Any:
+                assert burst is not None
                 return burst.execute({"x": X})["y"]
 
             first = await asyncio.to_thread(execute)
             np.testing.assert_array_equal(first, X + 1)
             await settle()
             # The first execution of the stream reported requested/started: handed to
-            # the loop once, after its reply, in one batch (with the debounce timer).
-            assert handoffs == ["_carry_out_locked"], handoffs
+            # the loop before the burst thread waits for the worker running its step,
+            # and what the step's end left (the debounce timer) after the reply: one
+            # hand-off if the loop had not run the first yet, else two (on a loaded
+            # machine the loop often runs in between; both are by design).
+            first_handoffs = list(handoffs)
+            assert first_handoffs in (["_carry_out_locked"], ["_carry_out_locked"] * 2), \
+                handoffs
             assert [m for m, _ in s.pushes] == ["requested", "started"], s.pushes
             for _ in range(6):  # the virtual clock stands still: one debounce window
                 np.testing.assert_array_equal(await asyncio.to_thread(execute), X + 1)
@@ -64,16 +98,19 @@ def test_a_stream_inside_its_debounce_window_never_wakes_the_event_loop(
             threads = s.driver.models[0].threads
             assert all(t.startswith("npu-gated-bg") for t in threads[:3]), threads
             assert {t.split("-")[1] for t in threads[3:]} == {"burst"}, threads
-            assert handoffs == ["_carry_out_locked"], handoffs
+            assert handoffs == first_handoffs, handoffs
             assert s.ends() == [], "the window is still open"
             s.clock.advance(0.051)
             await settle()
             assert s.ends() == [int(EndReason.COMPLETED)], s.pushes
-            await asyncio.to_thread(burst.close)
         finally:
-            await asyncio.to_thread(dev.close)
+            await close(burst, dev)
 
-    run(runtime_dir, state_dir, body)
+    # "Measured cheap" is the host's wall-clock measure of each run (perf_counter, not
+    # the virtual clock); on a loaded machine a lowered worker preempted mid-run measures
+    # y = x + 1 above the default 150 µs and the step never goes inline. This test is
+    # about hand-offs, not that threshold: any measured run counts as cheap.
+    run(runtime_dir, state_dir, body, inline_run_us=INLINE_ALWAYS)
 
 
 def test_what_a_burst_left_for_the_loop_goes_first_and_once(
@@ -92,6 +129,7 @@ def test_what_a_burst_left_for_the_loop_goes_first_and_once(
 
         loop.call_soon_threadsafe = withhold  # type: ignore[method-assign]
         dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        burst: Burst | None = None
         try:
             model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
             burst = await asyncio.to_thread(model.burst)
@@ -110,8 +148,7 @@ def test_what_a_burst_left_for_the_loop_goes_first_and_once(
             await settle()
             assert [m for m, _ in s.pushes] == ["requested", "started", "ended"], s.pushes
             assert s.pushes[0][1][0] == burst_work
-            await asyncio.to_thread(burst.close)
         finally:
-            await asyncio.to_thread(dev.close)
+            await close(burst, dev)
 
     run(runtime_dir, state_dir, body)
