@@ -59,3 +59,21 @@ def state_dir() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _background_work_at_normal_priority() -> Iterator[None]:
+    """Driver hosts the test helpers start (npumanager.testing: DaemonProcess's npud,
+    running_driver) run BACKGROUND work at normal CPU priority unless a test names a
+    ``background_sched``. Those hosts serve root as an unknown uid, so nearly all their
+    work is BACKGROUND, which the product's default runs at SCHED_IDLE; on a machine kept
+    busy by the rest of the suite (CI: two workers on two cores) such a thread waits
+    tens of seconds for a core while holding the host's GIL. A run of tests/nn and
+    tests/security beside two busy loops had 14 failures of that kind (hello timeouts,
+    apps that never got their work done). The tests about CPU classes (tests/drivers
+    test_exec_class*, test_compile_worker, tests/demo/test_contention) name theirs."""
+    from npumanager.testing import driver_host
+
+    before, driver_host.BACKGROUND_SCHED = driver_host.BACKGROUND_SCHED, "normal"
+    yield
+    driver_host.BACKGROUND_SCHED = before

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--state-dir", default=None,
                    help="root of private state (default: $NPU_STATE_DIR, /var/lib/npu as root)")
     p.add_argument("--channels", type=int, default=None, help="override the channel count")
+    p.add_argument("--background-sched", default=None,
+                   choices=("idle", "nice", "normal", "share"),  # drivers/steps.py's
+                   help="override [[driver]] background_sched")
     p.add_argument("--no-enforce-admission", action="store_true",
                    help="prepare without a grant from npud (testing, standalone use)")
     p.add_argument("--exit-with-manager", action="store_true",
@@ -80,6 +83,8 @@ async def serve(args: argparse.Namespace) -> int:
     for hc in hcs:
         if args.channels:
             hc.channels = args.channels
+        if args.background_sched:
+            hc.background_sched = args.background_sched
         if args.no_enforce_admission:
             hc.enforce_admission = False
     apply_switch_interval(hcs)

@@ -16,11 +16,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from npumanager.paths import manager_socket
+from npumanager.testing import driver_host
 
 
 def to_toml(data: Mapping[str, Any]) -> str:
@@ -52,6 +54,23 @@ def to_toml(data: Mapping[str, Any]) -> str:
             raise TypeError(f"top-level {name!r} must be a table or an array of tables")
         lines.append("")
     return "\n".join(lines)
+
+
+def with_background_sched(config: Mapping[str, Any] | str | None,
+                          sched: str | None) -> Mapping[str, Any] | str | None:
+    """``config`` with ``background_sched = sched`` in each [[driver]] entry that does
+    not set its own (the default entries when it lists none); unchanged when ``sched``
+    is None (see :data:`driver_host.BACKGROUND_SCHED`)."""
+    if sched is None:
+        return config
+    from npumanager.config import Config
+
+    data: dict[str, Any] = (dict(tomllib.loads(config)) if isinstance(config, str)
+                            else dict(config or {}))
+    entries = data.get("driver") or [{"name": d["name"], "plugin": d["plugin"]}
+                                     for d in Config().drivers()]
+    data["driver"] = [{"background_sched": sched, **d} for d in entries]
+    return data
 
 
 class DaemonProcess:
@@ -122,8 +141,11 @@ class DaemonProcess:
     def start(self) -> DaemonProcess:
         args = [sys.executable, "-m", "npumanager", "serve", "--runtime-dir",
                 str(self.runtime_dir)]
-        if self.config is not None:
-            text = self.config if isinstance(self.config, str) else to_toml(self.config)
+        config = self.config
+        if self.drivers:
+            config = with_background_sched(config, driver_host.BACKGROUND_SCHED)
+        if config is not None:
+            text = config if isinstance(config, str) else to_toml(config)
             fd, path = tempfile.mkstemp(prefix="npud-", suffix=".toml", dir="/tmp")
             with os.fdopen(fd, "w") as f:
                 f.write(text)

@@ -13,6 +13,15 @@ from pathlib import Path
 
 from npumanager.errors import ServiceUnavailable
 
+#: The CPU class driver hosts started by these helpers (and DaemonProcess's npud) give
+#: BACKGROUND work when the test names none: ``None`` keeps the product's default
+#: (``background_sched = "idle"``); a test suite sets ``"normal"`` (tests/conftest.py)
+#: so that only the tests about CPU classes, which name one, run work at SCHED_IDLE. A
+#: test driver host serves root as an unknown (BACKGROUND) uid, and on a machine kept
+#: busy by the rest of the suite a SCHED_IDLE thread can wait tens of seconds for a
+#: core, holding the host's GIL meanwhile (its hello then times out).
+BACKGROUND_SCHED: str | None = None
+
 
 class DriverProcess:
     def __init__(self, proc: subprocess.Popen[bytes], name: str, socket_path: Path) -> None:
@@ -64,7 +73,15 @@ def driver_command(name: str, runtime_dir: Path, state_dir: Path | None = None,
         cmd += ["--state-dir", str(state_dir)]
     if config is not None:
         cmd += ["--config", str(config)]
+    if BACKGROUND_SCHED is not None and not any(
+            a.startswith("--background-sched") for a in args) and not _names_sched(config):
+        cmd += ["--background-sched", BACKGROUND_SCHED]
     return cmd + list(args)
+
+
+def _names_sched(config: Path | None) -> bool:
+    """Does the test's config file set background_sched itself?"""
+    return config is not None and "background_sched" in config.read_text()
 
 
 @contextmanager
