@@ -132,7 +132,7 @@ async def serve(args: argparse.Namespace) -> int:
         print("; ".join(f"driver {h.hc.name} ready at {h.socket_path} "
                         f"({h.driver.version}, {h.hc.channels} channels)" for h in hosts),
               flush=True)
-        watch = (asyncio.ensure_future(_exit_when_orphaned(hosts, stop))
+        watch = (asyncio.ensure_future(exit_when_orphaned(hosts, stop))
                  if args.exit_with_manager else None)
         try:
             await stop.wait()
@@ -160,14 +160,22 @@ def plugin_options(hc: HostConfig, state: Path) -> dict[str, Any]:
     return {"state_dir": str(state), **hc.options}
 
 
-async def _exit_when_orphaned(hosts: list[DriverHost], stop: asyncio.Event) -> None:
+async def exit_when_orphaned(hosts: list[DriverHost], stop: asyncio.Event) -> None:
     """npud died: its loaded models keep running for the orphan grace (inference survives
     a daemon restart), but nothing new is loaded; if no manager attaches again by then,
     the host has released them all and exits. A restarted npud that attaches within the
     grace adopts the host and what it holds; after it, it starts a host of its own on the
-    same socket path, so an orphan must not linger."""
-    for host in hosts:  # every device's: one npud links to them all
-        await host.orphan_expired.wait()
+    same socket path, so an orphan must not linger.
+
+    A manager that attaches once a grace ran out (a new npud connected as it ended and
+    attached just after) clears that device's expiry: the host then serves it, empty,
+    rather than exit under an npud that has just adopted it. So the host exits only while
+    every device's grace is over and none has a manager attached."""
+    while True:
+        for host in hosts:  # every device's: one npud links to them all
+            await host.orphan_expired.wait()
+        if all(h.orphan_expired.is_set() for h in hosts):  # none re-attached meanwhile
+            break
     log.warning("no manager attached again within %g s: exiting", hosts[0].hc.orphan_grace_s)
     stop.set()
 

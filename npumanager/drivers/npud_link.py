@@ -67,7 +67,8 @@ class NpudLink:
         self._grant_waiters: list[asyncio.Future[None]] = []
         self._util_last: tuple[float, float] | None = None  # (now, busy_s)
         #: Set once npud went away and no manager attached again within the orphan grace
-        #: (every model is released then; ``npu driver --exit-with-manager`` exits).
+        #: (every model is released then; ``npu driver --exit-with-manager`` exits);
+        #: cleared when a manager attaches.
         self.orphan_expired = asyncio.Event()
 
     def handlers(self) -> dict[str, Handler]:
@@ -183,6 +184,9 @@ class NpudLink:
     def _attach_manager(self, ctx: CallContext, payload: bytes) -> pb.HeldGrants:
         msg = pb.AttachManager.FromString(payload)
         self.manager_conn = ctx.conn
+        # Attached after the grace ran out (it released everything): not an orphan any
+        # more, so `npu driver --exit-with-manager` keeps serving this npud.
+        self.orphan_expired.clear()
         self.hc.enforce_admission = msg.enforce_admission
         self._submit(ev.ManagerAttached(stimulus_id=self._stimulus("attach"),
                                         now=self.clock.now(),
