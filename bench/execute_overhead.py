@@ -45,6 +45,8 @@ round trip (echo). Usage: python bench/execute_overhead.py [--rounds R]
 [--n N] [--paced-s S] [--quick] [--only tiny,gru,...] [--foreground] [--json PATH]
 [--against DIR] (DIR: another source tree, e.g. a worktree of main: its driver host
 serves the plain and burst modes again in the same run, "driver @DIR", "burst @DIR")
+[--anticipate US] (a host of this tree with burst_anticipate_us = US serves bursts again,
+"burst, anticipate US", and with each client --spin)
 """
 
 from __future__ import annotations
@@ -89,18 +91,21 @@ def pct(ts: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-def paced(fn: Callable[[], object], n: int, hz: float) -> list[float]:
-    """``n`` calls of ``fn``, one per tick of an ``hz`` clock: sleep until the next tick,
-    call, and measure the call alone. A call that ends past its next tick makes the next
-    start at once and the ticks restart from there (no catch-up burst)."""
+def paced(fn: Callable[[], object], n: int, hz: float, spin_s: float = 0.0) -> list[float]:
+    """``n`` calls of ``fn``, one per tick of an ``hz`` clock: sleep until the next tick
+    (``spin_s`` before it, then spin until it), call, and measure the call alone. A call
+    that ends past its next tick makes the next start at once and the ticks restart from
+    there (no catch-up burst)."""
     out = []
     clock = time.perf_counter
     period = 1.0 / hz
     tick = clock()
     for _ in range(n):
-        wait = tick - clock()
+        wait = tick - spin_s - clock()
         if wait > 0:
             time.sleep(wait)
+        while clock() < tick:
+            pass
         t = clock()
         fn()
         end = clock()
@@ -133,8 +138,9 @@ class Bound:
     remote: nn.Model
     stack: ExitStack = field(default_factory=ExitStack)
     driver_pid: int = 0  # whose CPU time counts as the driver side
-    #: The same case prepared in the ``--against`` tree's driver host (same local model).
-    against: Bound | None = None
+    #: The same case prepared in the other driver hosts (``--against``, ``--anticipate``;
+    #: same local model), by the host's label.
+    hosts: dict[str, Bound] = field(default_factory=dict)
     _bufs: dict[str, np.ndarray] | None = None
 
     def input_buffers(self) -> dict[str, np.ndarray]:
@@ -153,12 +159,13 @@ class Mode:
     #: The call to time for a case, or None where this mode does not apply.
     bind: Callable[[Bound], Callable[[], object] | None]
     paced: bool = True  # False: back-to-back rows only
-    against: bool = False  # served by the --against tree's driver host
+    host: str = ""  # served by another driver host (its label; "": the main one)
+    spin_s: float = 0.0  # paced rows: the caller spins this long before each tick
 
 
-def _on_against(bind: Callable[[Bound], Callable[[], object] | None]
-                ) -> Callable[[Bound], Callable[[], object] | None]:
-    return lambda b: bind(b.against) if b.against is not None else None
+def _on(host: str, bind: Callable[[Bound], Callable[[], object] | None]
+        ) -> Callable[[Bound], Callable[[], object] | None]:
+    return lambda b: bind(b.hosts[host]) if host in b.hosts else None
 
 
 def _in_process(b: Bound) -> Callable[[], object]:
@@ -207,8 +214,24 @@ def add_against_modes(label: str) -> None:
     """``--against DIR``: the plain and burst modes again, served by a driver host that
     runs DIR's source tree (the client side is this tree's): a before/after comparison
     of driver changes in one run, interleaved with the rest."""
-    MODES.append(Mode(f"driver @{label}", _on_against(_driver), against=True))
-    MODES.append(Mode(f"burst @{label}", _on_against(_burst()), against=True))
+    host = f"@{label}"
+    MODES.append(Mode(f"driver {host}", _on(host, _driver), host=host))
+    MODES.append(Mode(f"burst {host}", _on(host, _burst()), host=host))
+
+
+def add_anticipate_modes(us: float, spins: list[float]) -> str:
+    """``--anticipate US``: bursts served by a driver host of this tree with
+    ``burst_anticipate_us = US`` (drivers/anticipate.py), without and with each client
+    spin of ``--spin``; the host's label."""
+    host = f"anticipate {us:g}"
+    # What the same CPU spent spinning buys ONNX Runtime in-process: the app awake when
+    # its tick comes.
+    MODES.append(Mode(f"in-process, spin {us:g} before its tick", _in_process,
+                      spin_s=us / US))
+    MODES.append(Mode(f"burst, {host}", _on(host, _burst()), host=host))
+    for spin in spins:
+        MODES.append(Mode(f"burst, {host}, spin {spin:g}", _on(host, _burst(spin)), host=host))
+    return host
 
 
 def add_spin_modes(spins: list[float]) -> None:
@@ -321,7 +344,7 @@ def run_case(b: Bound, rounds: int, paced_s: float) -> dict[tuple[str, str], lis
 
     def timed(name: str, pace: str, run: Callable[[], list[float]]) -> None:
         mode = fns[name][0]
-        pid = b.against.driver_pid if mode.against and b.against else b.driver_pid
+        pid = b.hosts[mode.host].driver_pid if mode.host else b.driver_pid
         c0, d0 = process_cpu(), process_cpu(pid) if pid else 0.0
         ts = run()
         c1, d1 = process_cpu(), process_cpu(pid) if pid else 0.0
@@ -339,7 +362,8 @@ def run_case(b: Bound, rounds: int, paced_s: float) -> dict[tuple[str, str], lis
             for name, (mode, fn) in fns.items():
                 if mode.paced:
                     timed(name, pace_label(hz),
-                          lambda fn=fn, hz=hz, calls=calls: paced(fn, calls, hz))  # type: ignore[misc]
+                          lambda fn=fn, hz=hz, calls=calls, s=mode.spin_s:  # type: ignore[misc]
+                          paced(fn, calls, hz, s))
     return res
 
 
@@ -434,6 +458,37 @@ def targets(results: dict[str, dict[tuple[str, str], list[float]]]) -> list[str]
     return out
 
 
+def start_host(hosts: ExitStack, st: Path, config: str, tree: Path | None,
+               rt: Path | None = None) -> tuple[nn.Device, int]:
+    """A reference driver host with ``config``'s [[driver]] keys, run from ``tree`` (None:
+    this tree) in ``rt`` (None: a new directory): its device and pid."""
+    if rt is None:
+        rt = Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
+        hosts.callback(shutil.rmtree, rt, True)
+    cfg = None
+    if config:
+        cfg = Path(tempfile.mkstemp(prefix="npu-", suffix=".toml", dir=st)[1])
+        cfg.write_text(f'[[driver]]\nname = "reference"\nplugin = "reference"\n{config}')
+    path, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
+    if tree is not None:
+        # The host is `python -m npumanager driver`: it imports the tree in its working
+        # directory first, then PYTHONPATH's.
+        os.environ["PYTHONPATH"] = str(tree.resolve())
+        os.chdir(tree)
+    try:
+        proc = hosts.enter_context(running_driver(
+            "reference", rt, st, config=cfg, args=["--no-enforce-admission"]))
+    finally:
+        os.chdir(cwd)
+        if path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = path
+    dev = nn.device("reference", rt)
+    hosts.callback(dev.close)
+    return dev, proc.pid
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="tiny-model back-to-back calls per round")
@@ -450,10 +505,22 @@ def main() -> int:
     ap.add_argument("--against", type=Path,
                     help="another source tree (a worktree of an older commit): its driver "
                          "host serves the plain and burst modes again, in the same run")
+    ap.add_argument("--anticipate", type=float, default=0.0,
+                    help="µs: also time bursts served by a host of this tree with "
+                         "burst_anticipate_us = that (and each --spin on the client)")
     args = ap.parse_args()
+    spins = [float(v) for v in args.spin.split(",") if v.strip()]
+    #: The other driver hosts: (label, source tree or None for this one, config text).
+    others: list[tuple[str, Path | None, str]] = []
+    fg = "foreground_priority = 1000\n" if args.foreground else ""
     if args.against:
-        add_against_modes(args.against.resolve().name)
-    add_spin_modes([float(v) for v in args.spin.split(",") if v.strip()])
+        label = args.against.resolve().name
+        add_against_modes(label)
+        others.append((f"@{label}", args.against, fg))
+    add_spin_modes(spins)
+    if args.anticipate:
+        others.append((add_anticipate_modes(args.anticipate, spins), None,
+                       fg + f"burst_anticipate_us = {args.anticipate:g}\n"))
     if args.quick:
         args.n, args.rounds, args.paced_s = 100, 1, 0.1
     rt = Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
@@ -470,49 +537,23 @@ def main() -> int:
             for c in cases:
                 c.n = min(c.n, 20)
         results: dict[str, dict[tuple[str, str], list[float]]] = {}
-        config = None
-        if args.foreground:
-            config = st / "npu.toml"
-            config.write_text('[[driver]]\nname = "reference"\nplugin = "reference"\n'
-                              'foreground_priority = 1000\n')
         with ExitStack() as hosts:
-            proc = hosts.enter_context(running_driver(
-                "reference", rt, st, config=config, args=["--no-enforce-admission"]))
-            dev = nn.device("reference", rt)
-            hosts.callback(dev.close)
-            other = None
-            if args.against:
-                rt2 = Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
-                hosts.callback(shutil.rmtree, rt2, True)
-                path, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
-                # The host is `python -m npumanager driver`: it imports the tree in its
-                # working directory first, then PYTHONPATH's.
-                os.environ["PYTHONPATH"] = str(args.against.resolve())
-                os.chdir(args.against)
-                try:
-                    proc2 = hosts.enter_context(running_driver(
-                        "reference", rt2, st, config=config, args=["--no-enforce-admission"]))
-                finally:
-                    os.chdir(cwd)
-                    if path is None:
-                        del os.environ["PYTHONPATH"]
-                    else:
-                        os.environ["PYTHONPATH"] = path
-                other = nn.device("reference", rt2)
-                hosts.callback(other.close)
+            dev, pid = start_host(hosts, st, fg, None, rt)
+            devs = {label: start_host(hosts, st, text, tree)
+                    for label, tree, text in others}
             for case in cases:
                 b = Bound(case, drv.compile(case.onnx, CompileOptions()),
-                          dev.prepare_model(case.onnx), driver_pid=proc.pid)
-                if other is not None:
-                    b.against = Bound(case, b.local, other.prepare_model(case.onnx),
-                                      stack=b.stack, driver_pid=proc2.pid)
+                          dev.prepare_model(case.onnx), driver_pid=pid)
+                for label, (d, p) in devs.items():
+                    b.hosts[label] = Bound(case, b.local, d.prepare_model(case.onnx),
+                                           stack=b.stack, driver_pid=p)
                 try:
                     with b.stack:
                         results[case.name] = run_case(b, args.rounds, args.paced_s)
                 finally:
                     b.remote.release()
-                    if b.against is not None:
-                        b.against.remote.release()
+                    for other in b.hosts.values():
+                        other.remote.release()
                     b.local.release()
         print(f"\nexecute overhead ({args.rounds} rounds, modes interleaved; "
               f"{'FOREGROUND' if args.foreground else 'BACKGROUND'} work; "

@@ -48,6 +48,7 @@ from google.protobuf.message import DecodeError
 
 from npumanager import tensorio
 from npumanager.drivers import events as ev
+from npumanager.drivers.anticipate import Anticipate, Anticipation, await_request, warm
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
 from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
@@ -90,7 +91,8 @@ class BurstServer:
                                    tuple[Reply, FixedRequest | None] | None],
                  answered: Callable[[], None],
                  prepare_next: Callable[[BurstServer], None],
-                 ended: Callable[[BurstServer], bool]) -> None:
+                 ended: Callable[[BurstServer], bool], anticipate: Anticipate | None = None
+                 ) -> None:
         self.burst_id = burst_id
         self.client = client
         self.model_id = model_id
@@ -124,6 +126,11 @@ class BurstServer:
         self.stopped = False
         #: The execution this burst waits for, when the state queued it.
         self.waiting: Execution | None = None
+        #: While anticipation is on (drivers/anticipate.py): the host's side and the
+        #: stream's pace; whether the last step ran here as FOREGROUND, and for how long.
+        self.anticipate = anticipate
+        self.pace = Anticipation(anticipate.window_s) if anticipate else None
+        self.foreground, self.run_us = False, 0.0
         self.sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.peer_fd = peer.detach()  # goes to the client with the reply, then closed here
         self._stop = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -160,8 +167,11 @@ class BurstServer:
         poller.register(self._stop, select.POLLIN)
         last = 0
         try:
+            pace = self.pace
             while not self.closing:
-                poller.poll()
+                if pace is None or not self.foreground or not await_request(
+                        pace, (sock.fileno(), self._stop), self.pool.buf, last, self):
+                    poller.poll()
                 if self.closing:
                     break
                 if self.peer_fd >= 0:  # the client has its end: a hang-up now means gone
@@ -170,6 +180,8 @@ class BurstServer:
                 seq, length = layout.read_request_header(self.pool.buf)
                 if seq != last:
                     last = seq
+                    if pace is not None:
+                        pace.arrived(time.perf_counter())
                     self._answer(seq, length)
                     self._answered()
                     # Its ring is taken once the reply is out, off the client's wait (the
@@ -299,6 +311,9 @@ class Bursts:
     def __init__(self, host: DriverHost) -> None:
         self.host = host
         self._servers: dict[int, BurstServer] = {}
+        us = host.hc.burst_anticipate_us
+        self._anticipate = (Anticipate(us / 1e6, threading.Lock(), lambda s: warm(host, s))
+                            if us > 0 else None)
         self._ids = itertools.count(1)
 
     def __len__(self) -> int:
@@ -352,7 +367,7 @@ class Bursts:
         client.bursts[pool_id] = burst_id  # (no plain execute names this memory)
         server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
                              self.execute, host.res.wake_loop, self.prepare_next,
-                             self._ended)
+                             self._ended, self._anticipate)
         self._servers[burst_id] = server
         server.start()
         peer = server.peer_fd
@@ -476,11 +491,15 @@ class Bursts:
             if key is None:
                 ex, step = self._submit_full(server, data, fixed, prepared, t0, Done(),
                                              early)
+                fixed = server.fixed  # (a new one: its next repeat is answered SAME)
         done = ex.done
         assert done is not None
         answered = False
+        # Anticipation serves FOREGROUND streams only: those whose steps run here.
+        server.foreground = step is not None and not step.background
         while step is not None:
             error, run_us = host.runner.run(ex, step)
+            server.run_us = run_us
             with host.lock:
                 # (read before the answer: the end is recorded as of when the run was
                 # over, whenever the client goes on)

@@ -62,6 +62,8 @@ class FixedRequest:
     fast: FastKey | None = None
     uid: int = 0
     feature_id: int | None = None
+    #: The bound run into outputs of its own, made at the first warm-up (drivers/burst.py).
+    warm_run: Callable[[], dict[str, Any]] | None = None
 
     def execution(self, ticket: int, t0: float, done: Done) -> Execution:
         """An execution of this request as ``ticket``, built in one call (a stream makes

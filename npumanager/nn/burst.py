@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -59,6 +60,11 @@ _MIN_DATA = 64 * 1024
 _MIN_AREA = 64 * 1024
 #: Tries of one execution whose outputs outgrew the shared memory (each grows it).
 _GROW_TRIES = 4
+#: After this many spins in a row without the answer the client blocks at once, and
+#: spins again after _SPIN_RETRY executions.
+_SPIN_MISSES = 3
+_SPIN_RETRY = 32
+_put_seq = struct.Struct("<Q").pack_into
 
 
 class _Grow(Exception):
@@ -75,6 +81,7 @@ class Burst:
             raise InvalidArgument(f"spin_us must be >= 0, got {spin_us}")
         self.model = model
         self.spin_s = spin_us / 1e6
+        self._misses = 0  # spins in a row that ended without the answer
         self.closed = False
         self._lock = threading.Lock()
         self._seq = 0
@@ -135,9 +142,11 @@ class Burst:
         self._data_start = layout.data_start(req, resp)
         self._seq = 0
         self._fixed = _FixedLayout.of(m, pool, self._data_start, req)
+        self._same_views: list[tuple[str, np.ndarray]] | None = None
 
     def _close_channel(self) -> None:
-        self._fixed = None  # (its views of the memory first: a mapping with views stays)
+        # (its views of the memory first: a mapping with views stays)
+        self._fixed = self._same_views = None
         pool, sock, self._pool, self._sock = self._pool, self._sock, None, None
         m = self.model
         if pool is not None and not m._rpc.closed:
@@ -153,7 +162,7 @@ class Burst:
     def _drop(self) -> None:
         """The driver's end is gone: close ours (nothing to tell it)."""
         self.closed = True
-        self._fixed = None
+        self._fixed = self._same_views = None
         pool, sock, self._pool, self._sock = self._pool, self._sock, None, None
         if sock is not None:
             sock.close()
@@ -208,6 +217,14 @@ class Burst:
             if self.closed or self.model.released:
                 raise InvalidArgument("this burst was closed" if self.closed
                                       else "this model was released")
+            fixed = self._fixed
+            if (fixed is not None and steps == 1 and not feedback and group_id is None
+                    and fixed.put(inputs, (job_priority, feature_id, original_uid),
+                                  self.model)):
+                try:
+                    return self._again(fixed, copy_outputs)
+                except _Grow as g:
+                    self._grow(g)
             for _ in range(_GROW_TRIES):
                 try:
                     return self._execute(inputs, job_priority, feature_id, original_uid,
@@ -263,6 +280,26 @@ class Burst:
         pool.buf[start:start + len(data)] = data
         return self._round_trip(pool, sock, None, copy, len(data))
 
+    def _again(self, fixed: _FixedLayout, copy: bool) -> dict[str, Any]:
+        """The fixed request again, its inputs in place (``_FixedLayout.put``): the request
+        and its length are in the memory already, so only the sequence number is new."""
+        pool, sock = self._pool, self._sock
+        assert pool is not None and sock is not None  # (the fixed layout goes with them)
+        buf = pool.buf
+        self._seq = seq = self._seq + 1
+        _put_seq(buf, layout.REQ_AT, seq)
+        try:
+            sock.send(b"\1")
+        except OSError:
+            raise self._gone() from None
+        status, length = self._wait(seq, buf, sock)
+        views = self._same_views
+        if status == layout.SAME and views is not None:
+            if copy:
+                return {name: v.copy() for name, v in views}
+            return dict(views)
+        return self._answered(pool, fixed, copy, status, length)
+
     def _round_trip(self, pool: tensorio.ClientPool, sock: socket.socket,
                     fixed: _FixedLayout | None, copy: bool, length: int = 0
                     ) -> dict[str, Any]:
@@ -271,15 +308,23 @@ class Burst:
         buf = pool.buf
         self._seq += 1
         seq = self._seq
+        if self._fixed is not None:
+            # Whether the request area and its length hold the fixed request now.
+            self._fixed.written = fixed is not None
         layout.write_request_header(buf, seq, len(fixed.data) if fixed is not None else length)
         try:
             sock.send(b"\1")
         except OSError:
             raise self._gone() from None
         status, length = self._wait(seq, buf, sock)
+        return self._answered(pool, fixed, copy, status, length)
+
+    def _answered(self, pool: tensorio.ClientPool, fixed: _FixedLayout | None, copy: bool,
+                  status: int, length: int) -> dict[str, Any]:
+        buf = pool.buf
         if status == layout.SAME:
-            # The outputs lie where the last full answer to this same request said.
-            views = fixed.out_views if fixed is not None else None
+            # The outputs lie where the last full answer (to this same request) said.
+            views = self._same_views
             if views is None:
                 raise DeviceUnavailable("the driver answered SAME to a request it never "
                                         "answered in full")
@@ -296,8 +341,11 @@ class Burst:
                             data=int(err.need_bytes))
             raise error_from_wire(err.type, err.message)
         result = pb.ExecuteResult.FromString(payload)
+        # The driver answers SAME to a repeat of the request it last answered in full, be
+        # it the fixed one or not (the bytes of any request may repeat).
+        self._same_views = views = _views_of(result, pool)
         if fixed is not None:
-            fixed.learn(result, pool)
+            fixed.out_views = views
         return self.model._outputs(result, pool, [], copy)
 
     def _place_inputs(self, msg: pb.Execute, inputs: Mapping[str, Any],
@@ -354,15 +402,24 @@ class Burst:
         """Until the driver answered ``seq``: (status, length)."""
         read = layout.read_response_header
         if self.spin_s:
-            clock = time.perf_counter
-            end = clock() + self.spin_s
-            while True:
-                got, status, length = read(buf)
-                if got == seq:
-                    self._take_rings(sock)
-                    return status, length
-                if clock() >= end:
-                    break
+            if self._misses < _SPIN_MISSES:
+                clock = time.perf_counter
+                end = clock() + self.spin_s
+                while True:
+                    got, status, length = read(buf)
+                    if got == seq:
+                        self._misses = 0
+                        self._take_rings(sock)
+                        return status, length
+                    if clock() >= end:
+                        break
+                self._misses += 1
+            else:
+                # Answers take longer than the spin: block, and try the spin again now
+                # and then (the stream may have got faster).
+                self._misses += 1
+                if self._misses >= _SPIN_RETRY:
+                    self._misses = _SPIN_MISSES - 1
         deadline = time.monotonic() + self._timeout
         while True:
             left = deadline - time.monotonic()
@@ -429,6 +486,8 @@ class _FixedLayout:
         self.data = b""
         self.staging: tensorio.ClientPool | None = None
         self.out_views: list[tuple[str, np.ndarray]] | None = None
+        #: The request area and the header's length hold this request (``data``).
+        self.written = False
 
     @classmethod
     def of(cls, model: Model, pool: tensorio.ClientPool, start: int,
@@ -454,6 +513,29 @@ class _FixedLayout:
         if out_start + need > pool.size:
             return None
         return cls(slots, out_start, pool, req_size)
+
+    def put(self, inputs: Mapping[str, Any], key: tuple[Any, ...], model: Model) -> bool:
+        """The repeat of a stream that keeps its request: ``inputs`` copied into their
+        slots (or named where they lie, as last time), nothing else written. False, having
+        changed nothing the full path does not redo: anything else (:meth:`place`)."""
+        if (not self.written or self.out_views is None or key != self.key
+                or model._staging is not self.staging or len(inputs) != len(self.slots)):
+            return False
+        for slot in self.slots:
+            a: Any = inputs.get(slot.name)
+            if a is None:
+                return False
+            if a is not slot.last:
+                # A new array: it fits the same slot when it is not in the model's input
+                # buffers (else where it lies may have moved: place() looks).
+                if (type(a) is not np.ndarray or a.dtype != slot.dtype
+                        or a.shape != slot.shape or self.staging is not None
+                        or slot.where is not None):
+                    return False
+                slot.last = a
+            if slot.where is None:
+                np.copyto(slot.view, a)
+        return True
 
     def place(self, inputs: Mapping[str, Any], key: tuple[Any, ...], model: Model) -> bool:
         """Put ``inputs`` where the request says (rebuilding and writing the request when
@@ -512,21 +594,21 @@ class _FixedLayout:
         self.out_views = None  # learnt again from the full answer to this request
         return True
 
-    def learn(self, result: pb.ExecuteResult, pool: tensorio.ClientPool) -> None:
-        """The full answer to the fixed request: its output views, when every output lies
-        in the burst's memory (the driver answers SAME after it only then)."""
-        views: list[tuple[str, np.ndarray]] | None = []
-        if result.values:
-            views = None
-        else:
-            for t in result.outputs:
-                if t.pool_id != pool.pool_id or t.in_reply_fd:
-                    views = None
-                    break
-                assert views is not None
-                views.append((t.name, tensorio.view_in(pool.buf, t.offset, t.nbytes,
-                                                       t.dtype, t.shape, t.name)))
-        self.out_views = views
+
+
+def _views_of(result: pb.ExecuteResult, pool: tensorio.ClientPool
+              ) -> list[tuple[str, np.ndarray]] | None:
+    """A full answer's output views, when every output lies in the burst's memory (the
+    driver answers SAME after it only then)."""
+    if result.values:
+        return None
+    views = []
+    for t in result.outputs:
+        if t.pool_id != pool.pool_id or t.in_reply_fd:
+            return None
+        views.append((t.name, tensorio.view_in(pool.buf, t.offset, t.nbytes, t.dtype,
+                                               t.shape, t.name)))
+    return views
 
 
 def _area(n: int, most: int = layout.MAX_AREA) -> int:

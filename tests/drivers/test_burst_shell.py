@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from npumanager import nn
+from npumanager.drivers import burst as burst_module
 from npumanager.hal.types import EndReason
 from npumanager.nn.burst import Burst
 
@@ -152,3 +153,41 @@ def test_what_a_burst_left_for_the_loop_goes_first_and_once(
             await close(burst, dev)
 
     run(runtime_dir, state_dir, body)
+
+
+@pytest.mark.parametrize("foreground", [True, False])
+def test_only_a_foreground_stream_is_anticipated(
+        runtime_dir: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        foreground: bool) -> None:
+    """With ``burst_anticipate_us`` on, a burst whose steps run on its own thread as
+    FOREGROUND work waits for its next request through drivers/anticipate.py (which polls
+    only once the stream has a pace); a BACKGROUND stream only ever blocks on its
+    doorbell, whatever its pace."""
+    waits: list[int] = []
+    real = burst_module.await_request
+
+    def spy(pace: Any, *args: Any) -> bool:
+        waits.append(1)
+        return real(pace, *args)
+
+    monkeypatch.setattr(burst_module, "await_request", spy)
+
+    async def body(s: Stack) -> None:
+        await s.grant("g1", uid())
+        dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        try:
+            model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+            burst = await asyncio.to_thread(model.burst)
+            for _ in range(5):
+                got = await asyncio.to_thread(burst.execute, {"x": X})
+                np.testing.assert_array_equal(got["y"], X + 1)
+            await asyncio.to_thread(burst.close)
+        finally:
+            await asyncio.to_thread(dev.close)
+
+    # (The test's uid has no scheduling config: its work is BACKGROUND unless the
+    # foreground threshold takes in every priority.)
+    run(runtime_dir, state_dir, body, burst_anticipate_us=300,
+        foreground_priority=1000 if foreground else 200)
+    # Each answer to a FOREGROUND execution is followed by a wait for the next request.
+    assert (len(waits) >= 4) if foreground else waits == [], waits

@@ -4,7 +4,8 @@ the last full answer said) from a run bound once to its memory (ONNX Runtime's I
 binding), through a real reference driver host: the outputs stay those of in-process
 ONNX Runtime whatever changes between executions (values in place, new arrays, the
 model's input buffers and back, a priority), and anything that changes the request
-gets a full answer first."""
+gets a full answer first. A repeat of a request that is not the fixed one may be
+answered SAME as well (the driver keeps any request whose bytes repeat)."""
 
 from __future__ import annotations
 
@@ -117,4 +118,40 @@ def test_inputs_moving_between_input_buffers_and_own_arrays(dev: nn.Device) -> N
         got = b.execute(bufs2)
         for k, v in zip(names, local.run(names, dict(bufs2)), strict=True):
             np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6)
+    model.release()
+
+
+def test_a_request_of_another_form_between_repeats_is_not_rung_as_the_kept_one(
+        dev: nn.Device) -> None:
+    """A repeat of the kept request rewrites neither the request nor its length, only the
+    sequence number: a request of another form written between repeats (inputs given as
+    lists: inline tensors, its own bytes) must make the next repeat write the kept request
+    again, else the driver would run the other one's inputs (here: the last h inline)."""
+    onnx = gru_step_model()
+    local = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+    names = [o.name for o in local.get_outputs()]
+    model = dev.prepare_model(onnx)
+    rng = np.random.default_rng(3)
+    frame = np.zeros((1, 512), np.float32)
+    h = np.zeros((1, 1, 128), np.float32)
+    with model.burst() as b:
+        for i in range(10):
+            if i != 6:  # (6 repeats 5's request, bytes and all)
+                frame[...] = rng.standard_normal((1, 512))
+                h[...] = rng.standard_normal((1, 1, 128))
+            if i in (3, 5, 6):
+                # Lists of float32 rows: the frame goes to the data area, h inline.
+                x: dict[str, object] = {"frame": list(frame * 3), "h": list(h)}
+                want = dict(zip(names, local.run(names, {"frame": frame * 3, "h": h}),
+                                strict=True))
+            else:
+                x = {"frame": frame, "h": h}
+                want = dict(zip(names, local.run(names, {"frame": frame, "h": h}),
+                                strict=True))
+            got = b.execute(x)
+            for k, v in want.items():
+                np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"execution {i}")
+            if i in (2, 6, 9):  # (6: the list request's repeat: SAME too)
+                assert answered(b) == (layout.SAME, 0), i
     model.release()

@@ -1,0 +1,225 @@
+"""Anticipation: a burst's thread is awake when its paced stream's next request comes
+(:class:`Anticipation` is pure: time is the caller's ``now``; :func:`await_request` is
+the burst thread's side).
+
+A camera or an audio loop rings its burst once per frame and the burst's thread
+sleeps in between. On this kind of VM each side of that exchange pays for its
+sleep twice over: the wake-up itself (~70-80 µs from the doorbell to the thread
+running) and the first microseconds after it, when the idle vCPU runs code
+several times slower than a busy one (the state's admission: 15 µs hot, ~110
+µs after a 20 ms sleep). A stream has a pace, though: once its requests' recent
+intervals agree, the next one is due one period after the last. So the thread
+sleeps until shortly before that, then polls the request header for a short
+window (``burst_anticipate_us``) and serves the request the moment it is
+written: no doorbell wake-up, and a vCPU that is already running.
+
+Bounds, because the poll is CPU nobody asked for:
+
+* only a stream whose last ``KEPT`` intervals all lie within ``TOLERANCE`` of their
+  median (a stream that stutters, a voice assistant's irregular requests, one-off
+  executions: none);
+* only FOREGROUND work (the caller's check: a background stream waits as before);
+* the window is at most ``MAX_SHARE`` of the period (30 Hz and 100 Hz: the full
+  window; 1 kHz: 100 µs), so the poll costs at most that share of one core per
+  stream, and the host lets one burst poll at a time;
+* the timed sleep before the window ends early by the thread's recent oversleep (a
+  timer wake-up on this VM is late by tens of µs), learnt here too;
+* a window that ends without a request (a late or stopped stream) falls back to
+  blocking on the doorbell, as without anticipation.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from npumanager.tensorio.burst import REQ_AT
+
+if TYPE_CHECKING:
+    from npumanager.drivers.burst import BurstServer
+    from npumanager.drivers.host import DriverHost
+
+#: Intervals kept; a stream is anticipated once KEPT of them are known and every one
+#: lies within TOLERANCE of their median.
+KEPT = 8
+TOLERANCE = 0.1
+#: Periods anticipated: shorter ones are better served by a client that keeps calling,
+#: longer ones are not a stream.
+MIN_PERIOD_S = 0.0005
+MAX_PERIOD_S = 0.5
+#: The window is at most this share of the period.
+MAX_SHARE = 0.1
+#: Where the window lies around the due time: this share of it before.
+BEFORE = 0.6
+#: Oversleeps kept (their median is subtracted from the next timed sleep), and the most
+#: subtracted.
+KEPT_OVERSLEEPS = 8
+MAX_OVERSLEEP_S = 0.0005
+#: The most a warm-up is planned for (a longer one is the caller's to skip).
+MAX_WARM_S = 0.001
+
+
+@dataclass(slots=True)
+class Plan:
+    """Sleep (woken by the doorbell) until ``wake_at``, warm up, then poll until
+    ``spin_until`` (the window opens at ``opens``)."""
+
+    wake_at: float
+    opens: float
+    spin_until: float
+
+
+@dataclass(slots=True)
+class Anticipation:
+    """One burst's stream: its arrivals, its pace and the thread's oversleep."""
+
+    window_s: float
+    last: float | None = None
+    intervals: list[float] = field(default_factory=list)
+    #: The median interval while every kept interval agrees with it, else None.
+    period: float | None = None
+    oversleeps: list[float] = field(default_factory=list)
+    oversleep: float = 0.0
+    #: How long the warm-up before the window took, the last few times (median).
+    warms: list[float] = field(default_factory=list)
+    warm_s: float = 0.0
+
+    def arrived(self, now: float) -> None:
+        """A new request was seen at ``now``."""
+        last, self.last = self.last, now
+        if last is None:
+            return
+        iv = self.intervals
+        iv.append(now - last)
+        if len(iv) > KEPT:
+            del iv[0]
+        self.period = None
+        if len(iv) < KEPT:
+            return
+        median = sorted(iv)[KEPT // 2]
+        if not MIN_PERIOD_S <= median <= MAX_PERIOD_S:
+            return
+        slack = TOLERANCE * median
+        if all(abs(x - median) <= slack for x in iv):
+            self.period = median
+
+    def woke(self, late_s: float) -> None:
+        """A timed sleep ended ``late_s`` after it was asked to (negative: early)."""
+        self.oversleep = _kept_median(self.oversleeps, min(max(late_s, 0.0), MAX_OVERSLEEP_S))
+
+    def warmed(self, took_s: float) -> None:
+        """The warm-up before the window took ``took_s``: the next one starts that much
+        earlier (at most ``MAX_WARM_S``)."""
+        self.warm_s = _kept_median(self.warms, min(max(took_s, 0.0), MAX_WARM_S))
+
+    def plan(self, now: float) -> Plan | None:
+        """When to wake and how long to poll for the next request, or None: block on the
+        doorbell (no pace, or its window is already over)."""
+        period, last = self.period, self.last
+        if period is None or last is None or self.window_s <= 0:
+            return None
+        window = min(self.window_s, MAX_SHARE * period)
+        due = last + period
+        start = due - BEFORE * window
+        end = start + window
+        if now >= end:
+            return None  # the request is late: the doorbell wakes the thread
+        return Plan(max(now, start - self.oversleep - self.warm_s), start, end)
+
+
+def _kept_median(kept: list[float], x: float) -> float:
+    kept.append(x)
+    if len(kept) > KEPT_OVERSLEEPS:
+        del kept[0]
+    return sorted(kept)[len(kept) // 2]
+
+
+# --- the burst thread's side (the shell: real time, the header, the doorbell) -----------
+
+_read_seq = struct.Struct("<Q").unpack_from
+
+
+@dataclass(slots=True)
+class Anticipate:
+    """The host's side: the window, the lock held by the one burst that warms up and
+    polls at a time, and the warm-up (:func:`warm`)."""
+
+    window_s: float
+    polling: threading.Lock
+    warm: Callable[[BurstServer], None]
+
+
+def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
+                  server: BurstServer) -> bool:
+    """On a burst's thread: sleep (woken by ``fds``: the doorbell, the stop) until
+    shortly before the stream's next request is due, warm up (:func:`warm`), then poll
+    the header's request number until it is no longer ``last``. True: something came (a
+    request, a ring, the stop); False: nothing within the window, or no window: block on
+    the doorbell."""
+    clock = time.perf_counter
+    plan = pace.plan(clock())
+    if plan is None or max(fds) >= 1024:  # (select's limit; poll sleeps whole ms)
+        return False
+    wait = plan.wake_at - clock()
+    if wait > 0:
+        if select.select(fds, [], [], wait)[0]:
+            return True  # rung before the window: an early request, a hang-up, the stop
+        pace.woke(clock() - plan.wake_at)
+    side = server.anticipate
+    assert side is not None
+    polling = side.polling
+    if not polling.acquire(blocking=False):
+        return False  # another burst warms or polls now: this one waits for its doorbell
+    try:
+        t = clock()
+        side.warm(server)
+        pace.warmed(clock() - t)
+        read, until, nap = _read_seq, plan.spin_until, time.sleep
+        while clock() < until:
+            if read(buf, REQ_AT)[0] != last or server.closing:
+                return True
+            nap(0)  # (the host's other threads may take the GIL meanwhile)
+    finally:
+        polling.release()
+    return False
+
+
+#: Streams whose run took longer than this (µs) are not warmed up before their request.
+WARM_MAX_RUN_US = 1000.0
+
+
+def warm(host: DriverHost, server: BurstServer) -> None:
+    """A FOREGROUND stream's next request is due: its kept request's bound run once more,
+    into outputs of its own, so that the code and the memory the request's run touches
+    are in the caches when it comes (on this VM a tiny model's run paced at 30 Hz takes
+    ~200 µs, ~40 µs when the same run went 0.5 ms before). Only for runs that took at
+    most ``WARM_MAX_RUN_US``, under the host's lock (the model cannot be released under
+    it); the state never hears of it."""
+    if server.run_us > WARM_MAX_RUN_US:
+        return
+    with host.lock:
+        fixed = server.fixed
+        if (fixed is None or fixed.run is None or server.closing
+                or not fixed.still_valid(server.client.pools,
+                                         host.res.prepared.get(server.model_id))):
+            return
+        run = fixed.warm_run
+        if run is None:
+            bind = getattr(fixed.prepared, "bind", None)
+            scratch = {name: np.empty_like(v) for name, (v, _) in fixed.bound.items()}
+            run = fixed.warm_run = (bind(fixed.inputs, scratch) if bind else None) or _idle
+        try:
+            run()
+        except Exception:
+            fixed.warm_run = _idle  # (a run that fails warms nothing; the real one tells)
+
+
+def _idle() -> dict[str, Any]:
+    return {}

@@ -1,0 +1,207 @@
+"""A burst's anticipation (drivers/anticipate.py): which streams get a poll window and
+where it lies (pure, on explicit times), and the burst thread's wait for the next request
+(a real socketpair and eventfd, a header in a bytearray). No test here measures time:
+windows are either long past or far ahead, or the answer comes from a doorbell."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from npumanager.drivers.anticipate import (
+    KEPT,
+    MAX_SHARE,
+    Anticipate,
+    Anticipation,
+    await_request,
+)
+from npumanager.tensorio import burst as layout
+
+
+def stream(a: Anticipation, period: float, n: int = KEPT + 1, start: float = 100.0,
+           jitter: list[float] | None = None) -> float:
+    """``n`` arrivals every ``period`` (plus ``jitter[i]``); the last one's time."""
+    t = start
+    for i in range(n):
+        t = start + i * period + (jitter[i % len(jitter)] if jitter else 0.0)
+        a.arrived(t)
+    return t
+
+
+def test_a_steady_stream_gets_a_window_around_its_next_request() -> None:
+    a = Anticipation(300e-6)
+    last = stream(a, 1 / 30)
+    assert a.period == pytest.approx(1 / 30)
+    plan = a.plan(last + 0.001)
+    assert plan is not None
+    due = last + 1 / 30
+    # The window holds the due time, is 300 µs long and opens mostly before it.
+    assert plan.wake_at == plan.opens < due < plan.spin_until
+    assert plan.spin_until - plan.opens == pytest.approx(300e-6)
+    assert due - plan.opens > plan.spin_until - due
+
+
+def test_no_window_before_enough_intervals_or_for_an_irregular_stream() -> None:
+    a = Anticipation(300e-6)
+    last = stream(a, 0.01, n=KEPT)  # KEPT arrivals: one interval short
+    assert a.period is None and a.plan(last) is None
+    a.arrived(last + 0.01)
+    assert a.period is not None
+    # One interval 20 % off the pace: no pace until it has left the kept ones.
+    last += 0.01
+    a.arrived(last + 0.012)
+    last += 0.012
+    assert a.plan(last) is None
+    for _ in range(KEPT - 1):
+        last += 0.01
+        a.arrived(last)
+        assert a.period is None
+    a.arrived(last + 0.01)
+    assert a.period == pytest.approx(0.01)
+
+
+def test_a_voice_assistants_irregular_requests_get_no_window() -> None:
+    a = Anticipation(300e-6)
+    last = stream(a, 0.03, n=3 * KEPT, jitter=[0.0, 0.01, -0.008, 0.02, 0.0, -0.012])
+    assert a.period is None and a.plan(last) is None
+
+
+def test_the_window_is_at_most_a_tenth_of_the_period() -> None:
+    a = Anticipation(300e-6)
+    last = stream(a, 0.001)  # 1 kHz
+    plan = a.plan(last)
+    assert plan is not None
+    assert plan.spin_until - plan.opens <= MAX_SHARE * 0.001 + 1e-12
+
+
+def test_too_fast_or_too_slow_a_pace_and_a_zero_window_get_none() -> None:
+    for period in (0.0001, 1.0):
+        a = Anticipation(300e-6)
+        last = stream(a, period)
+        assert a.plan(last) is None
+    a = Anticipation(0.0)
+    last = stream(a, 0.01)
+    assert a.plan(last) is None
+
+
+def test_a_late_request_is_waited_for_on_the_doorbell() -> None:
+    a = Anticipation(300e-6)
+    last = stream(a, 0.01)
+    assert a.plan(last + 0.0101) is not None  # inside the window
+    assert a.plan(last + 0.0102) is None  # past it: block
+    # Inside the window the wake-up is now (no sleep left).
+    plan = a.plan(last + 0.0099)
+    assert plan is not None and plan.wake_at == last + 0.0099
+
+
+def test_the_sleep_ends_earlier_by_the_threads_usual_oversleep_and_warm_up() -> None:
+    a = Anticipation(300e-6)
+    last = stream(a, 0.01)
+    before = a.plan(last)
+    assert before is not None
+    for late in (80e-6, 60e-6, 70e-6, 5.0):  # a 5 s stall counts as the cap, not more
+        a.woke(late)
+    after = a.plan(last)
+    assert after is not None
+    assert before.wake_at - after.wake_at == pytest.approx(a.oversleep)
+    assert 60e-6 <= a.oversleep <= 500e-6
+    assert after.spin_until == before.spin_until and after.opens == before.opens
+    for took in (200e-6, 250e-6, 1.0):  # a warm-up that took 1 s counts as the cap
+        a.warmed(took)
+    warmed = a.plan(last)
+    assert warmed is not None and warmed.opens == before.opens
+    assert after.wake_at - warmed.wake_at == pytest.approx(250e-6)
+
+
+# --- the thread's side -----------------------------------------------------------------
+
+
+class Burstish:
+    """What await_request needs of a burst: the doorbell, the stop, the header, the
+    host's side (its warm-ups counted here)."""
+
+    def __init__(self) -> None:
+        self.sock, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.stop = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.buf = bytearray(layout.HEADER)
+        layout.init_header(self.buf)
+        self.closing = False
+        self.lock = threading.Lock()
+        self.warmed = 0
+        self.anticipate = Anticipate(300e-6, self.lock, self._warm)
+
+    def _warm(self, server: object) -> None:
+        assert server is self and self.lock.locked()
+        self.warmed += 1
+
+    def fds(self) -> tuple[int, int]:
+        return self.sock.fileno(), self.stop
+
+    def close(self) -> None:
+        self.sock.close()
+        self.peer.close()
+        os.close(self.stop)
+
+
+@pytest.fixture
+def b() -> Iterator[Burstish]:
+    x = Burstish()
+    try:
+        yield x
+    finally:
+        x.close()
+
+
+def open_window(a: Anticipation, ahead: float, length: float) -> None:
+    """Make ``a`` expect its next request ``ahead`` s from now, with a window ``length``
+    long (the period is ten windows, so the window is not capped)."""
+    import time
+
+    period = 10 * length
+    a.window_s = length
+    a.intervals = [period] * KEPT
+    a.period = period
+    a.last = time.perf_counter() + ahead - period
+
+
+def test_a_request_written_in_the_window_is_seen_without_a_ring(b: Burstish) -> None:
+    a = Anticipation(0.0)
+    open_window(a, 0.0, 60.0)  # open now, for a minute
+    layout.write_request_header(b.buf, 1, 10)
+    assert await_request(a, b.fds(), b.buf, 0, b) is True
+    assert not b.lock.locked() and b.warmed == 1  # warmed up first, under the lock
+
+
+def test_a_ring_before_the_window_ends_the_sleep(b: Burstish) -> None:
+    a = Anticipation(0.0)
+    open_window(a, 60.0, 1.0)  # the window opens in a minute
+    b.peer.send(b"\1")
+    assert await_request(a, b.fds(), b.buf, 0, b) is True
+    b.sock.recv(16)
+    os.eventfd_write(b.stop, 1)  # the stop too
+    assert await_request(a, b.fds(), b.buf, 0, b) is True
+    assert b.warmed == 0  # no window was reached
+
+
+def test_a_window_without_a_request_falls_back_to_the_doorbell(b: Burstish) -> None:
+    a = Anticipation(0.0)
+    open_window(a, 0.0, 0.02)
+    assert await_request(a, b.fds(), b.buf, 0, b) is False
+    # No pace, or another burst polling: at once.
+    assert await_request(Anticipation(300e-6), b.fds(), b.buf, 0, b) is False
+    warmed = b.warmed
+    open_window(a, 0.0, 60.0)
+    with b.lock:
+        assert await_request(a, b.fds(), b.buf, 0, b) is False
+    assert b.warmed == warmed  # nor a warm-up while another burst has the lock
+
+
+def test_a_closing_burst_stops_polling(b: Burstish) -> None:
+    a = Anticipation(0.0)
+    open_window(a, 0.0, 60.0)
+    b.closing = True
+    assert await_request(a, b.fds(), b.buf, 0, b) is True
