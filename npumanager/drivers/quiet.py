@@ -16,7 +16,8 @@ connection's executions of one model: a stream whose recent intervals agree is
 *paced*, its next frame due one period after its last) and, with
 ``quiet_window_us`` = X > 0:
 
-* while a paced stream's frame runs, no background step starts;
+* while a paced stream's frame runs, no background step starts (for one period at
+  most: a frame that outruns its period holds nothing back after it);
 * a background step whose expected length (its model's median step time, at
   most half the period) would reach into ``[due - X, due + X]`` does not start
   before the frame has come and gone, or ``due + X`` passed without it (a late
@@ -106,8 +107,9 @@ class QuietWindow:
 
     def hold_end(self, now: float, run_s: float, running: Collection[Hashable]) -> float | None:
         """None: a background step expected to take ``run_s`` may start at ``now``.
-        Else when the hold ends at the latest: ``math.inf`` while a paced stream's
-        frame runs (in ``running``), or the end of the window around its next frame."""
+        Else when the hold ends at the latest: one period after a running frame (in
+        ``running``) of a paced stream arrived (its end, an event, ends the hold sooner),
+        or the end of the window around a stream's next frame."""
         x = self.window_s
         end: float | None = None
         for key, pace in self.streams.items():
@@ -115,7 +117,14 @@ class QuietWindow:
             if period is None:
                 continue
             if key in running:
-                return math.inf
+                # Held while the frame runs, but no longer than one period from its
+                # arrival: a "frame" that outruns its stream's period (one endless job
+                # sent once the stream looked paced) would otherwise hold every
+                # background step of every uid for as long as it likes.
+                frame_end = pace.last + period
+                if now < frame_end:
+                    end = frame_end if end is None else min(end, frame_end)
+                continue
             due = pace.last + period
             if now >= due + x:
                 due += period  # one frame missed (a late frame is not made up for)

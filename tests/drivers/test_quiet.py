@@ -4,8 +4,6 @@ runs the same story with the window off too: there the background step starts.""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from npumanager.drivers import events as ev
@@ -161,7 +159,9 @@ def test_hold_end_is_the_window_around_the_next_frame() -> None:
     last = 4 * PERIOD
     assert w.hold_end(last + 0.010, 0.004, ()) is None
     assert w.hold_end(last + 0.028, 0.004, ()) == pytest.approx(last + PERIOD + 0.002)
-    assert w.hold_end(last + 0.010, 0.004, {"cam"}) == math.inf
+    # A running frame holds until it ends, one period after it arrived at the latest.
+    assert w.hold_end(last + 0.010, 0.004, {"cam"}) == pytest.approx(last + PERIOD)
+    assert w.hold_end(last + PERIOD + 0.001, 0.004, {"cam"}) is None
     # A step longer than half the period is counted as half of it: it may start in the
     # first half (right after a frame), never later.
     assert w.hold_end(last + 0.005, 0.030, ()) is None
@@ -169,3 +169,29 @@ def test_hold_end_is_the_window_around_the_next_frame() -> None:
     # One frame missed: the next one is expected; two missed: the stream stopped.
     assert w.hold_end(last + PERIOD + 0.028, 0.004, ()) is not None
     assert w.hold_end(last + 3 * PERIOD, 0.004, ()) is None
+
+
+@pytest.mark.parametrize("window_us", [X_US, 0], ids=["quiet", "off"])
+def test_a_frame_that_outruns_its_period_holds_background_work_one_period_at_most(
+        window_us: int) -> None:
+    """A foreground app paces itself, then sends one frame that never ends (a job of a
+    million steps): background work of every uid is held while it runs, for one period
+    from its arrival, not for as long as it runs."""
+    s = Scene(window_us)
+    s.pace()
+    h = s.h
+    due = s.last_frame + PERIOD
+    h.advance(due - h.now)
+    endless, _ = h.execute(1, s.cam, steps=1_000_000)
+    h.advance(0.002)
+    out = h.step_done(s.llm_ticket, run_us=20000)  # the LLM's step ends mid-frame
+    assert started(out, s.llm_ticket) is (window_us == 0)
+    if window_us == 0:
+        return
+    assert h.timers[QUIET_TIMER] == pytest.approx(due + PERIOD)
+    out = h.advance(PERIOD)  # a whole period since the frame arrived: the timer fires
+    assert started(out, s.llm_ticket), "held for as long as the frame runs"
+    assert h.state.job_state(endless) is ev.JobState.RUNNING
+    # And it stays free to step while that frame runs on.
+    for _ in range(3):
+        assert started(s.llm_step(), s.llm_ticket)

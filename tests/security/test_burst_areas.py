@@ -16,6 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from npumanager.errors import NpuError
 from npumanager.nn.burst import _MIN_AREA
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -34,7 +36,7 @@ from tests.security.harness import (
 )
 from tests.security.test_burst_flood import bystander_bursts
 
-pytestmark = needs_root
+pytestmark = [needs_root, pytest.mark.timeout(400)]  # (a loaded 2-core machine: minutes)
 
 
 def _value_bomb(size: int) -> bytes:
