@@ -15,6 +15,8 @@ import os
 import select
 from pathlib import Path
 
+import pytest
+
 from npumanager.testing import procs
 from npumanager.testing.onnx_models import add_model
 from tests.security.conftest import StartDaemon
@@ -99,5 +101,57 @@ def test_an_orphaned_driver_loads_nothing_new_and_releases_after_the_grace(
         assert out[2].startswith("DeviceUnavailable"), (who, out)
         assert not out[3].startswith("ok"), (who, out)
     # A new npud starts a new host on the same paths and serves everyone again.
+    start_npud(drivers=True)
+    assert_device_served(runtime_dir)
+
+
+def claim_the_orphan(runtime_dir: str) -> dict[str, str]:
+    """As another uid, on the orphaned host's socket: speak for npud (attach as its
+    manager with admission off, a grant of its own, every uid made foreground)."""
+    from npumanager.errors import NpuError
+    from npumanager.hal.wire import SERVICE
+    from npumanager.paths import driver_socket
+    from npumanager.proto.v1 import driver_pb2 as pb
+    from npumanager.proto.v1.wire_pb2 import Empty
+    from npumanager.wire.client import SyncRpcClient
+
+    rpc = SyncRpcClient(str(driver_socket("reference", runtime_dir)), SERVICE)
+    got: dict[str, str] = {}
+    try:
+        for method, msg in (("hal.attach_manager", pb.AttachManager(enforce_admission=False)),
+                            ("hal.set_callback", pb.SetCallback(debounce_ms=0)),
+                            ("hal.grant_issued", Empty()),
+                            ("hal.set_scheduling_configs", Empty())):
+            try:
+                rpc.call(method, msg)
+                got[method] = "ok"
+            except NpuError as exc:
+                got[method] = f"{type(exc).__name__}: {exc}"
+    finally:
+        rpc.close()
+    return got
+
+
+@pytest.mark.timeout(400)  # (a 30 s grace, two npuds, on a loaded machine)
+def test_another_uid_cannot_adopt_an_orphaned_driver(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    """npud SIGKILLed, its host waits out the orphan grace for a new npud: another uid that
+    connects first and speaks for npud is refused every manager call, the host stays
+    orphaned and goes at the end of its grace."""
+    # A grace long enough that the attacker's calls come within it on any machine.
+    npud = start_npud(drivers=True, manager={"orphan_grace_s": 30.0})
+    rt = str(runtime_dir)
+    drv = driver_pid(runtime_dir)
+    npud.proc.kill()  # type: ignore[union-attr]
+    npud.proc.wait(10)  # type: ignore[union-attr]
+    wait_until(lambda: driver_load(runtime_dir)["orphaned_s"] is not None, 30,
+               "the driver to see npud gone")
+    got = procs.run_as(ATTACKER, None, claim_the_orphan, rt, timeout=60)
+    assert len(got) == 4, got
+    for method, answer in got.items():
+        assert answer.startswith(f"PermissionDenied: {method} is for npud and admins only "
+                                 f"(uid {ATTACKER} is neither)"), got
+    assert driver_load(runtime_dir)["orphaned_s"] is not None, "someone adopted it"
+    assert _exited(drv, 120), "the orphaned driver did not release and exit"
     start_npud(drivers=True)
     assert_device_served(runtime_dir)
