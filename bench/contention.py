@@ -74,6 +74,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The embedder's back-to-back batches one RPC each instead of through a burst (an
     # app-side choice; bursts are the default since bursts got cheaper: 510c360).
     "embedder-no-burst": {"batch_bursts": False},
+    # The embedder keeps two batches in flight (two threads, a burst each): its next
+    # batch waits queued in the driver instead of behind its round trip (an app-side
+    # choice; unmanaged, the embedder stays one thread).
+    "embedder-2-in-flight": {"embedder_inflight": 2},
     # The driver host's GIL switch interval: 0.5 ms instead of Python's 5 ms, so a thread
     # serving a foreground execution asks a background thread for the GIL sooner.
     "switch-0.5ms": {"switch_interval_us": 500},
@@ -119,9 +123,10 @@ def main() -> int:
         knobs = dict(VARIANTS.get(name, {}))
         bursts = bool(knobs.pop("bursts", True))
         batch_bursts = bool(knobs.pop("batch_bursts", True))
+        inflight = int(knobs.pop("embedder_inflight", 1))
         cfg = driver_config(**knobs) if managed else None
         run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
-                            batch_bursts=batch_bursts,
+                            batch_bursts=batch_bursts, embedder_inflight=inflight,
                             log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                                 file=sys.stderr, flush=True))
         results.append(run.run())

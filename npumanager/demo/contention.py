@@ -103,9 +103,17 @@ class RunResult:
     voice: Stats = field(default_factory=Stats)  # contended + loading
     llm_tokens_s: float = float("nan")  # contended phase
     embedder_items_s: float = float("nan")
+    #: The embedder's batches in the contended phase, ms each (its round trip included).
+    embedder_batch: Stats = field(default_factory=Stats)
     loads: Stats = field(default_factory=Stats)
+    #: Where in its load each of the loading phase's slowest 5 % of frames ended: the
+    #: fraction of the load's time gone (0: the app asked npud, 1: it was loaded), to
+    #: tell the load's stages apart (grant, compile, the host loading the result).
+    load_pos: list[float] = field(default_factory=list)
     #: Work done over the whole run (decode jobs, embedder batches), in or out of windows.
     work_done: dict[str, int] = field(default_factory=dict)
+    #: The embedder's streams that delivered batches (its executions in flight at once).
+    streams: int = 0
     mem_peak_mib: float = float("nan")  # whole machine, above the idle level before the run
     rss_peak_mib: float = float("nan")  # the processes this run started, summed
     #: The slowest 5 % of the camera's frames per phase: (seconds into the phase, ms), to
@@ -203,8 +211,11 @@ class ContentionRun:
     def __init__(self, name: str, managed: bool, timing: Timing,
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
-                 log: Any = None, bursts: bool = True, batch_bursts: bool = True) -> None:
+                 log: Any = None, bursts: bool = True, batch_bursts: bool = True,
+                 embedder_inflight: int = 1) -> None:
         self.name = name
+        #: The embedder's executions in flight at once (BenchApp.inflight).
+        self.embedder_inflight = embedder_inflight
         #: Managed camera and voice execute through bursts (model.burst()).
         self.bursts = bursts
         #: The managed embedder's batches too (one burst instead of an RPC a batch), as an
@@ -235,6 +246,10 @@ class ContentionRun:
 
     def spawn(self, name: str) -> None:
         app = self.apps[name]
+        if name == "embedder" and self.embedder_inflight != 1:
+            from dataclasses import replace
+
+            app = replace(app, inflight=self.embedder_inflight)
         if not self.root:
             # One uid for every app: job priorities alone order the work in the driver.
             offset = {"camera": 0, "voice": 100, "embedder": 300, "llm": 300, "loader": 300}
@@ -354,6 +369,7 @@ class ContentionRun:
         frames = ev.find("camera", "frame")
         r.work_done = {"decode": len(ev.find("llm", "decode")),
                        "batch": len(ev.find("embedder", "batch"))}
+        r.streams = len({e.get("stream", 0) for e in ev.find("embedder", "batch")})
         for name in ("alone", "contended"):
             if name in self.windows:
                 a, b = self.windows[name]
@@ -376,16 +392,22 @@ class ContentionRun:
                 spans.append((start, b))
             # A frame that ended while a load was under way (or within one frame of its
             # start) suffered it.
-            r.camera["loading"] = Stats([
-                e["ms"] for e in frames
-                if a <= e["t"] < b and any(s <= e["t"] <= f + FRAME_BUDGET_MS / 1000
-                                           for s, f in spans)])
+            during = [(e["ms"], e["t"], [(s, f) for s, f in spans
+                                         if s <= e["t"] <= f + FRAME_BUDGET_MS / 1000])
+                      for e in frames if a <= e["t"] < b]
+            during = [d for d in during if d[2]]
+            r.camera["loading"] = Stats([ms for ms, _, _ in during])
+            during.sort(key=lambda d: -d[0])
+            r.load_pos = [round(min(1.0, (t - s) / max(f - s, 1e-9)), 3)
+                          for _, t, ((s, f), *_) in during[:max(1, len(during) // 20)]]
         if "contended" in self.windows:
             a, b = self.windows["contended"]
             steps = sum(e["steps"] for e in ev.find("llm", "decode") if a <= e["t"] < b)
             items = sum(e["items"] for e in ev.find("embedder", "batch") if a <= e["t"] < b)
             r.llm_tokens_s = steps / (b - a)
             r.embedder_items_s = items / (b - a)
+            r.embedder_batch = Stats([e["ms"] for e in ev.find("embedder", "batch")
+                                      if a <= e["t"] < b])
             lo, hi = a, self.windows.get("loading", (a, b))[1]
             r.voice = Stats([e["ms"] for e in ev.find("voice", "infer") if lo <= e["t"] < hi])
 
@@ -425,6 +447,12 @@ def side_by_side(results: list[RunResult]) -> list[tuple[str, ...]]:
                                  for r in results]),
         ("LLM tokens/s (contended)", *[_f(r.llm_tokens_s, 0) for r in results]),
         ("embedder items/s (contended)", *[_f(r.embedder_items_s, 0) for r in results]),
+        ("embedder batch p50/p90 (ms)", *[f"{_f(r.embedder_batch.pct(0.5), 2)} / "
+                                          f"{_f(r.embedder_batch.pct(0.9), 2)}"
+                                          for r in results]),
+        ("worst 5 % loading frames by fifth of a load",
+         *[" ".join(str(sum(1 for x in r.load_pos if i <= x * 5 < i + 1 or (i == 4 and x >= 1)))
+                    for i in range(5)) for r in results]),
         ("bg model load p50 (ms)", *[_f(r.loads.pct(0.5), 0) for r in results]),
         ("peak memory, machine (MiB over idle)", *[_f(r.mem_peak_mib, 0) for r in results]),
         ("peak RSS of the run's processes (MiB)", *[_f(r.rss_peak_mib, 0) for r in results]),
@@ -443,6 +471,7 @@ def summary(r: RunResult) -> dict[str, Any]:
     return {"name": r.name, "camera": {k: stats(v) for k, v in r.camera.items()},
             "voice": stats(r.voice), "llm_tokens_s": r.llm_tokens_s,
             "embedder_items_s": r.embedder_items_s, "load_p50_ms": r.loads.pct(0.5),
+            "embedder_batch": stats(r.embedder_batch), "load_pos": r.load_pos,
             "mem_peak_mib": r.mem_peak_mib, "rss_peak_mib": r.rss_peak_mib,
             "cpu": {k: vars(v) for k, v in r.cpu.items()}, "worst": r.worst,
             "errors": r.errors}

@@ -56,6 +56,9 @@ class BenchApp:
     gap_s: float = 0.0
     runs: int = 1
     steps: int = 1
+    #: batches: executions kept in flight at once (threads of the app, one stream each),
+    #: so the next batch is queued in the driver while one runs (an ablation row).
+    inflight: int = 1
 
 
 class Engine(Protocol):
@@ -65,6 +68,10 @@ class Engine(Protocol):
             feedback: dict[str, str]) -> dict[str, Any]: ...
 
     def release(self, handle: Any) -> None: ...
+
+    def another(self, handle: Any) -> Any: ...
+
+    def release_another(self, handle: Any) -> None: ...
 
     def close(self) -> None: ...
 
@@ -90,6 +97,12 @@ class OrtEngine:
 
     def release(self, handle: Any) -> None:
         pass  # the session goes with its last reference
+
+    def another(self, handle: Any) -> Any:
+        return handle  # InferenceSession.run may be called from several threads
+
+    def release_another(self, handle: Any) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -154,6 +167,15 @@ class NpuEngine:
         prepared.release()
         listener.notify_model_unloaded(req)
 
+    def another(self, handle: Any) -> Any:
+        """The same model with a stream of its own (a burst, when the app streams)."""
+        req, listener, prepared, _ = handle
+        return req, listener, prepared, prepared.burst() if self.stream else None
+
+    def release_another(self, handle: Any) -> None:
+        if handle[3] is not None:
+            handle[3].close()
+
     def close(self) -> None:
         self.dev.close()
         self.mgr.close()
@@ -202,10 +224,25 @@ def work_loop(app: BenchApp, model: DemoModel, engine: Engine, out: Outbox,
                 out.emit("decode", steps=steps, ms=round((time.perf_counter() - t) * 1000, 2))
         elif app.kind == "batches":
             n = next(iter(inputs.values())).shape[0]
-            while not stop.is_set():
-                t = time.perf_counter()
-                engine.run(handle, inputs, 1, {})
-                out.emit("batch", items=n, ms=round((time.perf_counter() - t) * 1000, 3))
+
+            def batches(h: Any, stream: int) -> None:
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    engine.run(h, inputs, 1, {})
+                    out.emit("batch", items=n, ms=round((time.perf_counter() - t) * 1000, 3),
+                             stream=stream)
+
+            more = [engine.another(handle) for _ in range(app.inflight - 1)]
+            threads = [threading.Thread(target=batches, args=(h, i), daemon=True)
+                       for i, h in enumerate(more, start=1)]
+            for th in threads:
+                th.start()
+            try:
+                batches(handle, 0)
+            finally:
+                for th, h in zip(threads, more, strict=True):
+                    th.join()
+                    engine.release_another(h)
         else:
             raise ValueError(f"unknown kind of work {app.kind!r}")
     finally:

@@ -141,6 +141,21 @@ executions, not by its share; its batches through a burst instead of an RPC
 each did help (4076 vs 2906 items/s with the LLM decoding, one npud). ONNX
 Runtime's spinning is moot with one intra-op thread per session (no pool).
 
+Session 7, with the window the default (one full run, cpu-exclusive): camera
+contended p99 3.3 ms (window) vs 5.2 ms (quiet-off), max 6.4 vs 21.8. Where
+the embedder's throughput goes (68 % of unmanaged in that run): its batch
+takes 0.70 ms p50 unmanaged (ONNX Runtime's default pool, two threads, in the
+app) and 2.24 ms managed (one intra-op thread, the round trip, the wait for a
+SCHED_IDLE worker and the window's holds); without the window 1.98 ms (76 %).
+With two batches in flight (``embedder-2-in-flight``, an app-side choice: two
+threads, a burst each, so the next batch waits queued in the driver instead of
+behind the round trip) it reached 3923 items/s, 95 % of unmanaged, with the
+camera's contended p99 unchanged (3.3 ms) and the LLM at 111 tokens/s (128 %
+of unmanaged). The loading phase's slowest 5 % of frames ended spread evenly
+over their loads' fifths (4 5 4 3 5 of 21): no single stage of a load (the
+grant, the compile child, the host loading the result) causes them; the whole
+load keeps the second core busy (1.87 cores used against 1.59 without it).
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context, the quiet window: there a background step started

@@ -47,6 +47,16 @@ def test_a_run_measures_every_phase(models: dict[str, object], managed: bool) ->
     assert descendants(os.getpid()) == []  # apps, npud and its driver are gone
 
 
+def test_an_embedder_with_two_batches_in_flight_runs_both_streams(
+        models: dict[str, object]) -> None:
+    r = ContentionRun("m2", True, TINY, models, driver_config(), phases=("alone", "contended"),
+                      embedder_inflight=2).run()  # type: ignore[arg-type]
+    assert r.errors == []
+    assert r.embedder_batch.ms and r.embedder_items_s > 0
+    assert r.streams == 2  # both of the embedder's threads delivered batches
+    assert descendants(os.getpid()) == []
+
+
 def test_the_table_puts_runs_side_by_side() -> None:
     a, b = RunResult("unmanaged"), RunResult("managed")
     a.camera = {"alone": Stats([1.0, 2.0]), "contended": Stats([10.0, 40.0])}
@@ -59,6 +69,10 @@ def test_the_table_puts_runs_side_by_side() -> None:
     cells = dict((r[0], r[1:]) for r in rows)
     assert cells["camera + voice + LLM + embedder"][0].endswith("1/2 late")
     assert cells["camera p99 contended / alone (same run)"] == ("20.00x", "1.25x")
+    # The worst loading frames counted by where in their load they ended.
+    b.load_pos = [0.0, 0.1, 0.5, 0.99, 1.0]
+    cells = dict((r[0], r[1:]) for r in side_by_side([a, b]))
+    assert cells["worst 5 % loading frames by fifth of a load"] == ("0 0 0 0 0", "2 0 1 0 2")
     lines = verdicts(a, b)
     assert any("1.25x alone (target <= 1.3x: PASS)" in ln for ln in lines)
     assert any("LLM tokens/s: managed 90 %" in ln and "PASS" in ln for ln in lines)
