@@ -82,7 +82,7 @@ class DaemonProcess:
         config: Mapping[str, Any] | str | None = None,
         *,
         drivers: bool = False,
-        ready_timeout: float = 20.0,
+        ready_timeout: float = 60.0,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         die_with_parent: bool = False,
@@ -93,6 +93,9 @@ class DaemonProcess:
         self.die_with_parent = die_with_parent
         self.config = config
         self.drivers = drivers
+        #: Generous: with drivers, npud is ready once its hosts are (each imports its
+        #: backend, ONNX Runtime for the reference driver), which on a machine kept busy
+        #: by the rest of a test suite takes many times what it takes alone.
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args)
         self.env = dict(env) if env is not None else None

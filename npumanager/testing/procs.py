@@ -160,14 +160,19 @@ class Child:
             raise RuntimeError("channel closed")
         _write_msg(self._inbox_fd, obj)
 
-    def wait(self, timeout: float | None = None) -> Any:
-        """The function's return value, or its exception re-raised here."""
+    def wait(self, timeout: float | None = None,
+             on_timeout: Callable[[], object] | None = None) -> Any:
+        """The function's return value, or its exception re-raised here. ``on_timeout``
+        runs before a child that did not finish in time is killed (to ask it, and the
+        processes it talks to, for their stacks: see :func:`dump_stacks_on_usr1`)."""
         deadline = self._deadline if timeout is None else time.monotonic() + timeout
         ok, obj = self._result if self._result is not None else (True, _EVENT)
         try:
             while obj is _EVENT:
                 ok, obj = self._next_msg(deadline)
         except TimeoutError:
+            if on_timeout is not None:
+                on_timeout()
             self.kill()
             raise TimeoutError(f"child {self.pid} did not finish in time") from None
         finally:
@@ -207,6 +212,14 @@ class Child:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def dump_stacks_on_usr1() -> None:
+    """In a child: ``kill -USR1`` writes every thread's stack to stderr (the test's, which
+    pytest shows with a failure) and the child carries on."""
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 def spawn_as(uid: int | None, gid: int | None, fn: Callable[..., Any], *args: Any,
