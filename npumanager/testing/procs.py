@@ -131,9 +131,12 @@ class Child:
                 return True, _EVENT
             return ok, obj
 
-    def expect(self, event: Any, timeout: float = 10.0) -> Any:
+    def expect(self, event: Any, timeout: float = 30.0) -> Any:
         """Wait until the child announces ``event`` (or, if callable, an event it accepts)
-        after the ones matched before; returns it. Fails at once if the child finished."""
+        after the ones matched before; returns it. Fails at once if the child finished.
+        The default bound is generous: what a child announces usually follows round trips
+        to npud or a driver host, which a machine kept busy by a test suite slows many
+        times; it costs nothing while the event comes."""
         match = event if callable(event) else (lambda e: e == event)
         deadline = time.monotonic() + timeout
         while True:
