@@ -169,24 +169,29 @@ class BurstServer:
         try:
             pace = self.pace
             while not self.closing:
-                if pace is None or not self.foreground or not await_request(
-                        pace, (sock.fileno(), self._stop), self.pool.buf, last, self):
-                    poller.poll()
-                if self.closing:
-                    break
-                if self.peer_fd >= 0:  # the client has its end: a hang-up now means gone
-                    os.close(self.peer_fd)
-                    self.peer_fd = -1
+                # The header first, then the wait: a drain below can take the ring of a
+                # request written after the header was last read (a client that rang more
+                # than once per request), and waiting for that ring would wait forever.
                 seq, length = layout.read_request_header(self.pool.buf)
+                if seq == last:
+                    if pace is None or not self.foreground or not await_request(
+                            pace, (sock.fileno(), self._stop), self.pool.buf, last, self):
+                        poller.poll()
+                    if self.closing:
+                        break
+                    if self.peer_fd >= 0:  # the client has its end: a hang-up now means gone
+                        os.close(self.peer_fd)
+                        self.peer_fd = -1
+                    seq, length = layout.read_request_header(self.pool.buf)
                 if seq != last:
                     last = seq
                     if pace is not None:
                         pace.arrived(time.perf_counter())
                     self._answer(seq, length)
                     self._answered()
-                    # Its ring is taken once the reply is out, off the client's wait (the
-                    # client rings again only after reading this reply, so the ring taken
-                    # here is this request's or an older one's, never the next one's).
+                    # Its ring is taken once the reply is out, off the client's wait (an
+                    # honest client rings again only after reading this reply; if the ring
+                    # taken is the next request's, the header read above the wait finds it).
                     gone = self._drain()
                     self._prepare_next(self)
                 else:
