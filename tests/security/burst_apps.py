@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,12 @@ import numpy as np
 from npumanager import tensorio
 from npumanager.errors import ServiceUnavailable
 from npumanager.hal.wire import SERVICE
-from npumanager.nn.burst import Burst
+from npumanager.nn.burst import _MIN_AREA, Burst
 from npumanager.paths import driver_socket
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.tensorio import burst as layout
+from npumanager.testing import procs
 from npumanager.wire.client import SyncRpcClient
 
 X = np.arange(4, dtype=np.float32).reshape(1, 4)
@@ -171,3 +174,47 @@ def close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+# --- floods of the largest requests a burst may have (test_burst_flood, test_burst_areas)
+
+
+def value_bomb(size: int) -> bytes:
+    """An Execute of ``size`` bytes or a little less: one sequence input of float32
+    scalars, each a message of its own (a Python object each once decoded)."""
+    elem = pb.Value(tensor=pb.Tensor(dtype="float32", data=bytes(4))).SerializeToString()
+    one = b"\x0a" + bytes([len(elem)]) + elem  # Sequence.elements (field 1), length, bytes
+    seq = pb.Sequence.FromString(one * ((size - 64) // len(one)))
+    return pb.Execute(values=[pb.Value(name="x", sequence=seq)]).SerializeToString()
+
+
+def max_area_raws(model: Any, n: int) -> list[Raw]:
+    """``n`` bursts of ``model`` with the largest request area allowed, driven by hand."""
+    raws = []
+    for _ in range(n):
+        b = model.burst()
+        b._close_channel()  # (its channel reopened with the area asked for)
+        b._open(layout.MAX_REQUEST_AREA, _MIN_AREA, _MIN_AREA)
+        raws.append(Raw(b))
+    return raws
+
+
+def bombard_until_told(raws: Sequence[Raw], bombs: Sequence[bytes]) -> list[str]:
+    """Each burst rings its bomb (``bombs[i % len(bombs)]``) without end, from a thread of
+    its own; announce "bombing", stop when told; the answers' types, in order."""
+    stop, answers = threading.Event(), []
+
+    def bombard(r: Raw, bomb: bytes) -> None:
+        while not stop.is_set():
+            answers.append(r.status(bomb))
+
+    threads = [threading.Thread(target=bombard, args=(r, bombs[i % len(bombs)]))
+               for i, r in enumerate(raws)]
+    for t in threads:
+        t.start()
+    procs.announce("bombing")
+    procs.receive(timeout=120)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    return answers

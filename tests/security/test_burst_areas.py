@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import burst as layout
 from npumanager.testing import procs
 from npumanager.testing.onnx_models import add_model
-from tests.security.burst_apps import Raw, X
+from tests.security.burst_apps import Raw, X, bombard_until_told, max_area_raws, value_bomb
 from tests.security.conftest import StartDaemon
 from tests.security.driver_apps import granted, outcome
 from tests.security.harness import (
@@ -37,15 +36,6 @@ from tests.security.harness import (
 from tests.security.test_burst_flood import bystander_bursts
 
 pytestmark = [needs_root, pytest.mark.timeout(400)]  # (a loaded 2-core machine: minutes)
-
-
-def _value_bomb(size: int) -> bytes:
-    """An Execute of ``size`` bytes or a little less: one sequence input of float32
-    scalars, each a message of its own (a Python object each once decoded)."""
-    elem = pb.Value(tensor=pb.Tensor(dtype="float32", data=bytes(4))).SerializeToString()
-    one = b"\x0a" + bytes([len(elem)]) + elem  # Sequence.elements (field 1), length, bytes
-    seq = pb.Sequence.FromString(one * ((size - 64) // len(one)))
-    return pb.Execute(values=[pb.Value(name="x", sequence=seq)]).SerializeToString()
 
 
 def _blob(size: int) -> bytes:
@@ -66,29 +56,10 @@ def large_areas(rt: str, bursts: int) -> dict[str, Any]:
             b = model.burst()
             b._close_channel()  # (its channel reopened with the area asked for)
             got[name] = outcome(lambda b=b, req=req: b._open(req, _MIN_AREA, _MIN_AREA))
-        raws = []
-        for _ in range(bursts):
-            b = model.burst()
-            b._close_channel()
-            b._open(layout.MAX_REQUEST_AREA, _MIN_AREA, _MIN_AREA)
-            raws.append(Raw(b))
-        bombs = [_value_bomb(layout.MAX_REQUEST_AREA), _blob(layout.MAX_REQUEST_AREA)]
+        raws = max_area_raws(model, bursts)
+        bombs = [value_bomb(layout.MAX_REQUEST_AREA), _blob(layout.MAX_REQUEST_AREA)]
         got["sizes"] = [len(x) for x in bombs]
-        stop, answers = threading.Event(), []
-
-        def bombard(r: Raw, i: int) -> None:
-            bomb = bombs[i % 2]
-            while not stop.is_set():
-                answers.append(r.status(bomb))
-
-        threads = [threading.Thread(target=bombard, args=(r, i)) for i, r in enumerate(raws)]
-        for t in threads:
-            t.start()
-        procs.announce("bombing")
-        procs.receive(timeout=120)
-        stop.set()
-        for t in threads:
-            t.join(60)
+        answers = bombard_until_told(raws, bombs)
         got["answers"] = sorted(set(answers))
         got["rings"] = len(answers)
         got["after"] = model.burst().execute({"x": X})["y"].ravel().tolist()

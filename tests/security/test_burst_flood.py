@@ -27,7 +27,14 @@ from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import burst as layout
 from npumanager.testing import procs
 from npumanager.testing.onnx_models import add_model, step_model
-from tests.security.burst_apps import Raw, X, driver_load
+from tests.security.burst_apps import (
+    Raw,
+    X,
+    bombard_until_told,
+    driver_load,
+    max_area_raws,
+    value_bomb,
+)
 from tests.security.conftest import StartDaemon
 from tests.security.driver_apps import granted, outcome, wait_until
 from tests.security.harness import (
@@ -338,43 +345,14 @@ def test_a_bursts_memory_unregistered_as_a_pool_ends_the_burst(
     assert got["new burst"] == "ok: [1.0, 2.0, 3.0, 4.0]", got
 
 
-def _value_bomb(n: int) -> bytes:
-    """An Execute of one sequence input of ``n`` float32 scalars, each a message of its own
-    (about 19 bytes each on the wire, a Python object each once decoded)."""
-    elem = pb.Value(tensor=pb.Tensor(dtype="float32", data=bytes(4))).SerializeToString()
-    one = b"\x0a" + bytes([len(elem)]) + elem  # Sequence.elements (field 1), length, bytes
-    seq = pb.Sequence.FromString(one * n)
-    return pb.Execute(values=[pb.Value(name="x", sequence=seq)]).SerializeToString()
-
-
 def decode_bomber(rt: str, bursts: int) -> dict[str, Any]:
     """Ring requests that fill the largest request area a burst may have with tiny values
     (seconds of decoding each), from ``bursts`` bursts at once, until told."""
-    from npumanager.nn.burst import _MIN_AREA
 
     with granted(rt) as (dev, grant):
         model = dev.prepare_model(add_model(), grant=grant)
-        bomb = _value_bomb((layout.MAX_REQUEST_AREA - 64) // 20)
-        raws = []
-        for _ in range(bursts):
-            b = model.burst()
-            b._close_channel()
-            b._open(layout.MAX_REQUEST_AREA, _MIN_AREA, _MIN_AREA)
-            raws.append(Raw(b))
-        stop, answers = threading.Event(), []
-
-        def bombard(r: Raw) -> None:
-            while not stop.is_set():
-                answers.append(r.status(bomb))
-
-        threads = [threading.Thread(target=bombard, args=(r,)) for r in raws]
-        for t in threads:
-            t.start()
-        procs.announce("bombing")
-        procs.receive(timeout=120)
-        stop.set()
-        for t in threads:
-            t.join(60)
+        bomb = value_bomb(layout.MAX_REQUEST_AREA)
+        answers = bombard_until_told(max_area_raws(model, bursts), [bomb])
         return {"answers": sorted(set(answers)), "size": len(bomb)}
 
 
