@@ -189,5 +189,7 @@ def test_only_a_foreground_stream_is_anticipated(
     # foreground threshold takes in every priority.)
     run(runtime_dir, state_dir, body, burst_anticipate_us=300,
         foreground_priority=1000 if foreground else 200)
-    # Each answer to a FOREGROUND execution is followed by a wait for the next request.
-    assert (len(waits) >= 4) if foreground else waits == [], waits
+    # A FOREGROUND stream waits for its next request through anticipation (not after
+    # every answer: a request already written when the thread looks is served without a
+    # wait, which a loaded machine makes common); a BACKGROUND one never does.
+    assert (len(waits) >= 1) if foreground else waits == [], waits

@@ -204,7 +204,13 @@ def test_actor_gives_way_to_a_local_foreground_app_and_restarts_on_the_other_nod
         with NpuManager(first.rt) as admin:  # npud's own account of the first grant
             story = admin.story(0, 1)
         print(f"npud {first.name}'s story of the actor's request:", story)
-        assert [d.get("what") for d in story][-2:] == ["asked to unload", "complete"]
+        # The first grant ends asked to unload, then complete. (Ray may first restart the
+        # actor on this same node, where it asks again under the same request id and is
+        # not prioritized; those events follow in the story, so look for the pair.)
+        whats = [d.get("what") for d in story]
+        assert "asked to unload" in whats, whats
+        at = whats.index("asked to unload")
+        assert whats[at:at + 2] == ["asked to unload", "complete"], whats
     finally:
         ray.kill(actor)
 
