@@ -4,8 +4,11 @@ Each section is a plain dict here; the module that owns a section reads its
 keys (``cfg.section("thermal")``). Unknown sections and unknown keys are an
 error that suggests the closest known name, so a typo (``unload_deadine_s``)
 does not silently fall back to the default: every key a section accepts is in
-``defaults.toml``. Tables under a key (a driver's ``options``, thresholds) are
-free-form or checked by their owner.
+``defaults.toml``. A value of another type than its default's is refused too, and
+one out of its key's range (config_ranges.py: ``channels = -1``). Tables under a key
+(a driver's ``options``, importance rules) are free-form or checked by their owner.
+:func:`file_problems` gives every problem of a file (``npu serve --check-config``);
+:meth:`Config.load` refuses the first.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from __future__ import annotations
 import copy
 import difflib
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from npumanager.config_ranges import range_problems
 from npumanager.errors import InvalidArgument
 
 KNOWN_SECTIONS = {"manager", "policy", "driver", "thermal", "importance", "cache", "app",
@@ -44,13 +49,12 @@ def _suggest(name: str, known: set[str] | list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def check_keys(source: str, user: dict[str, Any], defaults: dict[str, Any]) -> None:
-    """Refuse unknown sections and keys of a user config, naming the closest known one."""
+def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[str]:
+    """Unknown sections and keys of a user config, each naming the closest known one."""
     for name in user:
         if name not in KNOWN_SECTIONS:
-            raise InvalidArgument(
-                f"config file {source}: unknown section [{name}]{_suggest(name, KNOWN_SECTIONS)}"
-                f" (known: {', '.join(sorted(KNOWN_SECTIONS))})")
+            yield (f"unknown section [{name}]{_suggest(name, KNOWN_SECTIONS)}"
+                   f" (known: {', '.join(sorted(KNOWN_SECTIONS))})")
     for name, value in user.items():
         if name == "app":  # validated entry by entry by service.apps (with its own messages)
             continue
@@ -62,20 +66,17 @@ def check_keys(source: str, user: dict[str, Any], defaults: dict[str, Any]) -> N
                     continue
                 for key in entry:
                     if key not in template:
-                        raise InvalidArgument(
-                            f"config file {source}: unknown key {key!r} in [[driver]] #{i + 1}"
-                            f"{_suggest(key, set(template))} (plugin settings go in "
-                            f"[driver.options])")
+                        yield (f"unknown key {key!r} in [[driver]] #{i + 1}"
+                               f"{_suggest(key, set(template))} (plugin settings go in "
+                               f"[driver.options])")
             continue
         known = defaults.get(name)
         if not isinstance(value, dict) or not isinstance(known, dict):
             continue
         for key in value:
             if key not in known:
-                raise InvalidArgument(
-                    f"config file {source}: unknown key {key!r} in [{name}]"
-                    f"{_suggest(key, set(known))} (every key is listed in npumanager/"
-                    f"defaults.toml)")
+                yield (f"unknown key {key!r} in [{name}]{_suggest(key, set(known))} (every "
+                       f"key is listed in npumanager/defaults.toml)")
 
 
 #: Keys that take another type besides their default's: (section, key) -> the types.
@@ -112,40 +113,67 @@ def _type_error(section: str, key: str, value: Any, default: Any) -> str | None:
     return None
 
 
-def check_types(source: str, user: dict[str, Any], defaults: dict[str, Any]) -> None:
-    """Refuse a user config's values whose type is not their default's (``quiet_window_us =
+def type_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[str]:
+    """A user config's values whose type is not their default's (``quiet_window_us =
     "x"``, ``background_sched = 3``), naming the key and its section or [[driver]] entry:
-    npud refuses to start, rather than failing later in a driver host it restarts."""
+    npud refuses to start, rather than failing later in a driver host it restarts.
+    Unknown keys are :func:`key_problems`' and skipped here."""
     for name, value in user.items():
         if name == "app":  # validated entry by entry by service.apps
             continue
         if name == "driver":
             if not isinstance(value, list):
-                raise InvalidArgument(f"config file {source}: driver must be a list of "
-                                      "tables ([[driver]] entries)")
+                yield "driver must be a list of tables ([[driver]] entries)"
+                continue
             template = defaults["driver"][0]
             for i, entry in enumerate(value):
                 if not isinstance(entry, dict):
-                    raise InvalidArgument(f"config file {source}: [[driver]] #{i + 1} must "
-                                          "be a table")
+                    yield f"[[driver]] #{i + 1} must be a table"
+                    continue
                 where = f"[[driver]] #{i + 1}"
                 if isinstance(entry.get("name"), str):
                     where += f" ({entry['name']!r})"
                 for key, v in entry.items():
-                    bad = _type_error("driver", key, v, template[key])
+                    bad = _type_error("driver", key, v, template[key]) \
+                        if key in template else None
                     if bad is not None:
-                        raise InvalidArgument(f"config file {source}: {key} in {where} "
-                                              f"{bad}")
+                        yield f"{key} in {where} {bad}"
             continue
         known = defaults.get(name)
         if not isinstance(known, dict):
             continue
         if not isinstance(value, dict):
-            raise InvalidArgument(f"config file {source}: [{name}] must be a table")
+            yield f"[{name}] must be a table"
+            continue
         for key, v in value.items():
-            bad = _type_error(name, key, v, known[key])
+            bad = _type_error(name, key, v, known[key]) if key in known else None
             if bad is not None:
-                raise InvalidArgument(f"config file {source}: {key} in [{name}] {bad}")
+                yield f"{key} in [{name}] {bad}"
+
+
+def file_problems(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """Everything wrong with the config file ``path`` (not only the first), each as
+    "config file PATH: ..."; and the config it gives (defaults overlaid), None when it
+    cannot be read or parsed. Unknown keys, then wrong types, then values out of range
+    (config_ranges.py)."""
+    data = _defaults()
+    try:
+        user = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None, [f"config file {path} does not exist"]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"config file {path} cannot be read: {exc}"]
+    except tomllib.TOMLDecodeError as exc:
+        return None, [f"config file {path} is not valid TOML: {exc}"]
+    problems = [*key_problems(user, data), *type_problems(user, data)]
+    # Lists of tables ([[driver]], [[app]]) replace the defaults wholesale.
+    merged = _merge(data, user)
+    template = data["driver"][0]
+    ranged = {**merged, "driver": [_merge(template, d) if isinstance(d, dict) else d
+                                   for d in merged.get("driver", [])]
+              if isinstance(merged.get("driver"), list) else []}
+    problems += range_problems(ranged, only=user)
+    return merged, [f"config file {path}: {p}" for p in problems]
 
 
 @dataclass
@@ -174,16 +202,10 @@ class Config:
         data = _defaults()
         source = "<defaults>"
         if path is not None:
-            try:
-                user = tomllib.loads(Path(path).read_text())
-            except FileNotFoundError:
-                raise InvalidArgument(f"config file {path} does not exist") from None
-            except tomllib.TOMLDecodeError as exc:
-                raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
-            check_keys(str(path), user, data)
-            check_types(str(path), user, data)
-            # Lists of tables ([[driver]], [[app]]) replace the defaults wholesale.
-            data = _merge(data, user)
+            merged, problems = file_problems(path)
+            if problems or merged is None:
+                raise InvalidArgument(problems[0])
+            data = merged
             source = str(path)
         if overrides:
             data = _merge(data, overrides)
