@@ -254,6 +254,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("manager", "hello_timeout_s"): above(0),
     ("manager", "max_requests_per_uid"): at_least(1),
     ("manager", "unload_deadline_s"): above(0),
+    ("manager", "grant_end_ack_s"): at_least(0, " (0 = do not wait)"),
     ("manager", "adopt_grace_s"): above(0),
     ("manager", "max_queue_wait_s"): at_least(0, " (0 = no limit)"),
     ("manager", "decision_log_size"): at_least(1),

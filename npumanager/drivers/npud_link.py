@@ -160,6 +160,10 @@ class NpudLink:
         self._submit(ev.GrantEnded(stimulus_id=self._stimulus("grant-ended"),
                                    now=self.clock.now(), grant_id=msg.grant_id,
                                    revoked=msg.revoked))
+        if msg.ack and not ctx.conn.closed:
+            # Applied: the state released the grant's models under the host's lock, so
+            # no execution or burst of them starts from here on.
+            ctx.conn.push("hal.grant_end_applied", pb.GrantEnded(grant_id=msg.grant_id))
         return Empty()
 
     # --- configs, callback, manager, thermal -------------------------------------------

@@ -1,5 +1,5 @@
 """Events that change what a device may hold: the policy, a thermal status, a driver
-coming up or going down, a model's real memory.
+coming up or going down, a model's real memory, a uid's importance.
 
 Each changes one or more devices' budgets (:mod:`.budget`, via the
 :class:`~.devices.DeviceTable`), then asks the state to rebalance those devices
@@ -14,12 +14,16 @@ from typing import TYPE_CHECKING
 
 from npumanager.constants import ThermalStatus, UnloadReason
 from npumanager.errors import InvalidArgument
+from npumanager.hal.types import SchedulingConfig
+from npumanager.service import ending
 from npumanager.service import policy as pol
 from npumanager.service.events import (
     DriverDown,
     DriverUp,
+    ImportanceChanged,
     ModelMemory,
     PolicySet,
+    PushSchedulingConfigs,
     SetDriverThermal,
     ThermalChanged,
 )
@@ -49,6 +53,7 @@ def on_policy(s: ManagerState, ev: PolicySet) -> None:
             budget.hold(h.charge)
             if h.state is _U:
                 budget.unloading(h.charge)
+        ending.recharge(s, dev)
     s._decide(None, "policy", **settings.as_dict())
     s._rebalance(list(s._devices), UnloadReason.POLICY_CHANGED)
 
@@ -76,6 +81,7 @@ def on_driver_up(s: ManagerState, ev: DriverUp) -> None:
 def on_driver_down(s: ManagerState, ev: DriverDown) -> None:
     devs = s._devices.driver_down(ev.name)
     s._decide(None, "driver down", name=ev.name, devices=[d.name for d in devs])
+    ending.driver_gone(s, devs)  # its process is gone, and the ended grants' models with it
     s._rebalance(devs, UnloadReason.MEMORY_PRESSURE)
 
 
@@ -94,3 +100,36 @@ def on_model_memory(s: ManagerState, ev: ModelMemory) -> None:
     s._decide(key, "model memory", nbytes=ev.nbytes, charge=req.charge)
     if req.charge > old:
         s._enforce(req.dev, UnloadReason.MEMORY_PRESSURE)
+
+
+def on_importance(s: ManagerState, ev: ImportanceChanged) -> None:
+    """A uid's importance changed: its requests' ranks, the drivers' table, the thermal
+    rank limit, then grants."""
+    if isinstance(ev.importance, bool) or not isinstance(ev.importance, int):
+        raise InvalidArgument(f"importance must be an integer, got {ev.importance!r}")
+    if ev.importance < 0:
+        raise InvalidArgument(f"importance must be >= 0, got {ev.importance}")
+    if ev.uid == 0:
+        s._decide(None, "importance ignored", uid=0, reason="uid 0 is fixed at foreground")
+        return
+    old_app = s.app_priority(ev.uid)
+    old = s.importance(ev.uid)
+    s._importance[ev.uid] = ev.importance
+    s._decide(None, "importance", uid=ev.uid, old=old, new=ev.importance)
+    for key in s._table.of_uid(ev.uid):
+        req = s._table.requests[key]
+        new_rank = ev.importance + int(req.priority)
+        if new_rank == req.rank:
+            continue
+        if req.state.waits:
+            req.dev.unplace(req)
+            req.rank = new_rank
+            req.dev.place(req)
+        else:
+            req.rank = new_rank
+    new_app = s.app_priority(ev.uid)
+    if new_app != old_app:
+        s._emit(PushSchedulingConfigs((SchedulingConfig(uid=ev.uid, app_priority=new_app),)))
+    for dev in s._devices:
+        s._enforce(dev, UnloadReason.THERMAL)  # the capacity is unchanged: the rank limit
+        s._pump(dev)

@@ -230,7 +230,11 @@ class Daemon:
             if say:
                 decision("grant revoked" if ins.revoked else "grant ended", uid=ins.uid,
                          request_id=ins.request_id)
-            drivers.grant_ended(ins.grant_id, ins.revoked)
+            drivers.grant_ended(ins.grant_id, ins.revoked, ack=ins.ack)
+
+        def restart_driver(ins: ev.RestartDriver) -> None:
+            log.error("%s", ins.reason, extra={"driver": ins.driver})
+            drivers.restart(ins.driver, ins.reason)
 
         def ask_unload(ins: ev.AskUnload) -> None:
             decision("unload asked", uid=ins.uid, request_id=ins.request_id,
@@ -254,6 +258,7 @@ class Daemon:
             ev.IssueGrant: issue_grant,
             ev.SendComplete: complete,
             ev.EndGrant: end_grant,
+            ev.RestartDriver: restart_driver,
             ev.AskUnload: ask_unload,
             ev.ArmTimer: lambda ins: self._arm(ins.key, ins.at),
             ev.CancelTimer: lambda ins: self._disarm(ins.key),
@@ -353,6 +358,11 @@ class Daemon:
         if 0 <= n < len(names) and (names[n] == driver or names[n].startswith(driver + ":")):
             return names[n]
         return driver if driver in names else None
+
+    def grant_end_applied(self, driver: str, grant_id: str) -> None:
+        """``driver`` released the models of an ended grant (service/ending.py)."""
+        self.submit_quietly(ev.GrantEndApplied(stimulus_id=self.stimulus("grant-end-applied"),
+                                               now=self.clock.now(), grant_id=grant_id))
 
     def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None:
         self.submit_quietly(ev.ModelMemory(stimulus_id=self.stimulus("model-memory"),

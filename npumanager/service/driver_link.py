@@ -27,6 +27,7 @@ class DriverEvents(Protocol):
     def driver_down(self, name: str, reason: str) -> None: ...
     def work_ended(self, driver: str, info: WorkInfo, reason: EndReason) -> None: ...
     def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None: ...
+    def grant_end_applied(self, driver: str, grant_id: str) -> None: ...
 
 
 class DriverControl(Protocol):
@@ -46,7 +47,12 @@ class DriverControl(Protocol):
     def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
         """A grant valid on ``device`` only (its driver alone is told; "": every driver)."""
         ...
-    def grant_ended(self, grant_id: str, revoked: bool) -> None: ...
+    def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
+        """``ack``: the driver reports ``grant_end_applied`` once it released the models."""
+        ...
+    def restart(self, driver: str, reason: str) -> None:
+        """Kill driver ``driver`` (hung: ``reason``); it is restarted as after a crash."""
+        ...
     def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
         """The machine's thermal status (``device`` "") or one device's own."""
         ...
@@ -79,7 +85,10 @@ class NoDrivers:
     def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
         pass
 
-    def grant_ended(self, grant_id: str, revoked: bool) -> None:
+    def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
+        pass
+
+    def restart(self, driver: str, reason: str) -> None:
         pass
 
     def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
@@ -116,6 +125,10 @@ def event_handlers(name: str, events: DriverEvents) -> dict[str, object]:
         if cache_hook is not None and result in ("hit", "miss", "rejected", "fleet"):
             cache_hook(name, result)
 
+    def on_end_applied(ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+        events.grant_end_applied(name, pb.GrantEnded.FromString(payload).grant_id)
+
     def on_memory(ctx: CallContext, payload: bytes) -> None:
         close_fds(ctx.fds)
         msg = pb.ModelMemory.FromString(payload)
@@ -123,4 +136,5 @@ def event_handlers(name: str, events: DriverEvents) -> dict[str, object]:
 
     return {"hal.on_work_requested": ignore, "hal.on_work_started": on_started,
             "hal.on_work_ended": on_ended, "hal.model_memory": on_memory,
-            "hal.cache_result": on_cache, "goodbye": ignore}
+            "hal.cache_result": on_cache, "hal.grant_end_applied": on_end_applied,
+            "goodbye": ignore}

@@ -136,6 +136,14 @@ class DriverDown(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class GrantEndApplied(Event):
+    """A driver acknowledged an ``EndGrant(ack=True)``: it released the grant's models and
+    refuses its bursts (:mod:`.ending`)."""
+
+    grant_id: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelMemory(Event):
     """A driver reports the real memory of a model prepared under ``grant_id``."""
 
@@ -236,12 +244,24 @@ class SendComplete(Instruction):
 
 @dataclass(frozen=True, slots=True)
 class EndGrant(Instruction):
-    """The grant is over; ``revoked`` means the driver must release its models now."""
+    """The grant is over; ``revoked`` means the driver must release its models now.
+    ``ack``: the state waits for the driver's ``GrantEndApplied`` before it answers the app
+    and frees the memory (:mod:`.ending`)."""
 
     grant_id: str
     uid: int
     request_id: int
     revoked: bool
+    ack: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDriver(Instruction):
+    """Driver ``driver`` is hung (it did not acknowledge the end of a grant in time): kill
+    it and let the supervisor restart it, as after a crash."""
+
+    driver: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

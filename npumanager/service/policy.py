@@ -247,6 +247,9 @@ class ManagerParams:
 
     policy: PolicySettings = field(default_factory=PolicySettings)
     unload_deadline_s: float = 5.0
+    #: How long an ended grant waits for its driver to apply the end (service/ending.py)
+    #: before the driver is restarted as hung; 0: nobody waits (the end is fire and forget).
+    grant_end_ack_s: float = 10.0
     #: After an npud restart: how long grants a driver still holds wait for their client.
     adopt_grace_s: float = 5.0
     max_queue_wait_s: float = 0.0  # 0 = none
@@ -321,6 +324,8 @@ class ManagerParams:
         return cls(
             policy=settings,
             unload_deadline_s=deadline,
+            grant_end_ack_s=_non_negative_float("grant_end_ack_s",
+                                                man.get("grant_end_ack_s", 10.0)),
             adopt_grace_s=_positive_float("adopt_grace_s", man.get("adopt_grace_s", 5.0)),
             max_queue_wait_s=max_wait,
             decision_log_size=_positive("decision_log_size", man.get("decision_log_size", 10000)),
@@ -339,6 +344,12 @@ class ManagerParams:
 def _positive_float(name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
         raise InvalidArgument(f"{name} must be a number > 0, got {v!r}")
+    return float(v)
+
+
+def _non_negative_float(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+        raise InvalidArgument(f"{name} must be a number >= 0, got {v!r}")
     return float(v)
 
 

@@ -73,7 +73,7 @@ from npumanager.constants import (
 )
 from npumanager.errors import InvalidArgument
 from npumanager.hal.types import EndReason, SchedulingConfig
-from npumanager.service import adoption, capacity
+from npumanager.service import adoption, capacity, ending
 from npumanager.service import policy as pol
 from npumanager.service.decisions import DecisionLog
 from npumanager.service.devices import Device, DeviceTable
@@ -90,6 +90,7 @@ from npumanager.service.events import (
     DriverUp,
     EndGrant,
     Event,
+    GrantEndApplied,
     HeldGrant,
     ImportanceChanged,
     Instruction,
@@ -98,7 +99,6 @@ from npumanager.service.events import (
     ModelMemory,
     ModelUnloaded,
     PolicySet,
-    PushSchedulingConfigs,
     RequestKey,
     RequestLoad,
     SendCanLoad,
@@ -168,6 +168,8 @@ class ManagerState:
         #: them closes (:mod:`.adoption`); while any wait, nothing new is granted.
         self._held: dict[str, HeldGrant] = {}
         self._adopt_until: float | None = None
+        #: Ended grants whose driver has not applied the end yet (:mod:`.ending`).
+        self._ending: dict[str, ending.Ending] = {}
 
     # --- public reads ---------------------------------------------------------
 
@@ -329,39 +331,10 @@ class ManagerState:
             touched.add(req.dev)
             self._finish(req, None)
         table.forget_conn(ev.conn)
+        ending.client_gone(self, ev.conn)
         for dev in self._devices:
             if dev in touched:
                 self._pump(dev)
-
-    def _on_importance(self, ev: ImportanceChanged) -> None:
-        if isinstance(ev.importance, bool) or not isinstance(ev.importance, int):
-            raise InvalidArgument(f"importance must be an integer, got {ev.importance!r}")
-        if ev.importance < 0:
-            raise InvalidArgument(f"importance must be >= 0, got {ev.importance}")
-        if ev.uid == 0:
-            self._decide(None, "importance ignored", uid=0, reason="uid 0 is fixed at foreground")
-            return
-        old_app = self.app_priority(ev.uid)
-        old = self.importance(ev.uid)
-        self._importance[ev.uid] = ev.importance
-        self._decide(None, "importance", uid=ev.uid, old=old, new=ev.importance)
-        for key in self._table.of_uid(ev.uid):
-            req = self._table.requests[key]
-            new_rank = ev.importance + int(req.priority)
-            if new_rank == req.rank:
-                continue
-            if req.state.waits:
-                req.dev.unplace(req)
-                req.rank = new_rank
-                req.dev.place(req)
-            else:
-                req.rank = new_rank
-        new_app = self.app_priority(ev.uid)
-        if new_app != old_app:
-            self._emit(PushSchedulingConfigs((SchedulingConfig(uid=ev.uid, app_priority=new_app),)))
-        for dev in self._devices:
-            self._enforce(dev, UnloadReason.THERMAL)  # the capacity is unchanged: the rank limit
-            self._pump(dev)
 
     def _on_work_ended(self, ev: WorkEnded) -> None:
         if ev.reason != EndReason.COMPLETED:
@@ -382,6 +355,9 @@ class ManagerState:
     def _on_timer(self, ev: TimerFired) -> None:
         if ev.key == adoption.ADOPT_TIMER:
             adoption.on_adopt_timer(self, ev)
+            return
+        if ev.key.startswith(ending.TIMER_PREFIX):
+            ending.on_timer(self, ev)
             return
         key = self._table.timers.get(ev.key)
         if key is None:
@@ -413,7 +389,7 @@ class ManagerState:
         ModelLoaded: _on_loaded,
         ModelUnloaded: _on_unloaded,
         ClientGone: _on_client_gone,
-        ImportanceChanged: _on_importance,
+        ImportanceChanged: capacity.on_importance,
         PolicySet: capacity.on_policy,
         WorkEnded: _on_work_ended,
         ThermalChanged: capacity.on_thermal,
@@ -423,6 +399,7 @@ class ManagerState:
         ModelMemory: capacity.on_model_memory,
         DriverHeld: adoption.on_driver_held,
         ClaimRequest: adoption.on_claim,
+        GrantEndApplied: ending.on_applied,
     }
 
     # --- the rules --------------------------------------------------------------
@@ -529,16 +506,25 @@ class ManagerState:
             req.dev.unplace(req)
         uid, rid = req.key
         dev = req.dev
+        deferred = False
         if state in _HOLDS:
             grant_id = self._table.remove_holder(req)
             del dev.holders[req.key]
-            dev.budget.release(req.charge, unloading=state is _U)
-            self._emit(EndGrant(grant_id, uid, rid, revoked=status is RequestStatus.REVOKED))
-        if status is not None:
+            # While its driver is up, the memory is free and the app answered only once the
+            # driver applied the end (service/ending.py).
+            deferred = ending.begin(self, req, grant_id, status, unloading=state is _U)
+            if not deferred:
+                dev.budget.release(req.charge, unloading=state is _U)
+                self._emit(EndGrant(grant_id, uid, rid,
+                                    revoked=status is RequestStatus.REVOKED))
+        if status is not None and not deferred:
             self._emit(SendComplete(req.conn, uid, rid, status, dev.name))
         self._table.remove(req)
         what = _ENDED[status] if status is not None else "dropped (client gone)"
-        self._decide(req.key, what, was=state.value)
+        if deferred:  # the answer goes out once the driver applied the end (ending.py)
+            self._decide(req.key, what, was=state.value, answer_after="the driver's ack")
+        else:
+            self._decide(req.key, what, was=state.value)
 
     def _arm(self, req: ManagedRequest, kind: str, at: float) -> None:
         name = f"{kind}:{req.uid}:{req.request_id}:{req.seq}"

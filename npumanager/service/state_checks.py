@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from npumanager.constants import LoadStatus
+from npumanager.service import ending
 from npumanager.service import policy as pol
 from npumanager.service.events import (
     AskUnload,
@@ -141,9 +142,11 @@ def validate_state(s: ManagerState) -> None:
             assert r.dev is dev, f"{r.key} of {r.dev.name} queued on {dev.name}"
         queued += len(dev.queue) + len(dev.parked)
         # 2. sums and charges
-        used = sum(h.charge for h in dev.holders.values())
+        # Ended grants whose driver has not applied the end still hold, being freed.
+        still = ending.sums(s, dev)
+        used = sum(h.charge for h in dev.holders.values()) + still
         freeing = sum(h.charge for h in dev.holders.values()
-                      if h.state is RequestState.UNLOAD_REQUESTED)
+                      if h.state is RequestState.UNLOAD_REQUESTED) + still
         assert (used, freeing) == (b.used, b.freeing), (
             f"{dev.name}: budget sums drifted: used {b.used} (really {used}), freeing "
             f"{b.freeing} ({freeing})"
@@ -163,6 +166,9 @@ def validate_state(s: ManagerState) -> None:
             assert not b.fits(b.charge(head)), (
                 f"{dev.name}: queue head {head.key} fits but was not granted")
     assert waiting == queued, "waiters are not all queued or parked"
+    for g, e in s._ending.items():
+        assert g not in t.grants and e.req.key not in t.holders, f"grant {g[:8]} live and ending"
+        assert e.req.charge == e.dev.budget.charge(e.req), f"ending {g[:8]}: stale charge"
     # 6. timers
     for name, key in t.timers.items():
         assert key in reqs, f"timer {name} names dead request {key}"
@@ -260,8 +266,11 @@ def dump_state(s: ManagerState, now: float) -> dict[str, Any]:
                    for r in sorted(d.parked.values(), key=lambda r: r.seq)],
         "counts": s._table.counts(),
         "drivers": drivers,
+        # Ended grants whose driver has not applied the end yet (their memory is not free).
+        "ending": ending.dump(s, now),
         "params": {
             "unload_deadline_s": s.params.unload_deadline_s,
+            "grant_end_ack_s": s.params.grant_end_ack_s,
             "max_queue_wait_s": s.params.max_queue_wait_s,
             "max_requests_per_uid": s.params.max_requests_per_uid,
             "default_importance": s.params.default_importance,

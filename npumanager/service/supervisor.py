@@ -17,6 +17,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -168,14 +170,31 @@ class DriverSupervisor:
         else:
             self._push(slot, "hal.grant_issued", msg)
 
-    def grant_ended(self, grant_id: str, revoked: bool) -> None:
+    def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         entry = self.grants.pop(grant_id, None)
-        msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked)
+        msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked, ack=ack)
         slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None
         if slot is None:
             self._push_all("hal.grant_ended", msg)
         else:
             self._push(slot, "hal.grant_ended", msg)
+
+    def restart(self, driver: str, reason: str) -> None:
+        """Kill the host serving ``driver`` now (SIGKILL: a hung host may not handle
+        SIGTERM); its watch sees it exit, reports it down and restarts it with back-off."""
+        slot = self.driver_of(driver)
+        if slot is None or not slot.up:
+            return
+        leader = slot.leader or slot
+        leader.last_exit = reason
+        if leader.proc is not None:
+            leader.proc.kill()
+        elif leader.adopted_pid > 0:
+            with contextlib.suppress(OSError):  # gone already
+                os.kill(leader.adopted_pid, signal.SIGKILL)
+        for s in leader.group or [leader]:
+            if s.conn is not None:
+                s.conn.close()  # its watch ends now, whatever the process does
 
     def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
         """The machine's status (``device`` ""), or one device's own: each driver holds
@@ -546,9 +565,6 @@ class DriverSupervisor:
             return
         pid, slot.adopted_pid = slot.adopted_pid, 0
         if pid > 0:
-            import os
-            import signal
-
             with contextlib.suppress(OSError):  # gone already, or not ours to signal
                 os.kill(pid, signal.SIGTERM)
         proc, slot.proc = slot.proc, None

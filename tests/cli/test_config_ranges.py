@@ -27,6 +27,7 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("manager", "hello_timeout_s"): (0, "must be > 0, not 0"),
     ("manager", "max_requests_per_uid"): (0, "must be >= 1, not 0"),
     ("manager", "unload_deadline_s"): (-1.0, "must be > 0, not -1.0"),
+    ("manager", "grant_end_ack_s"): (-1.0, "must be >= 0 (0 = do not wait), not -1.0"),
     ("manager", "adopt_grace_s"): (0.0, "must be > 0, not 0.0"),
     ("manager", "max_queue_wait_s"): (-5, "must be >= 0 (0 = no limit), not -5"),
     ("manager", "decision_log_size"): (0, "must be >= 1, not 0"),

@@ -59,6 +59,9 @@ class Events:
     def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None:
         self._add("memory", (grant_id, nbytes))
 
+    def grant_end_applied(self, driver: str, grant_id: str) -> None:
+        pass
+
     def work_started(self, driver: str, info: WorkInfo) -> None:
         self._add("started", info)
 

@@ -35,7 +35,9 @@ class Life:
     """What the checker knows about one incarnation of a request key."""
 
     conn: int
-    phase: str = "new"  # new, waiting, granting, granted, asked, grant_ended, ended
+    #: new, waiting, granting, granted, asked, grant_ended, grant_ending (its driver has not
+    #: applied the end: the app's answer waits), ended
+    phase: str = "new"
     grant: str | None = None
     asked: bool = False
     revoked_grant: bool = False
@@ -72,7 +74,8 @@ class StreamChecker:
         if isinstance(event, ev.ClientGone):
             for key, life in self.lives.items():
                 if life.conn == event.conn and life.phase != "ended":
-                    assert life.grant is None or life.phase == "grant_ended", (
+                    assert life.grant is None or life.phase in ("grant_ended",
+                                                                "grant_ending"), (
                         f"{key}: client gone but its grant was not ended"
                     )
                     life.phase = "ended"
@@ -86,7 +89,7 @@ class StreamChecker:
     def _one(self, ins: ev.Instruction) -> None:
         if isinstance(ins, ev.ArmTimer | ev.CancelTimer | ev.PushSchedulingConfigs):
             return
-        if isinstance(ins, ev.SetDriverThermal):
+        if isinstance(ins, ev.SetDriverThermal | ev.RestartDriver):
             return
         assert isinstance(
             ins, ev.SendCanLoad | ev.IssueGrant | ev.AskUnload | ev.EndGrant | ev.SendComplete
@@ -132,7 +135,7 @@ class StreamChecker:
             )
             self.grants_live.discard(ins.grant_id)
             life.revoked_grant = ins.revoked
-            life.phase = "grant_ended"
+            life.phase = "grant_ending" if ins.ack else "grant_ended"
         elif isinstance(ins, ev.SendComplete):
             if life.phase == "claimed":
                 assert ins.status == RequestStatus.REVOKED, f"{key}: refused claim {ins}"
@@ -141,7 +144,8 @@ class StreamChecker:
                 self.ended.append((key, life))
                 return
             if life.grant is not None:
-                assert life.phase == "grant_ended", f"{key}: completed with its grant live"
+                assert life.phase in ("grant_ended", "grant_ending"), (
+                    f"{key}: completed with its grant live")
                 assert life.revoked_grant == (ins.status == RequestStatus.REVOKED), (
                     f"{key}: EndGrant(revoked={life.revoked_grant}) with {ins.status.name}"
                 )
@@ -157,7 +161,8 @@ class StreamChecker:
     def check_against(self, state: ManagerState) -> None:
         for key, life in self.lives.items():
             live = state.request_state(*key) is not None
-            assert live == (life.phase != "ended"), f"{key}: checker {life.phase}, state {live}"
+            assert live == (life.phase not in ("ended", "grant_ending")), (
+                f"{key}: checker {life.phase}, state {live}")
         assert self.grants_live == {g for g, _, _ in state.live_grants()}
 
 
@@ -167,7 +172,7 @@ class Harness:
     ``drivers``: the configured drivers (each a placeholder device until it reports)."""
 
     def __init__(self, params: ManagerParams | None = None, *, policy: Any = None,
-                 drivers: tuple[str, ...] = ()) -> None:
+                 drivers: tuple[str, ...] = (), auto_ack: bool = True) -> None:
         counter = itertools.count(1)
         if policy is not None:
             params = (params or ManagerParams()).with_policy(policy)
@@ -179,9 +184,24 @@ class Harness:
         self.timers: dict[str, float] = {}
         self._sid = itertools.count(1)
         self.log: list[tuple[ev.Event, list[ev.Instruction]]] = []
+        #: Every EndGrant(ack=True) is acknowledged by its driver at once, in the same step
+        #: (the outputs of both events are returned together). False: a test acks (``ack``).
+        self.auto_ack = auto_ack
 
     # --- plumbing
     def handle(self, event: ev.Event) -> list[ev.Instruction]:
+        out = self._handle(event)
+        if self.auto_ack:
+            for ins in list(out):
+                if isinstance(ins, ev.EndGrant) and ins.ack:
+                    out += self._handle(self.mk(ev.GrantEndApplied, grant_id=ins.grant_id))
+        return out
+
+    def ack(self, grant_id: str) -> list[ev.Instruction]:
+        """The driver applied the end of ``grant_id``."""
+        return self.handle(self.mk(ev.GrantEndApplied, grant_id=grant_id))
+
+    def _handle(self, event: ev.Event) -> list[ev.Instruction]:
         out = self.state.handle(event)
         self.state.validate()
         self.checker.feed(event, out)

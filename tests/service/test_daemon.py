@@ -47,7 +47,7 @@ class RecordingDrivers(NoDrivers):
     def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
         self.log.append(("driver.grant_issued", request_id, grant_id, device))
 
-    def grant_ended(self, grant_id: str, revoked: bool) -> None:
+    def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         self.log.append(("driver.grant_ended", grant_id, revoked))
 
     def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:

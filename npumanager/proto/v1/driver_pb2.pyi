@@ -108,12 +108,14 @@ class GrantIssued(_message.Message):
     def __init__(self, uid: _Optional[int] = ..., request_id: _Optional[int] = ..., grant_id: _Optional[str] = ...) -> None: ...
 
 class GrantEnded(_message.Message):
-    __slots__ = ("grant_id", "revoked")
+    __slots__ = ("grant_id", "revoked", "ack")
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     grant_id: str
     revoked: bool
-    def __init__(self, grant_id: _Optional[str] = ..., revoked: _Optional[bool] = ...) -> None: ...
+    ack: bool
+    def __init__(self, grant_id: _Optional[str] = ..., revoked: _Optional[bool] = ..., ack: _Optional[bool] = ...) -> None: ...
 
 class ModelMemory(_message.Message):
     __slots__ = ("grant_id", "nbytes")

@@ -42,6 +42,9 @@ class _Events:
     def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None:
         pass
 
+    def grant_end_applied(self, driver: str, grant_id: str) -> None:
+        pass
+
     def wait_ups(self, n: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         with self.cond:
