@@ -73,11 +73,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-bursts": {"bursts": False},
     # The embedder's back-to-back batches one RPC each instead of through a burst (an
     # app-side choice; bursts are the default since bursts got cheaper: 510c360).
-    "embedder-no-burst": {"batch_bursts": False},
-    # The embedder keeps two batches in flight (two threads, a burst each): its next
-    # batch waits queued in the driver instead of behind its round trip (an app-side
-    # choice; unmanaged, the embedder stays one thread).
-    "embedder-2-in-flight": {"embedder_inflight": 2},
+    "embedder-no-burst": {"batch_bursts": False, "embedder_inflight": 1},
+    # The embedder's batches one at a time (a loop of burst executions) instead of two
+    # in flight through the SDK's pipeline (nn/pipeline.py, the default here), where its
+    # next batch waits queued in the driver instead of behind its round trip.
+    # Unmanaged, the embedder is one loop of session.run either way.
+    "embedder-1-in-flight": {"embedder_inflight": 1},
     # The driver host's GIL switch interval: 0.5 ms instead of Python's 5 ms, so a thread
     # serving a foreground execution asks a background thread for the GIL sooner.
     "switch-0.5ms": {"switch_interval_us": 500},
@@ -86,6 +87,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "quiet-2ms": {"quiet_window_us": 2000},
     "quiet-1ms": {"quiet_window_us": 1000},
     "quiet-off": {"quiet_window_us": 0},  # (the defaults before the window)
+    # The window holds background compiles too (drivers/load_hold.py): the compile child
+    # is stopped (SIGSTOP) around the camera's frames instead of running through them at
+    # SCHED_IDLE only.
+    "load-hold": {"hold_loads": True},
     # Fair share among background apps (drivers/share.py): the uid over its share of
     # background time runs at SCHED_IDLE, the others at nice 19 (they preempt it).
     "share-19": {"background_sched": "share", "background_nice": 19},
@@ -123,7 +128,7 @@ def main() -> int:
         knobs = dict(VARIANTS.get(name, {}))
         bursts = bool(knobs.pop("bursts", True))
         batch_bursts = bool(knobs.pop("batch_bursts", True))
-        inflight = int(knobs.pop("embedder_inflight", 1))
+        inflight = int(knobs.pop("embedder_inflight", 2))
         cfg = driver_config(**knobs) if managed else None
         run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
                             batch_bursts=batch_bursts, embedder_inflight=inflight,

@@ -112,7 +112,8 @@ class RunResult:
     load_pos: list[float] = field(default_factory=list)
     #: Work done over the whole run (decode jobs, embedder batches), in or out of windows.
     work_done: dict[str, int] = field(default_factory=dict)
-    #: The embedder's streams that delivered batches (its executions in flight at once).
+    #: The embedder's executions in flight at once (threads that delivered batches, or
+    #: its pipeline's depth).
     streams: int = 0
     mem_peak_mib: float = float("nan")  # whole machine, above the idle level before the run
     rss_peak_mib: float = float("nan")  # the processes this run started, summed
@@ -212,10 +213,13 @@ class ContentionRun:
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
                  log: Any = None, bursts: bool = True, batch_bursts: bool = True,
-                 embedder_inflight: int = 1) -> None:
+                 embedder_inflight: int = 2) -> None:
         self.name = name
-        #: The embedder's executions in flight at once (BenchApp.inflight).
-        self.embedder_inflight = embedder_inflight
+        #: The managed embedder's executions in flight at once (BenchApp.inflight: the
+        #: SDK's pipeline, two by default, as an app would write its batch loop with the
+        #: SDK); unmanaged, the embedder is one loop of session.run (ONNX Runtime's own
+        #: two intra-op threads per run).
+        self.embedder_inflight = embedder_inflight if managed else 1
         #: Managed camera and voice execute through bursts (model.burst()).
         self.bursts = bursts
         #: The managed embedder's batches too (one burst instead of an RPC a batch), as an
@@ -369,7 +373,9 @@ class ContentionRun:
         frames = ev.find("camera", "frame")
         r.work_done = {"decode": len(ev.find("llm", "decode")),
                        "batch": len(ev.find("embedder", "batch"))}
-        r.streams = len({e.get("stream", 0) for e in ev.find("embedder", "batch")})
+        batches = ev.find("embedder", "batch")
+        r.streams = max([len({e.get("stream", 0) for e in batches}),
+                         *[int(e.get("inflight", 1)) for e in batches]])
         for name in ("alone", "contended"):
             if name in self.windows:
                 a, b = self.windows[name]

@@ -117,6 +117,29 @@ class CompileWorker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self.started = 0  # children started so far (tests, stats)
+        #: Whether the child is stopped (``hold``); its own lock: ``_lock`` is held for a
+        #: whole compile, and the hold comes from the loop or a burst thread meanwhile.
+        self._hold_lock = threading.Lock()
+        self.stopped = False
+        self.stops = 0  # SIGSTOPs sent (tests, stats)
+
+    def hold(self, stop: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) the child: the quiet window around
+        foreground frames for a compile (.load_hold). The state bounds each stop and
+        continues the child after it."""
+        with self._hold_lock:
+            if stop == self.stopped:
+                return
+            self.stopped = stop
+            proc = self._proc
+            if proc is None or proc.returncode is not None:
+                return
+            try:
+                os.kill(proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            if stop:
+                self.stops += 1
 
     @property
     def pid(self) -> int | None:
@@ -128,8 +151,12 @@ class CompileWorker:
             argv = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m",
                     "npumanager.drivers.compile_worker", str(child.fileno()), self.sched,
                     str(self.nice)]
-            self._proc = subprocess.Popen(argv, pass_fds=[child.fileno()],
-                                          stdin=subprocess.DEVNULL, close_fds=True)
+            proc = subprocess.Popen(argv, pass_fds=[child.fileno()],
+                                    stdin=subprocess.DEVNULL, close_fds=True)
+            with self._hold_lock:
+                self._proc = proc
+                if self.stopped:  # started during a hold: it waits for the continue too
+                    os.kill(proc.pid, signal.SIGSTOP)
         except BaseException:
             parent.close()
             raise
@@ -139,7 +166,13 @@ class CompileWorker:
         self.started += 1
 
     def _stop(self) -> None:
-        sock, proc, self._sock, self._proc = self._sock, self._proc, None, None
+        with self._hold_lock:
+            sock, proc, self._sock, self._proc = self._sock, self._proc, None, None
+            if proc is not None and self.stopped:
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)  # to read its EOF and exit
+                except ProcessLookupError:
+                    pass
         if sock is not None:
             sock.close()  # the child reads EOF and exits
         if proc is not None:

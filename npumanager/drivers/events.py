@@ -309,6 +309,14 @@ class GraceExpired(Instruction):
 
 
 @dataclass(slots=True)
+class HoldLoads(Instruction):
+    """Stop (``stop``) or continue the background compiles in flight (.load_hold); the
+    shell does it from whichever thread carries this out."""
+
+    stop: bool
+
+
+@dataclass(slots=True)
 class ArmTimer(Instruction):
     """Deliver ``TimerFired(key)`` at ``at`` (re-arming a key replaces it)."""
 

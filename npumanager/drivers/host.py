@@ -116,6 +116,8 @@ class DriverHost:
         self.res = HostResources(self.runner, self.exec_stats, self.clock, self.npud,
                                  self._step_finished, self._on_timer, self.lock)
         self.res.burst_step_done = self._burst_step_done
+        if self.preparer.worker is not None:
+            self.res.hold_loads = self.preparer.worker.hold
         self.bursts = Bursts(self)
         self.res.pool_closing = self.bursts.forget_pool
         #: Set once npud went away and no manager attached again within the orphan grace
@@ -255,6 +257,12 @@ class DriverHost:
             # The caller's own place in the scheduling table (only its own: another uid's
             # importance is not its business), so an app can see why it runs as it does.
             mine = self.state.config(ctx.peer.uid)
+            lh = self.state.load_hold
+            # Background compiles stopped around foreground frames (.load_hold).
+            hold = None if lh is None else {
+                "stops": lh.stops, "stopped_s": round(lh.stopped_s, 4),
+                "longest_ms": round(lh.longest_s * 1000, 3),
+                "signalled": self.preparer.worker.stops if self.preparer.worker else 0}
             me = {"uid": ctx.peer.uid, "app_priority": mine.app_priority,
                   "class": self.state.model_class(ctx.peer.uid).value}
             # What each model's backend was told (OpenVINO: the priority variants made
@@ -274,7 +282,7 @@ class DriverHost:
                            "orphaned_s": None if orphaned is None
                            else round(self.clock.now() - orphaned, 3),
                            "backend": backend,
-                           "caller": me,
+                           "caller": me, "load_hold": hold,
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:

@@ -69,7 +69,7 @@ def params_from(hc: HostConfig) -> DriverParams:
                         foreground_priority=hc.foreground_priority,
                         reserved_channels=hc.reserved_channels,
                         background_threads=hc.background_sched != "normal",
-                        quiet_window_us=hc.quiet_window_us,
+                        quiet_window_us=hc.quiet_window_us, hold_loads=hc.hold_loads,
                         background_share=hc.background_sched == "share")
 
 

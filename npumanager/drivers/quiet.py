@@ -134,6 +134,31 @@ class QuietWindow:
                 end = due + x if end is None else min(end, due + x)
         return end
 
+    def next_hold(self, now: float, running: Collection[Hashable]) -> float | None:
+        """When the window around a paced stream's next frame opens (``due - X``, at
+        least ``now``): from then on even a step of no length is held. None: no stream
+        is paced (or every paced one stopped). Streams in ``running`` are left out:
+        their frame's end, an event, comes first."""
+        x = self.window_s
+        at: float | None = None
+        for key, pace in self.streams.items():
+            period = pace.period
+            if period is None or key in running:
+                continue
+            due = pace.last + period
+            if now >= due + x:
+                due += period
+                if now >= due + x:
+                    continue
+            opens = max(now, due - x)
+            at = opens if at is None else min(at, opens)
+        return at
+
+    def period(self) -> float | None:
+        """The shortest period among the paced streams (None: none is paced)."""
+        periods = [p.period for p in self.streams.values() if p.period is not None]
+        return min(periods) if periods else None
+
     def held(self, now: float, run_s: float, running: Collection[Hashable]) -> bool:
         """Whether a background step expected to take ``run_s`` must not start at ``now``;
         the earliest finite hold end met since ``wake_at`` was last cleared goes there."""

@@ -36,6 +36,8 @@ class DriverParams:
     background_threads: bool = False
     #: The quiet window around paced foreground frames in µs (:mod:`.quiet`; 0: off).
     quiet_window_us: float = 0.0
+    #: The window stops background compiles around the same frames (:mod:`.load_hold`).
+    hold_loads: bool = False
     #: Fair share among background uids (:mod:`.share`): steps of a uid over its share
     #: are marked ``RunStep.yields`` (the shell's background_sched = "share").
     background_share: bool = False
@@ -74,6 +76,8 @@ class PrepareRecord:
     conn: int
     uid: int
     nbytes: int
+    #: The preparing uid's models are BACKGROUND (their compile may be held: .load_hold).
+    background: bool = False
 
 
 @dataclass(eq=False, slots=True)

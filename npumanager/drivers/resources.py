@@ -76,6 +76,9 @@ class HostResources:
         #: Called on the worker thread when a step of a burst execution ends there (the
         #: host submits it from that thread; None: through the loop like any step).
         self.burst_step_done: Callable[[Execution, str | None, float], None] | None = None
+        #: Stops (True) or continues the background compiles in flight (.load_hold; the
+        #: host sets it when it has a compile worker). Safe from any thread.
+        self.hold_loads: Callable[[bool], None] = lambda stop: None
         #: Called (the lock held) right before a pool closes, with its id.
         self.pool_closing: Callable[[int], None] | None = None
         self._runners: dict[type, Callable[[Any], None]] = {
@@ -90,6 +93,7 @@ class HostResources:
             ev.ClosePool: self._close_pool,
             ev.ArmTimer: self._arm_timer,
             ev.CancelTimer: self._cancel_timer,
+            ev.HoldLoads: lambda ins: self.hold_loads(ins.stop),
             ev.GraceExpired: npud.grace_expired,
         }
 
@@ -137,8 +141,8 @@ class HostResources:
                 if not ins.inline:
                     now.append(ins)  # runner.start: a worker thread
                     continue
-            elif kind is ev.AbortStep:
-                now.append(ins)
+            elif kind is ev.AbortStep or kind is ev.HoldLoads:
+                now.append(ins)  # (a continue of a stopped compile waits for no loop)
                 continue
             elif kind is ev.FinishJob:
                 assert isinstance(ins, ev.FinishJob)

@@ -55,6 +55,7 @@ from npumanager.drivers.configs import SchedulingConfigs
 from npumanager.drivers.debounce import Debouncer
 from npumanager.drivers.decisions import DecisionLog
 from npumanager.drivers.events import JobState, WorkKind
+from npumanager.drivers.load_hold import LOAD_TIMER, LoadHold, LoadHoldRules
 from npumanager.drivers.quiet import QuietWindow
 from npumanager.drivers.records import (
     ClientRecord,
@@ -82,7 +83,7 @@ __all__ = ["ORPHAN_TIMER", "DriverParams", "DriverState", "GrantCheck"]
 DEBOUNCE_TIMER = "debounce"
 QUIET_TIMER = "quiet"
 #: Timers that change nothing an execute request's checks read (see ``_NEUTRAL``).
-_NEUTRAL_TIMERS = frozenset({DEBOUNCE_TIMER, QUIET_TIMER})
+_NEUTRAL_TIMERS = frozenset({DEBOUNCE_TIMER, QUIET_TIMER, LOAD_TIMER})
 _QUEUED, _RUNNING, _PAUSED = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED
 _REQUESTED, _STARTED, _ENDED = WorkKind.REQUESTED, WorkKind.STARTED, WorkKind.ENDED
 #: (an Enum's ``name`` is a property: two Python calls on every job's end)
@@ -97,7 +98,7 @@ _NEUTRAL = frozenset({ev.ExecuteRequested, ev.StepFinished, ev.PoolRegistered,
                       ev.ClientConnected, ev.ModelPrepared, ev.GrantIssued})
 
 
-class DriverState(ModelRules, FastAdmission):
+class DriverState(ModelRules, FastAdmission, LoadHoldRules):
     """The driver host's whole state; see the module docstring for the rules (grants,
     prepares, models and the manager link: :class:`~.state_models.ModelRules`)."""
 
@@ -133,6 +134,8 @@ class DriverState(ModelRules, FastAdmission):
         #: its timer is armed to look at held background work again.
         self.quiet = QuietWindow(p.quiet_window_us / 1e6) if p.quiet_window_us > 0 else None
         self._quiet_at: float | None = None
+        #: Background compiles stopped around the same frames (.load_hold).
+        self.load_hold = LoadHold(self.quiet) if self.quiet and p.hold_loads else None
         #: Fair share among background uids (.share; None: off).
         self.share = BackgroundShare() if p.background_share else None
         self._log = DecisionLog(p.decision_log_size)
@@ -180,6 +183,8 @@ class DriverState(ModelRules, FastAdmission):
             self._handlers[kind](event)
             if self._debounce.next_deadline() is not None:
                 self._sync_timer()
+            if self.load_hold is not None:
+                self._sync_load_hold(event.now)
         finally:
             self._ev = None
         return out
@@ -445,6 +450,9 @@ class DriverState(ModelRules, FastAdmission):
         if e.key == QUIET_TIMER:
             self._quiet_at = None
             self._dispatch()
+            return
+        if e.key == LOAD_TIMER:
+            self._load_at = None  # (handle() decides the hold after every event)
             return
         if e.key != DEBOUNCE_TIMER:
             return

@@ -51,6 +51,11 @@ def validate_driver_state(s: DriverState) -> None:
             1 for j in q.running.values() if j.cls is ExecClass.BACKGROUND)
         waiting = [j for j in waiting if j.cls is ExecClass.FOREGROUND or bg_room > 0]
     assert not (waiting and q.free()), f"{q.free()} channels free while {waiting} wait"
+    hold = s.load_hold
+    if hold is not None and hold.stopped_at is not None:
+        # A stopped compile is continued by a timer at the latest: a stop is bounded.
+        assert s._load_at is not None and s._load_at <= hold.stopped_at + hold.max_stop_s, (
+            f"compile stopped at {hold.stopped_at} with no timer to end it ({s._load_at})")
     expected = s.params.thermal_cutoff if s.thermal >= ThermalStatus.CRITICAL else None
     assert cutoff == expected, f"cutoff {cutoff} at thermal {s.thermal.name}"
     # Ids only grow; nothing is in use twice.

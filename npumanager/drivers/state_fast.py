@@ -31,6 +31,7 @@ from npumanager.drivers.runqueue import Job
 
 if TYPE_CHECKING:
     from npumanager.drivers.debounce import Debouncer
+    from npumanager.drivers.load_hold import LoadHold
 
 
 @dataclass(eq=False, slots=True)
@@ -68,6 +69,9 @@ class FastAdmission:
                    now: float) -> Job: ...
 
         def _sync_timer(self) -> None: ...
+        def _sync_load_hold(self, now: float) -> None: ...
+
+        load_hold: LoadHold | None
 
     def fast_key(self, e: ev.ExecuteRequested) -> FastKey | None:
         """Right after ``handle(e)`` admitted ``e``: what its checks found, for executions
@@ -108,6 +112,8 @@ class FastAdmission:
                         key.original_uid, key.feature_id, key.group_id, key.exec_id, now)
             if self._debounce.next_deadline() is not None:
                 self._sync_timer()
+            if self.load_hold is not None:
+                self._sync_load_hold(now)
         finally:
             self._ev = None
         return out

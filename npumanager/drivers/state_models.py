@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from npumanager.drivers.admission import Grants
     from npumanager.drivers.bounds import Ledger
+    from npumanager.drivers.classes import ExecClass
     from npumanager.drivers.records import ClientRecord, DriverParams
     from npumanager.drivers.runqueue import Job
 
@@ -50,6 +51,7 @@ class ModelRules:
         _ev: ev.Event | None
 
         def _client(self, conn: int) -> ClientRecord: ...
+        def model_class(self, uid: int) -> ExecClass: ...
         def _cancel(self, job: Job, reason: EndReason) -> None: ...
         def _decide(self, kind: str, key: int | str, what: str, **details: object) -> None: ...
 
@@ -119,7 +121,8 @@ class ModelRules:
             raise InvalidArgument(f"a prepare cannot read {e.nbytes} bytes")
         uid = client.uid
         self.ledger.check_prepare(uid, e.nbytes)
-        self._prepares[e.prepare_id] = PrepareRecord(e.prepare_id, e.conn, uid, e.nbytes)
+        self._prepares[e.prepare_id] = PrepareRecord(
+            e.prepare_id, e.conn, uid, e.nbytes, self.model_class(uid).value == "background")
         self.ledger.add_prepare(uid, e.nbytes)
 
     def _on_prepare_ended(self, e: ev.PrepareEnded) -> None:

@@ -63,6 +63,9 @@ class HostConfig:
     switch_interval_us: int = 0
     #: The quiet window around paced foreground frames, µs (drivers/quiet.py; 0: off).
     quiet_window_us: int = 1000
+    #: The window holds background compiles too: the compile child is stopped around
+    #: paced foreground frames, bounded (drivers/load_hold.py). Off: no measured gain yet.
+    hold_loads: bool = False
     #: A burst's poll for its paced stream's next request, µs (drivers/anticipate.py; 0: off).
     burst_anticipate_us: int = 0
     #: Where background steps run: "all" CPUs, or "spare" (every CPU but the lowest).
@@ -118,6 +121,7 @@ class HostConfig:
             background_compile=str(d.get("background_compile", "process")),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
+            hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
             options=dict(d.get("options", {})),

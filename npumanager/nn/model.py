@@ -25,6 +25,7 @@ from npumanager.tensorio import TensorSpec
 if TYPE_CHECKING:
     from npumanager.nn.burst import Burst
     from npumanager.nn.device import Device
+    from npumanager.nn.pipeline import Pipeline
     from npumanager.wire.client import SyncRpcClient
 
 _MIN_POOL = 1 << 20
@@ -357,6 +358,17 @@ class Model:
         with self._lock:
             self._bursts.append(b)
         return b
+
+    def pipeline(self, *, depth: int = 2, job_priority: int = 0) -> Pipeline:
+        """Independent executions kept ``depth`` in flight (an embedder's batches):
+        ``with model.pipeline() as p: for out in p.map(batches): ...``. The driver has
+        the next one queued when one ends, instead of waiting for its round trip. See
+        :mod:`npumanager.nn.pipeline`."""
+        from npumanager.nn.pipeline import Pipeline
+
+        if self.released:
+            raise InvalidArgument("this model was released")
+        return Pipeline(self, depth=depth, job_priority=job_priority)
 
     def _forget_burst(self, b: Burst) -> None:
         with self._lock:

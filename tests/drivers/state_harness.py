@@ -98,7 +98,7 @@ class StreamChecker:
             self.pools[ins.pool_id] = "closed"
         else:
             assert isinstance(ins, ev.ArmTimer | ev.CancelTimer | ev.ReportModelMemory
-                              | ev.GraceExpired), ins
+                              | ev.GraceExpired | ev.HoldLoads), ins
 
     def _report(self, ins: ev.ReportWork) -> None:
         info = ins.info

@@ -190,3 +190,49 @@ def test_a_model_with_a_shape_tensor_loads_from_the_workers_artifacts(
     np.testing.assert_array_equal(got, x.reshape(4, 32))
     assert preparer.worker is not None and preparer.worker.started == 1
     assert "does not load" not in caplog.text  # no fallback to a compile in the host
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+def wait_state(pid: int, stopped: bool) -> None:
+    """Until the signal took effect (delivered asynchronously; 60 s on a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while (proc_state(pid) == "T") != stopped:
+        assert time.monotonic() < deadline, f"{pid} not {'stopped' if stopped else 'running'}"
+        time.sleep(0.005)
+
+
+def test_a_held_worker_is_stopped_and_its_compile_completes_once_continued(
+        preparer: Preparer) -> None:
+    """The quiet window's hold on a compile (drivers/load_hold.py): SIGSTOP, SIGCONT."""
+    import threading
+
+    prepare(preparer, mlp())
+    worker = preparer.worker
+    assert worker is not None and worker.pid is not None
+    worker.hold(True)
+    wait_state(worker.pid, True)
+    assert worker.stops == 1
+    worker.hold(True)  # already stopped: nothing more
+    assert worker.stops == 1
+    onnx, got = mlp(seed=11), []
+    th = threading.Thread(target=lambda: got.append(prepare(preparer, onnx)))
+    th.start()
+    th.join(0.3)
+    assert th.is_alive() and not got, "a stopped worker compiled"
+    worker.hold(False)
+    wait_state(worker.pid, False)
+    th.join(60)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(got[0].model.run({"x": x})["y"], in_process(onnx, x),
+                               rtol=1e-5, atol=1e-6)
+    # A worker closed while stopped is gone after the close (continued to read its EOF;
+    # the pool thread that started it ends too, and PR_SET_PDEATHSIG follows).
+    worker.hold(True)
+    proc = worker._proc
+    assert proc is not None
+    preparer.close()
+    assert proc.returncode is not None and worker.pid is None
