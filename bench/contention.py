@@ -79,6 +79,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # next batch waits queued in the driver instead of behind its round trip.
     # Unmanaged, the embedder is one loop of session.run either way.
     "embedder-1-in-flight": {"embedder_inflight": 1},
+    # Three batches in flight instead of two.
+    "embedder-3-in-flight": {"embedder_inflight": 3},
+    # A fourth channel, also open to background work (1 of 4 reserved): the embedder's
+    # two batches in flight can run side by side beside the LLM's step, as the unmanaged
+    # embedder's two intra-op threads do.
+    "4ch-1-reserved": {"channels": 4},
     # The driver host's GIL switch interval: 0.5 ms instead of Python's 5 ms, so a thread
     # serving a foreground execution asks a background thread for the GIL sooner.
     "switch-0.5ms": {"switch_interval_us": 500},
