@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from npumanager.drivers import burst_counters as bc
 from npumanager.tensorio.burst import REQ_AT
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class Plan:
     wake_at: float
     opens: float
     spin_until: float
+    #: When the request is due (the window's place around it: ``BEFORE``).
+    due: float
 
 
 @dataclass(slots=True)
@@ -131,7 +134,7 @@ class Anticipation:
         end = start + window
         if now >= end:
             return None  # the request is late: the doorbell wakes the thread
-        return Plan(max(now, start - self.oversleep - self.warm_s), start, end)
+        return Plan(max(now, start - self.oversleep - self.warm_s), start, end, due)
 
 
 def _kept_median(kept: list[float], x: float) -> float:
@@ -153,63 +156,81 @@ class Anticipate:
 
     window_s: float
     polling: threading.Lock
-    warm: Callable[[BurstServer], None]
+    warm: Callable[[BurstServer], bool]
 
 
 def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
-                  server: BurstServer) -> bool:
+                  server: BurstServer) -> int:
     """On a burst's thread: sleep (woken by ``fds``: the doorbell, the stop) until
     shortly before the stream's next request is due, warm up (:func:`warm`), then poll
-    the header's request number until it is no longer ``last``. True: something came (a
-    request, a ring, the stop); False: nothing within the window, or no window: block on
-    the doorbell."""
+    the header's request number until it is no longer ``last``. How it ended
+    (:mod:`.burst_counters`): ``POLLED`` (the window saw a request, or the stop),
+    ``EARLY`` (rung during the sleep: an early request, a hang-up, the stop), ``LATE``
+    (nothing within the window) or ``RUNG`` (no window): the last two block on the
+    doorbell. What it did goes to ``server.counters``."""
     clock = time.perf_counter
+    counters = server.counters
     plan = pace.plan(clock())
     if plan is None or max(fds) >= 1024:  # (select's limit; poll sleeps whole ms)
-        return False
+        counters.unplanned += 1
+        return bc.RUNG
+    counters.due, counters.wake_at = plan.due, plan.wake_at
     wait = plan.wake_at - clock()
     if wait > 0:
-        if select.select(fds, [], [], wait)[0]:
-            return True  # rung before the window: an early request, a hang-up, the stop
-        pace.woke(clock() - plan.wake_at)
+        rung = select.select(fds, [], [], wait)[0]
+        counters.woke = woke = clock()
+        if rung:
+            # Rung after the sleep was to end: it oversleeps at least that much. Learnt
+            # here too, or a thread whose every sleep is cut short by the request it
+            # overslept would never learn to wake earlier (measured: every request of a
+            # 30 Hz stream came during the sleep; a timed sleep here ends 130-190 µs late).
+            if woke > plan.wake_at:
+                pace.woke(woke - plan.wake_at)
+            return bc.EARLY
+        pace.woke(woke - plan.wake_at)
     side = server.anticipate
     assert side is not None
     polling = side.polling
     if not polling.acquire(blocking=False):
-        return False  # another burst warms or polls now: this one waits for its doorbell
+        counters.busy += 1
+        return bc.RUNG  # another burst warms or polls now: this one waits for its doorbell
     try:
-        t = clock()
-        side.warm(server)
-        pace.warmed(clock() - t)
+        counters.warm0 = t = clock()
+        if side.warm(server):
+            counters.warms += 1
+        counters.warm1 = t1 = clock()
+        pace.warmed(t1 - t)
         read, until, nap = _read_seq, plan.spin_until, time.sleep
+        counters.poll0 = clock()
         while clock() < until:
             if read(buf, REQ_AT)[0] != last or server.closing:
-                return True
+                return bc.POLLED
             nap(0)  # (the host's other threads may take the GIL meanwhile)
     finally:
         polling.release()
-    return False
+    counters.expired += 1
+    return bc.LATE
 
 
 #: Streams whose run took longer than this (µs) are not warmed up before their request.
 WARM_MAX_RUN_US = 1000.0
 
 
-def warm(host: DriverHost, server: BurstServer) -> None:
+def warm(host: DriverHost, server: BurstServer) -> bool:
     """A FOREGROUND stream's next request is due: its kept request's bound run once more,
     into outputs of its own, so that the code and the memory the request's run touches
     are in the caches when it comes (on this VM a tiny model's run paced at 30 Hz takes
     ~200 µs, ~40 µs when the same run went 0.5 ms before). Only for runs that took at
     most ``WARM_MAX_RUN_US``, under the host's lock (the model cannot be released under
-    it); the state never hears of it."""
+    it); the state never hears of it. True: it ran."""
     if server.run_us > WARM_MAX_RUN_US:
-        return
+        return False
     with host.lock:
         fixed = server.fixed
         if (fixed is None or fixed.run is None or server.closing
                 or not fixed.still_valid(server.client.pools,
                                          host.res.prepared.get(server.model_id))):
-            return
+            return False
         run = fixed.warm_run
         if run is None:
             bind = getattr(fixed.prepared, "bind", None)
@@ -219,6 +240,8 @@ def warm(host: DriverHost, server: BurstServer) -> None:
             run()
         except Exception:
             fixed.warm_run = _idle  # (a run that fails warms nothing; the real one tells)
+            return False
+        return run is not _idle
 
 
 def _idle() -> dict[str, Any]:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from npumanager import tensorio
+from npumanager.drivers import burst_counters as bc
 from npumanager.drivers import events as ev
 from npumanager.drivers.anticipate import Anticipate, Anticipation, await_request, warm
 from npumanager.drivers.base import PreparedModel
@@ -131,6 +132,8 @@ class BurstServer:
         self.anticipate = anticipate
         self.pace = Anticipation(anticipate.window_s) if anticipate else None
         self.foreground, self.run_us = False, 0.0
+        self.counters = bc.BurstCounters()
+        self.answered_at = 0.0  # when the last answer was written (its ring just after)
         self.sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.peer_fd = peer.detach()  # goes to the client with the reply, then closed here
         self._stop = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -167,15 +170,20 @@ class BurstServer:
         poller.register(self._stop, select.POLLIN)
         last = 0
         try:
-            pace = self.pace
+            pace, counters, clock = self.pace, self.counters, time.perf_counter
             while not self.closing:
                 # The header first, then the wait: a drain below can take the ring of a
                 # request written after the header was last read (a client that rang more
                 # than once per request), and waiting for that ring would wait forever.
                 seq, length = layout.read_request_header(self.pool.buf)
+                how = bc.AHEAD
                 if seq == last:
-                    if pace is None or not self.foreground or not await_request(
-                            pace, (sock.fileno(), self._stop), self.pool.buf, last, self):
+                    counters.waiting()
+                    how = bc.RUNG
+                    if pace is not None and self.foreground:
+                        how = await_request(pace, (sock.fileno(), self._stop), self.pool.buf,
+                                            last, self)
+                    if how == bc.RUNG or how == bc.LATE:
                         poller.poll()
                     if self.closing:
                         break
@@ -185,10 +193,12 @@ class BurstServer:
                     seq, length = layout.read_request_header(self.pool.buf)
                 if seq != last:
                     last = seq
+                    seen = clock()
                     if pace is not None:
-                        pace.arrived(time.perf_counter())
+                        pace.arrived(seen)
                     self._answer(seq, length)
                     self._answered()
+                    counters.served_one(how, seen, self.answered_at, self.run_us)
                     # Its ring is taken once the reply is out, off the client's wait (an
                     # honest client rings again only after reading this reply; if the ring
                     # taken is the next request's, the header read above the wait finds it).
@@ -284,6 +294,7 @@ class BurstServer:
             buf[self.resp_off:self.resp_off + len(payload)] = payload
         self.serving = 0
         layout.write_response_header(buf, seq, status, len(payload))
+        self.answered_at = time.perf_counter()  # (before the ring: the client may run first)
         self._ring()
 
     def answer_same(self) -> None:
@@ -292,6 +303,7 @@ class BurstServer:
         that the end will be COMPLETED (``DriverState.completes``) to its recording."""
         seq, self.serving = self.serving, 0
         layout.write_response_header(self.pool.buf, seq, layout.SAME, 0)
+        self.answered_at = time.perf_counter()
         self._ring()
 
     def _ring(self) -> None:
@@ -323,6 +335,13 @@ class Bursts:
 
     def __len__(self) -> int:
         return len(self._servers)
+
+    def stats(self, recent: bool) -> list[dict[str, Any]]:
+        """Each open burst's counters (:mod:`.burst_counters`; ``recent``: with its last
+        requests' times), for ``device.stats``."""
+        return [{"burst_id": s.burst_id, "uid": s.client.conn.peer.uid,
+                 "model_id": s.model_id, "foreground": s.foreground,
+                 **s.counters.snapshot(recent)} for s in list(self._servers.values())]
 
     # --- device.open_burst / device.close_burst (on the event loop) -----------------
 

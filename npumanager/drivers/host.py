@@ -248,8 +248,8 @@ class DriverHost:
         return self.capabilities_msg()
 
     def _stats(self, ctx: CallContext, payload: bytes) -> bytes:
-        """JSON: channels busy, how long orphaned, and per-uid executions/s and p50/p99
-        latency (`npu top`)."""
+        """JSON: channels busy, how long orphaned, per-uid executions/s and p50/p99
+        latency (`npu top`), and what each burst's thread did (drivers/burst_counters.py)."""
         with self.lock:
             channels, busy, queued = self.state.load()
             grants = self.state.held_grants()
@@ -283,6 +283,8 @@ class DriverHost:
                            else round(self.clock.now() - orphaned, 3),
                            "backend": backend,
                            "caller": me, "load_hold": hold,
+                           # b"recent": with each burst's last requests' times.
+                           "bursts": self.bursts.stats(bytes(payload[:6]) == b"recent"),
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from npumanager.drivers import burst_counters as bc
 from npumanager.drivers.anticipate import (
     KEPT,
     MAX_SHARE,
@@ -19,6 +20,7 @@ from npumanager.drivers.anticipate import (
     Anticipation,
     await_request,
 )
+from npumanager.drivers.burst_counters import BurstCounters
 from npumanager.tensorio import burst as layout
 
 
@@ -132,11 +134,13 @@ class Burstish:
         self.closing = False
         self.lock = threading.Lock()
         self.warmed = 0
+        self.counters = BurstCounters()
         self.anticipate = Anticipate(300e-6, self.lock, self._warm)
 
-    def _warm(self, server: object) -> None:
+    def _warm(self, server: object) -> bool:
         assert server is self and self.lock.locked()
         self.warmed += 1
+        return True
 
     def fds(self) -> tuple[int, int]:
         return self.sock.fileno(), self.stop
@@ -172,36 +176,42 @@ def test_a_request_written_in_the_window_is_seen_without_a_ring(b: Burstish) -> 
     a = Anticipation(0.0)
     open_window(a, 0.0, 60.0)  # open now, for a minute
     layout.write_request_header(b.buf, 1, 10)
-    assert await_request(a, b.fds(), b.buf, 0, b) is True
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.POLLED
     assert not b.lock.locked() and b.warmed == 1  # warmed up first, under the lock
+    c = b.counters  # what it did is counted, with its times in order
+    assert c.warms == 1 and c.expired == 0
+    assert c.warm0 <= c.warm1 <= c.poll0 and c.due == pytest.approx(a.last + a.period)
 
 
 def test_a_ring_before_the_window_ends_the_sleep(b: Burstish) -> None:
     a = Anticipation(0.0)
     open_window(a, 60.0, 1.0)  # the window opens in a minute
     b.peer.send(b"\1")
-    assert await_request(a, b.fds(), b.buf, 0, b) is True
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.EARLY
     b.sock.recv(16)
     os.eventfd_write(b.stop, 1)  # the stop too
-    assert await_request(a, b.fds(), b.buf, 0, b) is True
-    assert b.warmed == 0  # no window was reached
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.EARLY
+    assert b.warmed == 0 and b.counters.warms == 0  # no window was reached
 
 
 def test_a_window_without_a_request_falls_back_to_the_doorbell(b: Burstish) -> None:
     a = Anticipation(0.0)
     open_window(a, 0.0, 0.02)
-    assert await_request(a, b.fds(), b.buf, 0, b) is False
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.LATE
+    assert b.counters.expired == 1
     # No pace, or another burst polling: at once.
-    assert await_request(Anticipation(300e-6), b.fds(), b.buf, 0, b) is False
+    assert await_request(Anticipation(300e-6), b.fds(), b.buf, 0, b) == bc.RUNG
+    assert b.counters.unplanned == 1
     warmed = b.warmed
     open_window(a, 0.0, 60.0)
     with b.lock:
-        assert await_request(a, b.fds(), b.buf, 0, b) is False
+        assert await_request(a, b.fds(), b.buf, 0, b) == bc.RUNG
     assert b.warmed == warmed  # nor a warm-up while another burst has the lock
+    assert b.counters.busy == 1 and b.counters.expired == 1
 
 
 def test_a_closing_burst_stops_polling(b: Burstish) -> None:
     a = Anticipation(0.0)
     open_window(a, 0.0, 60.0)
     b.closing = True
-    assert await_request(a, b.fds(), b.buf, 0, b) is True
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.POLLED

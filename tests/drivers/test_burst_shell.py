@@ -23,6 +23,19 @@ from npumanager.nn.burst import Burst
 from .test_host_shell import INLINE_ALWAYS, GatedModel, Stack, X, run, settle, uid
 
 
+async def served(s: Stack, n: int) -> None:
+    """Until the host's one burst has served ``n`` requests, counted once its thread
+    handed what each left for the loop over (the client has its reply before that: a
+    test that looked at the hand-offs at once would race the thread)."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        servers = list(s.host.bursts._servers.values())
+        if servers and servers[0].counters.served >= n:
+            return
+        assert time.monotonic() < deadline, "the burst did not count its requests"
+        await asyncio.sleep(0.001)
+
+
 def loop_handoffs(s: Stack) -> list[str]:
     """Record every callback the host hands to its loop from another thread (its
     wake-ups caused by bursts and workers), by name; the test's own threads' are not."""
@@ -81,6 +94,7 @@ def test_a_stream_inside_its_debounce_window_never_wakes_the_event_loop(
 
             first = await asyncio.to_thread(execute)
             np.testing.assert_array_equal(first, X + 1)
+            await served(s, 1)
             await settle()
             # The first execution of the stream reported requested/started: handed to
             # the loop before the burst thread waits for the worker running its step,
@@ -93,6 +107,7 @@ def test_a_stream_inside_its_debounce_window_never_wakes_the_event_loop(
             assert [m for m, _ in s.pushes] == ["requested", "started"], s.pushes
             for _ in range(6):  # the virtual clock stands still: one debounce window
                 np.testing.assert_array_equal(await asyncio.to_thread(execute), X + 1)
+            await served(s, 7)
             await settle()
             # Three BACKGROUND steps on the lowered workers (answered from there), then
             # inline on the burst's own thread once measured cheap: no loop hand-off.
@@ -193,3 +208,39 @@ def test_only_a_foreground_stream_is_anticipated(
     # every answer: a request already written when the thread looks is served without a
     # wait, which a loaded machine makes common); a BACKGROUND one never does.
     assert (len(waits) >= 1) if foreground else waits == [], waits
+
+
+def test_a_bursts_counters_tell_how_each_request_was_found(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """device.stats's "bursts" (drivers/burst_counters.py): every request served is
+    counted by how the thread found it, and with b"recent" its times come in order."""
+
+    async def body(s: Stack) -> None:
+        await s.grant("g1", uid())
+        dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        burst: Burst | None = None
+        try:
+            model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+            burst = await asyncio.to_thread(model.burst)
+            for _ in range(4):
+                got = await asyncio.to_thread(burst.execute, {"x": X})
+                np.testing.assert_array_equal(got["y"], X + 1)
+            await served(s, 4)
+            [stats] = s.host.bursts.stats(recent=True)
+            assert stats["burst_id"] == burst.burst_id and stats["served"] == 4
+            # No anticipation: each request was rung for, or already written when the
+            # thread looked; no window was planned, so no offset from a due time.
+            assert stats["rung"] + stats["ahead"] == 4 and stats["polled"] == 0
+            assert stats["warms"] == stats["expired"] == stats["unplanned"] == 0
+            assert stats["offsets_n"] == 0 and stats["offset_p50_us"] is None
+            times = stats["recent"]
+            assert len(times) == 4
+            for seen, _how, due, *_, answered, run_us, wake_at in times:
+                assert due is None and wake_at is None
+                assert seen <= answered and run_us >= 0  # (0: run off this thread)
+            assert [t[0] for t in times] == sorted(t[0] for t in times)
+            assert "recent" not in s.host.bursts.stats(recent=False)[0]
+        finally:
+            await close(burst, dev)
+
+    run(runtime_dir, state_dir, body)
