@@ -109,6 +109,22 @@ def driver_recent(rt: Path, burst_id: int) -> dict[str, Any]:
     raise SystemExit(f"burst {burst_id} is not in device.stats")
 
 
+class TimedSock:
+    """The client's doorbell socket, noting when each ring went out (the client's own
+    part of "to seen" ends there)."""
+
+    def __init__(self, sock: Any) -> None:
+        self._s = sock
+        self.sent: list[float] = []
+
+    def send(self, data: bytes, *flags: int) -> int:
+        self.sent.append(time.perf_counter())
+        return int(self._s.send(data, *flags))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._s, name)
+
+
 def q(xs: list[float]) -> str:
     if not xs:
         return "-"
@@ -165,6 +181,8 @@ def main() -> int:
                         with remote.burst(spin_us=spin) as b:
                             for _ in range(5):
                                 b.execute(x)
+                            ts = TimedSock(b._sock)
+                            b._sock = ts  # type: ignore[assignment]
                             c0, d0 = process_cpu(), process_cpu(pid)
                             calls = paced_loop(lambda b=b: b.execute(x), args.calls, args.hz)
                             cpu = ((process_cpu() - c0) / args.calls,
@@ -178,6 +196,8 @@ def main() -> int:
                        "client_cpu_us": cpu[0] * US, "driver_cpu_us": cpu[1] * US}
                 stages = ("-", "-", "-")
                 extra = ""
+                rows_extra = ("-", "-")
+                run: list[float] = []
                 if rec is not None:
                     recent = rec.pop("recent")[-args.calls:][args.skip:]
                     if len(recent) == len(kept):
@@ -194,6 +214,11 @@ def main() -> int:
                                     if r[5] is not None]
                         poll_for = [s - r[6] for r, (s, _) in zip(recent, kept, strict=True)
                                     if r[6] is not None]
+                        sent = ts.sent[-args.calls:][args.skip:]
+                        if len(sent) == len(kept):
+                            rows_extra = (q([t - s for t, (s, _) in zip(sent, kept, strict=True)]),
+                                          q([r[0] - t for r, t in zip(recent, sent, strict=True)]))
+                        run = [r[8] / US for r in recent]
                         woke = [r[3] - r[9] for r in recent
                                 if r[3] is not None and r[9] is not None]
                         extra = (f"how {counts}; seen-due {q(off)}; woke-wake_at {q(woke)}; "
@@ -205,6 +230,7 @@ def main() -> int:
                         extra = f"(records {len(recent)} vs calls {len(kept)})"
                 doc[cfg] = row
                 rows.append((cfg, f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", *stages,
+                             *rows_extra, q(run),
                              f"{row['client_cpu_us']:.0f}", f"{row['driver_cpu_us']:.0f}"))
                 if extra:
                     print(f"{cfg}: {extra}", flush=True)
@@ -219,7 +245,8 @@ def main() -> int:
     print(f"\n{args.model} at {args.hz:g} Hz, {args.calls} calls per configuration "
           f"(first {args.skip} not counted), one configuration at a time; spin "
           f"{args.spin:g} µs, anticipate {args.anticipate:g} µs; µs, stages p50/p90")
-    header = ("config", "p50", "p99", "to seen", "served", "back", "client cpu", "driver cpu")
+    header = ("config", "p50", "p99", "to seen", "served", "back", "call-ring", "ring-seen",
+              "run", "client cpu", "driver cpu")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
