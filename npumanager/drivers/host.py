@@ -102,7 +102,8 @@ class DriverHost:
                                  max_frame=hc.max_frame, stats=self.exec_stats,
                                  background_sched=hc.background_sched,
                                  background_nice=hc.background_nice,
-                                 background_cpus=hc.background_cpus)
+                                 background_cpus=hc.background_cpus,
+                                 background_starve_ms=hc.background_starve_ms)
         self.server: RpcServer | None = None
         self._clients: dict[RpcConnection, ClientConn] = {}
         self._cids = itertools.count(1)
@@ -285,6 +286,8 @@ class DriverHost:
                            "caller": me, "load_hold": hold,
                            # b"recent": with each burst's last requests' times.
                            "bursts": self.bursts.stats(bytes(payload[:6]) == b"recent"),
+                           # Background steps run at normal priority against starvation.
+                           "background": self.runner.background_stats(),
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:

@@ -11,12 +11,13 @@ can write there directly), or in one memfd sent with the reply.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.events import RunStep
 from npumanager.drivers.exec_stats import ExecStats
+from npumanager.drivers.starve import StarveGuard
 from npumanager.proto.v1 import driver_pb2 as pb
 
 Reply = tuple[pb.ExecuteResult, list[int]]
@@ -160,11 +162,15 @@ class StepRunner:
     at start as ``background_sched`` says (:func:`lower_this_thread`). Separate threads
     rather than one pool switching policy per step: an unprivileged thread may lower
     its priority but not raise it back (RLIMIT_NICE), and a switch per step would be
-    two syscalls on every step."""
+    two syscalls on every step.
+
+    Steps on SCHED_IDLE threads can starve on a busy machine: :class:`~.starve.StarveGuard`
+    decides which of them run on normal-priority threads instead (``background_starve_ms``)."""
 
     def __init__(self, name: str, channels: int, *, inline_limit: int, max_frame: int,
                  stats: ExecStats | None = None, background_sched: str = "normal",
-                 background_nice: int = 19, background_cpus: str = "all") -> None:
+                 background_nice: int = 19, background_cpus: str = "all",
+                 background_starve_ms: int = 0) -> None:
         self.inline_limit = inline_limit
         self.max_frame = max_frame
         self.stats = stats if stats is not None else ExecStats()
@@ -190,19 +196,92 @@ class StepRunner:
         if share:
             self._bg_yield = background_pool(channels, f"npu-{name}-bgy", "idle",
                                              background_nice, cpus)
+        #: The pools whose threads are SCHED_IDLE, and the normal-priority threads their
+        #: starved steps move to (created on first use, as every pool's threads are).
+        self._idle_pools = ({self._bg_workers} if background_sched == "idle" else set()) | (
+            {self._bg_yield} if share else set())
+        self._bg_boost = (background_pool(channels, f"npu-{name}-bgb", "normal",
+                                          background_nice, cpus) if self._idle_pools
+                          else self._workers)
+        self.guard = StarveGuard(background_starve_ms / 1e3)
+        self._guard_lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        #: Idle steps not started yet: token -> (execution, step, done, their future).
+        self._unstarted: dict[int, list[Any]] = {}
 
     def close(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
-        for pool in {self._bg_workers, self._bg_yield} - {self._workers}:
+        for pool in {self._bg_workers, self._bg_yield, self._bg_boost} - {self._workers}:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def start(self, ex: Execution, step: RunStep,
               done: Callable[[str | None, float], None]) -> None:
         """Run the step on a worker thread; ``done(error, run_us)`` is called there."""
-        pool = ((self._bg_yield if step.yields else self._bg_workers) if step.background
-                else self._workers)
+        if self._unstarted:
+            self._rescue()
+        if step.background:
+            pool = self._bg_yield if step.yields else self._bg_workers
+            if pool in self._idle_pools:
+                self._start_idle(pool, ex, step, done)
+                return
+        else:
+            pool = self._workers
         fut = pool.submit(self.run, ex, step)
         fut.add_done_callback(lambda f: done(*f.result()))
+
+    def background_stats(self) -> dict[str, float]:
+        with self._guard_lock:
+            return self.guard.counts()
+
+    # --- background steps at SCHED_IDLE, with a bound on their wait (drivers/starve.py) ---
+
+    def _start_idle(self, pool: ThreadPoolExecutor, ex: Execution, step: RunStep,
+                    done: Callable[[str | None, float], None]) -> None:
+        token = next(self._tokens)
+        with self._guard_lock:
+            boost = self.guard.route(token, time.monotonic())
+            if not boost:
+                entry: list[Any] = [ex, step, done, None]
+                self._unstarted[token] = entry
+        if boost:
+            self._submit(self._bg_boost, ex, step, done)
+            return
+        fut = pool.submit(self._run_idle, token, ex, step)
+        with self._guard_lock:
+            entry[3] = fut  # (the worker may have started it already: then unused)
+        fut.add_done_callback(lambda f: None if f.cancelled() else done(*f.result()))
+
+    def _submit(self, pool: ThreadPoolExecutor, ex: Execution, step: RunStep,
+                done: Callable[[str | None, float], None]) -> None:
+        fut = pool.submit(self.run, ex, step)
+        fut.add_done_callback(lambda f: done(*f.result()))
+
+    def _run_idle(self, token: int, ex: Execution, step: RunStep) -> tuple[str | None, float]:
+        with self._guard_lock:
+            self._unstarted.pop(token, None)  # started: it can no longer be moved
+        c0 = time.thread_time()
+        try:
+            return self.run(ex, step)
+        finally:
+            cpu = time.thread_time() - c0
+            with self._guard_lock:
+                self.guard.ended(token, time.monotonic(), cpu)
+            if self._unstarted:
+                self._rescue()
+
+    def _rescue(self) -> None:
+        """Idle steps no SCHED_IDLE thread started within the bound run at normal priority."""
+        now = time.monotonic()
+        moved: list[list[Any]] = []
+        with self._guard_lock:
+            for token, entry in list(self._unstarted.items()):
+                fut: Future[Any] | None = entry[3]
+                if fut is not None and self.guard.overdue(token, now) and fut.cancel():
+                    del self._unstarted[token]
+                    self.guard.moved(token)
+                    moved.append(entry)
+        for ex, step, done, _fut in moved:
+            self._submit(self._bg_boost, ex, step, done)
 
     def run(self, ex: Execution, step: RunStep) -> tuple[str | None, float]:
         """One step: run, then feed outputs back (more steps follow) or place them for the

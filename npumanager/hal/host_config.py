@@ -70,6 +70,9 @@ class HostConfig:
     burst_anticipate_us: int = 0
     #: Where background steps run: "all" CPUs, or "spare" (every CPU but the lowest).
     background_cpus: str = "all"
+    #: A background step that waited longer than this for the CPU at SCHED_IDLE makes the
+    #: next one run at normal priority, ms (drivers/starve.py; 0: no bound).
+    background_starve_ms: int = 200
     options: dict[str, Any] = field(default_factory=dict)
     #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what
     #: ``WorkInfo.device_number`` says, so npud charges work to the right device.
@@ -124,6 +127,7 @@ class HostConfig:
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
+            background_starve_ms=int(d.get("background_starve_ms", 200)),
             options=dict(d.get("options", {})),
             device_number=number,
             fleet=dict(cfg.section("fleet")),
