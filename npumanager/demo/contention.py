@@ -213,12 +213,12 @@ class ContentionRun:
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
                  log: Any = None, bursts: bool = True, batch_bursts: bool = True,
-                 embedder_inflight: int = 2) -> None:
+                 embedder_inflight: int = 1) -> None:
         self.name = name
-        #: The managed embedder's executions in flight at once (BenchApp.inflight: the
-        #: SDK's pipeline, two by default, as an app would write its batch loop with the
-        #: SDK); unmanaged, the embedder is one loop of session.run (ONNX Runtime's own
-        #: two intra-op threads per run).
+        #: The managed embedder's executions in flight at once (BenchApp.inflight: above
+        #: one, through the SDK's pipeline; bench row embedder-pipeline); unmanaged, the
+        #: embedder is one loop of session.run (ONNX Runtime's own two intra-op threads
+        #: per run).
         self.embedder_inflight = embedder_inflight if managed else 1
         #: Managed camera and voice execute through bursts (model.burst()).
         self.bursts = bursts

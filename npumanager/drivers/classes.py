@@ -156,12 +156,42 @@ over their loads' fifths (4 5 4 3 5 of 21): no single stage of a load (the
 grant, the compile child, the host loading the result) causes them; the whole
 load keeps the second core busy (1.87 cores used against 1.59 without it).
 
+Session 8 (full runs, cpu-exclusive; a run's unmanaged baseline from the same
+invocation). The embedder through the SDK's pipeline (``model.pipeline()``, two
+batches in flight: the next one waits queued in the driver, not behind the round
+trip): 4700 vs 3875 and 3820 vs 3438 items/s for one in flight in the same run,
+but the camera's contended p99 2.0 vs 2.6 and 3.5 vs 2.1 ms, and 2.4-4.2 ms in
+the four runs that had it as the bench's default; so the bench's embedder keeps
+one batch in flight (row embedder-pipeline). Against the unmanaged embedder of
+each run the pipeline reached 76 %, 91 %, 74 %, 107 % and 98 %; that baseline
+itself moved from 3315 to 6147 items/s between clean runs (no foreign CPU).
+Neither a third batch in flight nor a fourth channel open to background work
+added anything in a full run (3951 and 3880 vs 3923 items/s).
+The load hold (:mod:`.load_hold`, ``hold_loads``: the compile child stopped around
+the camera's frames, bounded) reached the child hundreds of times per load
+(tests/security/test_load_hold.py saw 591 stops) but did not move the loading
+phase's p99: with / without 6.7 / 5.4, 5.1 / 5.7, 8.3 / 9.6 and 5.4 / 4.9 ms in
+four paired runs, so it is off by default. What it leaves: after the child, the
+host builds the ONNX Runtime session from the child's artifacts (45-95 ms of
+native work per load of the 32 MiB model, GIL released; weights copied and
+prepacked) on a lowered thread of the host itself, and the loader app writes the
+model into a memfd at normal priority; the slowest loading-phase frames stay
+spread over the whole load. Identical configurations differed by up to 1.7x in
+the camera's contended p99 between runs of one invocation (load-hold and managed
+do not differ in that phase: 1.8 vs 3.0 ms in one run), so only pooled runs
+(bench/contention_spread.py) say anything below that.
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context, the quiet window: there a background step started
 just before a frame delays the frame by the step's whole length); the thread
 priorities map onto the backend's own priority knobs (OpenVINO MODEL_PRIORITY,
-CUDA stream priorities).
+CUDA stream priorities). Two in flight (the pipeline) matters more there: an
+accelerator left idle while a reply travels and the next request comes back is
+throughput lost outright, where here the other core was busy anyway. The load
+hold's policy (pure, bounded) carries over as the time a compile or a weight
+upload to device memory may run; its SIGSTOP does not (a compile there runs on
+the host CPU, not on the device's queue).
 """
 
 from __future__ import annotations

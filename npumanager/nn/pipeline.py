@@ -13,10 +13,11 @@ the driver always has the next batch queued when one ends::
             ...
 
 Measured (bench/contention.py, the embedder with voice + LLM + camera, full
-runs, 2 vCPUs, cpu-exclusive): two in flight 4700 items/s against 3875 for a
-loop of burst executions in the same run (+21 %; unmanaged 6147, so 76 % and
-63 % of it), the camera's contended p99 2.0 vs 2.6 ms; an earlier run of the
-same two (threads of the app, a burst each) 3923 vs 2799 items/s. The
+runs, 2 vCPUs, cpu-exclusive, row embedder-pipeline): two in flight 4700 and
+3820 items/s against 3875 and 3438 for a loop of burst executions in the same
+runs (+21 %, +11 %). The price is the device kept busier: the camera's contended
+p99 was 2.0 vs 2.6 ms in the first run and 3.5 vs 2.1 ms in the second, so the
+bench's embedder does not use it by default. The
 driver still schedules each execution as for ``model.execute`` (priority,
 preemption, the quiet window, revocation): two in flight is two executions
 queued, not a claim on two channels.

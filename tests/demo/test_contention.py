@@ -44,19 +44,18 @@ def test_a_run_measures_every_phase(models: dict[str, object], managed: bool) ->
     cfg = driver_config(reserved_channels=1, background_sched="nice") if managed else None
     r = ContentionRun("m" if managed else "u", managed, TINY, models, cfg).run()  # type: ignore[arg-type]
     check(r)
-    # Managed, the embedder keeps two batches in flight (the SDK's pipeline) by default.
-    assert r.streams == (2 if managed else 1)
+    assert r.streams == 1  # one batch in flight by default
     assert descendants(os.getpid()) == []  # apps, npud and its driver are gone
 
 
-def test_an_embedder_with_one_batch_in_flight_is_one_stream(
+def test_an_embedder_with_two_batches_in_flight_uses_the_pipeline(
         models: dict[str, object]) -> None:
-    """The ablation row embedder-1-in-flight: a loop of burst executions."""
-    r = ContentionRun("m1", True, TINY, models, driver_config(), phases=("alone", "contended"),
-                      embedder_inflight=1).run()  # type: ignore[arg-type]
+    """The ablation row embedder-pipeline: the SDK's pipeline, two in flight."""
+    r = ContentionRun("m2", True, TINY, models, driver_config(), phases=("alone", "contended"),
+                      embedder_inflight=2).run()  # type: ignore[arg-type]
     assert r.errors == []
     assert r.embedder_batch.ms and r.embedder_items_s > 0
-    assert r.streams == 1
+    assert r.streams == 2
     assert descendants(os.getpid()) == []
 
 
