@@ -49,12 +49,13 @@ def _suggest(name: str, known: set[str] | list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[str]:
-    """Unknown sections and keys of a user config, each naming the closest known one."""
+def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """Unknown sections and keys of a user config, each naming the closest known one:
+    (section, what is wrong)."""
     for name in user:
         if name not in KNOWN_SECTIONS:
-            yield (f"unknown section [{name}]{_suggest(name, KNOWN_SECTIONS)}"
-                   f" (known: {', '.join(sorted(KNOWN_SECTIONS))})")
+            yield name, (f"unknown section [{name}]{_suggest(name, KNOWN_SECTIONS)}"
+                         f" (known: {', '.join(sorted(KNOWN_SECTIONS))})")
     for name, value in user.items():
         if name == "app":  # validated entry by entry by service.apps (with its own messages)
             continue
@@ -66,17 +67,17 @@ def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[str
                     continue
                 for key in entry:
                     if key not in template:
-                        yield (f"unknown key {key!r} in [[driver]] #{i + 1}"
-                               f"{_suggest(key, set(template))} (plugin settings go in "
-                               f"[driver.options])")
+                        yield name, (f"unknown key {key!r} in [[driver]] #{i + 1}"
+                                     f"{_suggest(key, set(template))} (plugin settings go "
+                                     f"in [driver.options])")
             continue
         known = defaults.get(name)
         if not isinstance(value, dict) or not isinstance(known, dict):
             continue
         for key in value:
             if key not in known:
-                yield (f"unknown key {key!r} in [{name}]{_suggest(key, set(known))} (every "
-                       f"key is listed in npumanager/defaults.toml)")
+                yield name, (f"unknown key {key!r} in [{name}]{_suggest(key, set(known))} "
+                             f"(every key is listed in npumanager/defaults.toml)")
 
 
 #: Keys that take another type besides their default's: (section, key) -> the types.
@@ -113,7 +114,7 @@ def _type_error(section: str, key: str, value: Any, default: Any) -> str | None:
     return None
 
 
-def type_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[str]:
+def type_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """A user config's values whose type is not their default's (``quiet_window_us =
     "x"``, ``background_sched = 3``), naming the key and its section or [[driver]] entry:
     npud refuses to start, rather than failing later in a driver host it restarts.
@@ -123,12 +124,12 @@ def type_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[st
             continue
         if name == "driver":
             if not isinstance(value, list):
-                yield "driver must be a list of tables ([[driver]] entries)"
+                yield name, "driver must be a list of tables ([[driver]] entries)"
                 continue
             template = defaults["driver"][0]
             for i, entry in enumerate(value):
                 if not isinstance(entry, dict):
-                    yield f"[[driver]] #{i + 1} must be a table"
+                    yield name, f"[[driver]] #{i + 1} must be a table"
                     continue
                 where = f"[[driver]] #{i + 1}"
                 if isinstance(entry.get("name"), str):
@@ -137,43 +138,54 @@ def type_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[st
                     bad = _type_error("driver", key, v, template[key]) \
                         if key in template else None
                     if bad is not None:
-                        yield f"{key} in {where} {bad}"
+                        yield name, f"{key} in {where} {bad}"
             continue
         known = defaults.get(name)
         if not isinstance(known, dict):
             continue
         if not isinstance(value, dict):
-            yield f"[{name}] must be a table"
+            yield name, f"[{name}] must be a table"
             continue
         for key, v in value.items():
             bad = _type_error(name, key, v, known[key]) if key in known else None
             if bad is not None:
-                yield f"{key} in [{name}] {bad}"
+                yield name, f"{key} in [{name}] {bad}"
 
 
-def file_problems(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """Everything wrong with the config file ``path`` (not only the first), each as
-    "config file PATH: ..."; and the config it gives (defaults overlaid), None when it
-    cannot be read or parsed. Unknown keys, then wrong types, then values out of range
-    (config_ranges.py)."""
+@dataclass
+class FileCheck:
+    """What :func:`file_problems` found in a config file."""
+
+    #: The config it gives (the defaults overlaid), None when it cannot be read or parsed.
+    data: dict[str, Any] | None
+    #: Every problem, each "config file PATH: ...".
+    problems: list[str]
+    #: The sections they are in ("driver" for [[driver]] entries).
+    sections: set[str]
+
+
+def file_problems(path: str | Path) -> FileCheck:
+    """Everything wrong with the config file ``path``, not only the first: unknown keys,
+    then wrong types, then values out of range (config_ranges.py)."""
     data = _defaults()
     try:
         user = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
-        return None, [f"config file {path} does not exist"]
+        return FileCheck(None, [f"config file {path} does not exist"], set())
     except (OSError, UnicodeDecodeError) as exc:
-        return None, [f"config file {path} cannot be read: {exc}"]
+        return FileCheck(None, [f"config file {path} cannot be read: {exc}"], set())
     except tomllib.TOMLDecodeError as exc:
-        return None, [f"config file {path} is not valid TOML: {exc}"]
-    problems = [*key_problems(user, data), *type_problems(user, data)]
+        return FileCheck(None, [f"config file {path} is not valid TOML: {exc}"], set())
+    found = [*key_problems(user, data), *type_problems(user, data)]
     # Lists of tables ([[driver]], [[app]]) replace the defaults wholesale.
     merged = _merge(data, user)
     template = data["driver"][0]
+    entries = merged.get("driver")
     ranged = {**merged, "driver": [_merge(template, d) if isinstance(d, dict) else d
-                                   for d in merged.get("driver", [])]
-              if isinstance(merged.get("driver"), list) else []}
-    problems += range_problems(ranged, only=user)
-    return merged, [f"config file {path}: {p}" for p in problems]
+                                   for d in entries] if isinstance(entries, list) else []}
+    found += range_problems(ranged, only=user)
+    return FileCheck(merged, [f"config file {path}: {p}" for _, p in found],
+                     {section for section, _ in found})
 
 
 @dataclass
@@ -202,10 +214,10 @@ class Config:
         data = _defaults()
         source = "<defaults>"
         if path is not None:
-            merged, problems = file_problems(path)
-            if problems or merged is None:
-                raise InvalidArgument(problems[0])
-            data = merged
+            check = file_problems(path)
+            if check.problems or check.data is None:
+                raise InvalidArgument(check.problems[0])
+            data = check.data
             source = str(path)
         if overrides:
             data = _merge(data, overrides)

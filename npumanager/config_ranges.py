@@ -349,8 +349,8 @@ RANGES: dict[tuple[str, str], Check] = {
 
 
 def range_problems(data: Mapping[str, Any], *, only: Mapping[str, Any] | None = None
-                   ) -> Iterator[str]:
-    """What is out of range in a merged config (``data``), one sentence each, e.g.
+                   ) -> Iterator[tuple[str, str]]:
+    """What is out of range in a merged config (``data``), as (section, one sentence), e.g.
     ``channels in [[driver]] #1 ('reference') must be >= 1, not -1``. With ``only`` (the
     user's file as parsed), sections the user did not write are skipped: the defaults are
     in range (a test says so), and a message should name only what the user wrote.
@@ -361,7 +361,7 @@ def range_problems(data: Mapping[str, Any], *, only: Mapping[str, Any] | None = 
             continue
         if section == "driver":
             entries = value if isinstance(value, list) else []
-            yield from _driver_problems(entries)
+            yield from (("driver", p) for p in _driver_problems(entries))
             continue
         if not isinstance(value, dict):
             continue
@@ -369,7 +369,7 @@ def range_problems(data: Mapping[str, Any], *, only: Mapping[str, Any] | None = 
             check = RANGES.get((section, key))
             bad = check(v, value) if check is not None else None
             if bad is not None:
-                yield f"{key} in [{section}] {bad}"
+                yield section, f"{key} in [{section}] {bad}"
 
 
 def _driver_problems(entries: list[Any]) -> Iterator[str]:

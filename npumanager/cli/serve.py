@@ -31,6 +31,10 @@ def register(sub: Any) -> None:
                    help="root of private state: admin settings (DIR/npud) and the drivers' "
                    "cache maps (default: $NPU_STATE_DIR, /var/lib/npu as root; an npud on a "
                    "non-default runtime dir persists settings only when given one)")
+    p.add_argument("--check-config", nargs="?", const="", default=None, metavar="PATH",
+                   help="validate the config (PATH, else --config's file, else the "
+                   "defaults) as serve would, without starting anything: print what differs "
+                   "from the defaults and exit 0, or print every problem found and exit 1")
     p.set_defaults(func=main)
 
 
@@ -41,6 +45,8 @@ def main(args: argparse.Namespace) -> int:
     from npumanager.service.logs import setup_logging
     from npumanager.service.notify import Notifier, SystemdObserver
 
+    if args.check_config is not None:
+        return check_config(args)
     cfg = Config.load(args.config)
     mcfg = cfg.section("manager")
     fmt, level = str(mcfg.get("log_format", "text")), str(mcfg.get("log_level", "info"))
@@ -49,6 +55,11 @@ def main(args: argparse.Namespace) -> int:
     os.environ["NPU_LOG_FORMAT"], os.environ["NPU_LOG_LEVEL"] = fmt, level
     rt = ensure_runtime_dir(runtime_dir(args.runtime_dir))  # UnsafePath: exit 1, named
     use_drivers = not args.no_drivers and drivers_enabled(cfg)
+    from npumanager.cli.check_config import socket_problems
+    from npumanager.errors import InvalidArgument
+
+    for problem in socket_problems(cfg, rt, use_drivers):  # bind would fail, later
+        raise InvalidArgument(problem)
     observers: list[Any] = []
     listen = args.metrics if args.metrics is not None else \
         str(cfg.section("metrics").get("listen", "") or "")
@@ -79,6 +90,24 @@ def main(args: argparse.Namespace) -> int:
              state_dir=state_dir)
     sys.stdout.flush()
     return rc
+
+
+def check_config(args: argparse.Namespace) -> int:
+    """`npu serve --check-config [PATH]`: every problem on stderr and 1, or a summary and 0."""
+    from npumanager.cli import check_config as cc
+    from npumanager.paths import runtime_dir
+
+    path = args.check_config or args.config
+    rt = runtime_dir(args.runtime_dir)
+    cfg, problems = cc.check(path, rt, no_drivers=args.no_drivers)
+    if cfg is None or problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"npu serve --check-config: {len(problems)} problem"
+              f"{'s' if len(problems) != 1 else ''} found", file=sys.stderr)
+        return 1
+    print("\n".join(cc.summary(cfg, rt, args.no_drivers)))
+    return 0
 
 
 def _drivers_text(d: Any) -> str:

@@ -191,9 +191,9 @@ def test_every_problem_is_found_not_only_the_first(tmp_path: Path) -> None:
     cfg = tmp_path / "npud.toml"
     cfg.write_text("[manager]\nmax_frme = 1\nhello_timeout_s = -1\nmax_steps = \"x\"\n"
                    "[[driver]]\nname = \"a\"\nchannels = 0\n[[driver]]\nname = \"a\"\n")
-    merged, problems = file_problems(cfg)
-    assert merged is not None
-    assert [p.removeprefix(f"config file {cfg}: ") for p in problems] == [
+    check = file_problems(cfg)
+    assert check.data is not None and check.sections == {"manager", "driver"}
+    assert [p.removeprefix(f"config file {cfg}: ") for p in check.problems] == [
         "unknown key 'max_frme' in [manager]; did you mean 'max_frame'? (every key is "
         "listed in npumanager/defaults.toml)",
         "max_steps in [manager] must be an integer, not 'x' (a string)",
