@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--listen-fd", type=int, action="append", default=None,
                    help=argparse.SUPPRESS)
     p.add_argument("--manager-uid", type=int, default=None, help=argparse.SUPPRESS)
+    # The npud that starts the host (its parent): once it exits, a device it never attached
+    # to starts its orphan grace (with --exit-with-manager; see watch_launcher).
+    p.add_argument("--launcher-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-as", default=None, help=argparse.SUPPRESS)  # UID:GID
     p.set_defaults(func=main)
 
@@ -132,12 +135,14 @@ async def serve(args: argparse.Namespace) -> int:
         print("; ".join(f"driver {h.hc.name} ready at {h.socket_path} "
                         f"({h.driver.version}, {h.hc.channels} channels)" for h in hosts),
               flush=True)
-        watch = (asyncio.ensure_future(exit_when_orphaned(hosts, stop))
-                 if args.exit_with_manager else None)
+        watches = [asyncio.ensure_future(exit_when_orphaned(hosts, stop))
+                   ] if args.exit_with_manager else []
+        if args.exit_with_manager and args.launcher_pid is not None:
+            watches.append(asyncio.ensure_future(watch_launcher(hosts, args.launcher_pid)))
         try:
             await stop.wait()
         finally:
-            if watch is not None:
+            for watch in watches:
                 watch.cancel()
     finally:
         for host in hosts:
@@ -178,6 +183,50 @@ async def exit_when_orphaned(hosts: list[DriverHost], stop: asyncio.Event) -> No
             break
     log.warning("no manager attached again within %g s: exiting", hosts[0].hc.orphan_grace_s)
     stop.set()
+
+
+async def watch_launcher(hosts: list[DriverHost], pid: int) -> None:
+    """Tell every device once ``pid``, the npud that started this host (its parent), has
+    exited: a device whose link never attached (npud was SIGKILLed between the host's
+    ready line and its attach, or stopped before this device's link attached) hears no
+    ManagerGone, so without this its grace would never start and the host would linger
+    with no npud for ever (DriverHost.launcher_gone)."""
+    await parent_exit(pid)
+    log.info("the npud that started this host (pid %d) has exited", pid)
+    for host in hosts:
+        host.launcher_gone()
+
+
+async def parent_exit(pid: int) -> None:
+    """Return once process ``pid``, this process's parent when it started, has exited: a
+    pidfd that becomes readable then, or (no pidfds) the parent pid polled."""
+    if os.getppid() != pid:
+        return  # gone before this looked: this process was reparented already
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        fd = -1
+    try:
+        # Still our parent once the pidfd is open: it is the live npud's, not a reused pid's.
+        if fd >= 0 and os.getppid() == pid:
+            loop = asyncio.get_running_loop()
+            exited: asyncio.Future[None] = loop.create_future()
+
+            def readable() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+
+            loop.add_reader(fd, readable)
+            try:
+                await exited
+            finally:
+                loop.remove_reader(fd)
+        else:
+            while os.getppid() == pid:
+                await asyncio.sleep(0.5)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 class DriverConfigError(Exception):

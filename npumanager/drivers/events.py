@@ -97,6 +97,13 @@ class ManagerGone(Event):
 
 
 @dataclass(kw_only=True, slots=True)
+class LauncherGone(Event):
+    """The npud that started this host process has exited (``npu driver
+    --exit-with-manager`` watches it): a device whose link never attached, or had not
+    attached yet when npud stopped, hears no ManagerGone; its grace starts here."""
+
+
+@dataclass(kw_only=True, slots=True)
 class GrantIssued(Event):
     grant_id: str
     uid: int

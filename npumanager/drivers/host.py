@@ -224,6 +224,18 @@ class DriverHost:
             self._submit_quietly(ev.ClientGone(stimulus_id=self._stimulus("gone"), now=now,
                                                conn=client.cid))
 
+    def launcher_gone(self) -> None:
+        """The npud that started this host has exited (``npu driver --exit-with-manager``
+        watches its pid): if no manager is attached and no grace runs, the orphan grace
+        starts now (drivers/state_models.py ``_on_launcher_gone``)."""
+        idle = self.state.orphaned_at is None and not self.state.manager_attached
+        self._submit_quietly(ev.LauncherGone(stimulus_id=self._stimulus("launcher-gone"),
+                                             now=self.clock.now()))
+        if idle and self.state.orphaned_at is not None:
+            log.warning("the npud that started this host is gone; %d loaded model(s) keep "
+                        "running for at most %g s unless a manager attaches",
+                        len(self.state.model_ids()), self.hc.orphan_grace_s)
+
     def _on_timer(self, key: str) -> None:
         self._submit_quietly(ev.TimerFired(stimulus_id=self._stimulus("timer"),
                                            now=self.clock.now(), key=key))

@@ -152,6 +152,7 @@ class DriverState(ModelRules, FastAdmission, LoadHoldRules):
             ev.CallbackSet: self._on_callback,
             ev.ManagerAttached: self._on_manager_attached,
             ev.ManagerGone: self._on_manager_gone,
+            ev.LauncherGone: self._on_launcher_gone,
             ev.GrantIssued: self._on_grant_issued,
             ev.GrantEnded: self._on_grant_ended,
             ev.PrepareBegun: self._on_prepare_begun,

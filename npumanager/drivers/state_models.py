@@ -76,6 +76,21 @@ class ModelRules:
                      models=len(self._models))
         self._out.append(ev.ArmTimer(ORPHAN_TIMER, e.now + grace))
 
+    def _on_launcher_gone(self, e: ev.LauncherGone) -> None:
+        """npud exited while this device had no manager: it never attached (npud was
+        SIGKILLed between the host's ready line and its attach), or this device's link had
+        not attached yet when npud stopped (a device of a multi-device host). Nobody's
+        ManagerGone will start its grace, so it starts here: a new npud that attaches
+        within it adopts the host, else the host releases what it holds and exits, as an
+        orphan does. A device with a manager, or whose grace runs already, is unchanged."""
+        if self.manager_attached or self.orphaned_at is not None:
+            return
+        self.orphaned_at = e.now
+        grace = self.params.orphan_grace_s
+        self._decide("driver", self.params.name, "npud gone before it attached",
+                     grace_s=grace, models=len(self._models))
+        self._out.append(ev.ArmTimer(ORPHAN_TIMER, e.now + grace))
+
     def _orphan_grace_over(self) -> None:
         """Nobody re-attached in time: nothing runs outside a manager's budget any more."""
         e = self._ev

@@ -262,7 +262,8 @@ class DriverSupervisor:
         return [sys.executable, "-P", "-m", "npumanager", "driver", hcs[0].host_name,
                 "--runtime-dir", str(self.runtime_dir),
                 "--host-config-json", encoded,
-                "--exit-with-manager", "--state-dir", str(self._state_root()),
+                "--exit-with-manager", "--launcher-pid", str(os.getpid()),
+                "--state-dir", str(self._state_root()),
                 *launch.args()]
 
     def _state_root(self) -> Path:

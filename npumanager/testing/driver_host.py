@@ -100,3 +100,63 @@ def running_driver(name: str, runtime_dir: Path, state_dir: Path | None = None,
         yield dp
     finally:
         dp.stop()
+
+
+#: The stand-in npud of :func:`launched_host`: starts the host as npud does (its child,
+#: ``--exit-with-manager --launcher-pid``), prints the host's pid once it is ready, and
+#: never attaches; the test then SIGKILLs it.
+_LAUNCHER = """
+import os, subprocess, sys, time
+cmd = sys.argv[1:] + ["--exit-with-manager", "--launcher-pid", str(os.getpid())]
+host = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+line = host.stdout.readline()
+print(host.pid if b"ready" in line else -1, flush=True)
+time.sleep(3600)
+"""
+
+
+@contextmanager
+def launched_host(name: str, runtime_dir: Path, state_dir: Path, config: Path,
+                  timeout: float = 60.0) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A driver host started the way npud starts one, by a stand-in npud that never
+    attaches: (the stand-in, the host's pid). SIGKILL the stand-in and the host is in
+    issue #10's corner (b): npud died between the host's ready line and its attach. The
+    block's end kills both if they are still there."""
+    (runtime_dir / "drivers").mkdir(parents=True, exist_ok=True)
+    cmd = driver_command(name, runtime_dir, state_dir, config)
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, *cmd],
+                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    host_pid = -1
+    try:
+        assert launcher.stdout is not None
+        r, _, _ = select.select([launcher.stdout], [], [], timeout)
+        if r:
+            line = launcher.stdout.readline().strip()
+            host_pid = int(line) if line else -1
+        if host_pid <= 0:
+            raise ServiceUnavailable(f"driver {name} did not become ready under its "
+                                     "stand-in npud")
+        yield launcher, host_pid
+    finally:
+        for pid in (launcher.pid, host_pid):
+            if pid > 0:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+        launcher.wait()
+        if launcher.stdout is not None:
+            launcher.stdout.close()
+
+
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Did process ``pid`` (not necessarily a child) exit within ``timeout`` seconds?"""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        r, _, _ = select.select([fd], [], [], timeout)
+        return bool(r)
+    finally:
+        os.close(fd)
