@@ -25,11 +25,15 @@ from npumanager.demo import diag
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process when the demo (its parent) exits, however it exits."""
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the demo (its parent) exits, however it exits. A demo
+    that exited before this ran (a Ctrl-C while this app was still starting, on a loaded
+    machine) sends nothing: this process was reparented then, and exits now."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -43,12 +47,27 @@ def signals_held() -> Any:
     recorded. A Ctrl-C that landed between ``fork()`` and the caller recording the child
     left an app nobody stopped (seen under load: "demo apps still running"). Held here,
     the signal is taken right after the ``with`` block, when the app is on the list.
+
+    Masking the signals in this thread is not enough: the kernel then delivers them to
+    another thread of the demo (an app's event reader), and Python runs the handler in
+    the main thread at its next check, inside this block (seen beside a busy loop: an
+    app left running after a Ctrl-C). So the handlers are replaced too, by one that
+    notes the signal; it is raised again once the block is over.
     """
+    pending: list[int] = []
+    old_handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in _STOP_SIGNALS:
+            old_handlers[sig] = signal.signal(sig, lambda n, _f: pending.append(n))
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for held, handler in old_handlers.items():
+            signal.signal(held, handler)
+        for n in dict.fromkeys(pending):
+            signal.raise_signal(n)
 
 
 class Outbox:
@@ -117,6 +136,7 @@ class AppProcess:
         ev_r, ev_w = os.pipe()
         cmd_r, cmd_w = os.pipe()
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the app
             code = 0
@@ -135,7 +155,7 @@ class AppProcess:
                     os.setgroups([])
                     os.setgid(uid)
                     os.setuid(uid)
-                _die_with_parent()  # after setuid: a credential change clears it
+                _die_with_parent(parent)  # after setuid: a credential change clears it
                 main(Outbox(ev_w, name), LineQueue(cmd_r))
             except BaseException:
                 code = 1

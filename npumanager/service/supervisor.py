@@ -263,8 +263,7 @@ class DriverSupervisor:
                 "--runtime-dir", str(self.runtime_dir),
                 "--host-config-json", encoded,
                 "--exit-with-manager", "--launcher-pid", str(os.getpid()),
-                "--state-dir", str(self._state_root()),
-                *launch.args()]
+                "--state-dir", str(self._state_root()), *launch.args()]
 
     def _state_root(self) -> Path:
         return Path(self.state_dir) if self.state_dir is not None else default_state_dir()

@@ -29,6 +29,9 @@ def test_a_short_fixed_seed_chaos_run_breaks_no_invariant(tmp_path: Path) -> Non
     assert report.events.get("npud SIGKILL", 0) >= 1, report.render()
     assert report.events.get("npud SIGTERM", 0) >= 1, report.render()
     assert report.events.get("driver SIGKILL", 0) >= 1, report.render()
-    # The apps kept running inference through it all.
-    assert report.executes_ok > 100, report.render()
+    # The apps kept running inference through it all: most of the executes they tried
+    # succeeded. How many they tried in 40 s depends on the machine's load (beside a busy
+    # loop and a full suite: 59, all but 2 ok), so their number only has to show that
+    # inference ran; its share is the availability.
+    assert report.executes_ok > 0, report.render()
     assert report.executes_ok / report.executes > 0.8, report.render()
