@@ -24,7 +24,9 @@ measures both). One execution at a time per burst; open one burst per thread.
 Inputs in the model's ``input_buffers()`` (memory registered once, NNAPI's
 ``ANeuralNetworksMemory``) are not copied: the request names them where they
 lie, so a stream that fills them in place (a camera frame) sends no tensor bytes
-at all. Other large inputs are copied into the burst's own memory.
+at all. Other large inputs are copied into the burst's own memory. A stream
+that repeats its request only rewrites its inputs' slots and the sequence
+number (:mod:`.burst_repeat`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from npumanager.errors import (
     error_from_wire,
 )
 from npumanager.fds import close_fds
+from npumanager.nn.burst_repeat import FixedLayout
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import burst as layout
 
@@ -90,7 +93,7 @@ class Burst:
         self._poll = select.poll()
         self.burst_id = 0
         self._req, self._resp, self._data_start = 0, 0, 0
-        self._fixed: _FixedLayout | None = None
+        self._fixed: FixedLayout | None = None
         #: Numeric tensors up to this size travel inside the request (0 once a request
         #: outgrew the largest request area: then all go in the data area, which grows).
         self._inline = _INLINE
@@ -141,7 +144,7 @@ class Burst:
         self._req, self._resp = req, resp
         self._data_start = layout.data_start(req, resp)
         self._seq = 0
-        self._fixed = _FixedLayout.of(m, pool, self._data_start, req)
+        self._fixed = FixedLayout.of(m, pool, self._data_start, req)
         self._same_views: list[tuple[str, np.ndarray]] | None = None
 
     def _close_channel(self) -> None:
@@ -280,8 +283,8 @@ class Burst:
         pool.buf[start:start + len(data)] = data
         return self._round_trip(pool, sock, None, copy, len(data))
 
-    def _again(self, fixed: _FixedLayout, copy: bool) -> dict[str, Any]:
-        """The fixed request again, its inputs in place (``_FixedLayout.put``): the request
+    def _again(self, fixed: FixedLayout, copy: bool) -> dict[str, Any]:
+        """The fixed request again, its inputs in place (``FixedLayout.put``): the request
         and its length are in the memory already, so only the sequence number is new."""
         pool, sock = self._pool, self._sock
         assert pool is not None and sock is not None  # (the fixed layout goes with them)
@@ -301,7 +304,7 @@ class Burst:
         return self._answered(pool, fixed, copy, status, length)
 
     def _round_trip(self, pool: tensorio.ClientPool, sock: socket.socket,
-                    fixed: _FixedLayout | None, copy: bool, length: int = 0
+                    fixed: FixedLayout | None, copy: bool, length: int = 0
                     ) -> dict[str, Any]:
         """Ring for the request in the memory (``fixed``'s, else ``length`` bytes) and
         read the answer."""
@@ -319,7 +322,7 @@ class Burst:
         status, length = self._wait(seq, buf, sock)
         return self._answered(pool, fixed, copy, status, length)
 
-    def _answered(self, pool: tensorio.ClientPool, fixed: _FixedLayout | None, copy: bool,
+    def _answered(self, pool: tensorio.ClientPool, fixed: FixedLayout | None, copy: bool,
                   status: int, length: int) -> dict[str, Any]:
         buf = pool.buf
         if status == layout.SAME:
@@ -454,146 +457,6 @@ class Burst:
         self._drop()
         return DeviceUnavailable(f"device {self.model.device.name}: the burst's driver end "
                                  "closed (the driver restarted or dropped the model)")
-
-
-class _Slot:
-    """Where one input of the fixed request lies: its own slot in the burst's memory
-    (copied there each time), or where the caller's array lies in the model's input
-    buffers (named there, never copied)."""
-
-    __slots__ = ("dtype", "last", "name", "offset", "shape", "view", "where")
-
-    def __init__(self, name: str, dtype: np.dtype[Any], view: np.ndarray, offset: int) -> None:
-        self.name, self.dtype, self.shape = name, dtype, view.shape
-        self.view, self.offset = view, offset
-        self.last: np.ndarray | None = None  # the array given last time
-        self.where: tuple[int, int] | None = None  # (pool id, offset) or None: the slot
-
-
-class _FixedLayout:
-    """A burst's fixed request: one slot per input and per output in the burst's memory,
-    the request built and written once and rung again while the stream repeats it (the
-    driver keeps what it decoded to: :mod:`npumanager.drivers.burst_fixed`), and the
-    output views its full answer named, for the ``SAME`` answers after it."""
-
-    def __init__(self, slots: list[_Slot], out_start: int, pool: tensorio.ClientPool,
-                 req_size: int) -> None:
-        self.slots = slots
-        self.out_start = out_start
-        self.pool = pool
-        self.req_size = req_size
-        self.key: tuple[Any, ...] | None = None
-        self.data = b""
-        self.staging: tensorio.ClientPool | None = None
-        self.out_views: list[tuple[str, np.ndarray]] | None = None
-        #: The request area and the header's length hold this request (``data``).
-        self.written = False
-
-    @classmethod
-    def of(cls, model: Model, pool: tensorio.ClientPool, start: int,
-           req_size: int) -> _FixedLayout | None:
-        """The layout for ``model`` in ``pool`` from ``start``, or None when an input or
-        output has no static size (or is a sequence, map, optional or strings)."""
-        slots: list[_Slot] = []
-        pos = start
-        for spec in model.inputs:
-            n = spec.static_nbytes()
-            if n is None or spec.name in model._value_inputs:
-                return None
-            at = tensorio.align(pos)
-            view = tensorio.view_in(pool.buf, at, n, spec.dtype, spec.shape, spec.name) \
-                if at + n <= pool.size else None
-            if view is None:
-                return None
-            slots.append(_Slot(spec.name, view.dtype, view, at))
-            pos = at + n
-        out_start = tensorio.align(pos)
-        need = sum(tensorio.align(n) for s in model.outputs
-                   if (n := s.static_nbytes()) is not None)
-        if out_start + need > pool.size:
-            return None
-        return cls(slots, out_start, pool, req_size)
-
-    def put(self, inputs: Mapping[str, Any], key: tuple[Any, ...], model: Model) -> bool:
-        """The repeat of a stream that keeps its request: ``inputs`` copied into their
-        slots (or named where they lie, as last time), nothing else written. False, having
-        changed nothing the full path does not redo: anything else (:meth:`place`)."""
-        if (not self.written or self.out_views is None or key != self.key
-                or model._staging is not self.staging or len(inputs) != len(self.slots)):
-            return False
-        for slot in self.slots:
-            a: Any = inputs.get(slot.name)
-            if a is None:
-                return False
-            if a is not slot.last:
-                # A new array: it fits the same slot when it is not in the model's input
-                # buffers (else where it lies may have moved: place() looks).
-                if (type(a) is not np.ndarray or a.dtype != slot.dtype
-                        or a.shape != slot.shape or self.staging is not None
-                        or slot.where is not None):
-                    return False
-                slot.last = a
-            if slot.where is None:
-                np.copyto(slot.view, a)
-        return True
-
-    def place(self, inputs: Mapping[str, Any], key: tuple[Any, ...], model: Model) -> bool:
-        """Put ``inputs`` where the request says (rebuilding and writing the request when
-        where they lie or ``key`` changed); False: they do not fit it (another request
-        takes them, as any execute)."""
-        slots = self.slots
-        if len(inputs) != len(slots):
-            return False
-        staging = model._staging
-        if staging is not self.staging:  # input_buffers() replaced the model's buffers
-            self.staging = staging
-            for slot in slots:
-                slot.last = None
-        for slot in slots:
-            a = inputs.get(slot.name)
-            if type(a) is not np.ndarray or a.dtype != slot.dtype or a.shape != slot.shape:
-                return False
-            if a is not slot.last:
-                where = None
-                if staging is not None and a.flags.c_contiguous:
-                    off = model._staged_offset(staging, a)
-                    if off is not None:
-                        where = (staging.pool_id, off)
-                slot.last = a
-                if where != slot.where:
-                    slot.where = where
-                    self.key = None  # the request built before names another place
-            if slot.where is None:
-                np.copyto(slot.view, a)
-        if key != self.key and not self._build(key, model):
-            return False
-        # Written each time (a hundred bytes): the area is the client's own memory, but
-        # whatever wrote there last, the driver must read this request.
-        data = self.data
-        self.pool.buf[layout.HEADER:layout.HEADER + len(data)] = data
-        return True
-
-    def _build(self, key: tuple[Any, ...], model: Model) -> bool:
-        job_priority, feature_id, original_uid = key
-        pool = self.pool
-        msg = pb.Execute(
-            model_id=model.model_id, job_priority=int(job_priority),
-            has_feature_id=feature_id is not None, feature_id=feature_id or 0,
-            has_original_uid=original_uid is not None, original_uid=original_uid or 0,
-            steps=1, out_pool_id=pool.pool_id, out_offset=self.out_start,
-            out_capacity=pool.size - self.out_start)
-        for slot in self.slots:
-            pool_id, offset = slot.where or (pool.pool_id, slot.offset)
-            msg.inputs.add(name=slot.name, dtype=tensorio.dtype_name(slot.dtype),
-                           shape=slot.shape, pool_id=pool_id, offset=offset,
-                           nbytes=slot.view.nbytes)
-        data = msg.SerializeToString()
-        if len(data) > self.req_size:
-            return False
-        self.key, self.data = key, data
-        self.out_views = None  # learnt again from the full answer to this request
-        return True
-
 
 
 def _views_of(result: pb.ExecuteResult, pool: tensorio.ClientPool

@@ -1,0 +1,208 @@
+"""A burst execution through the host's state, on the burst's own thread.
+
+:class:`BurstExecutions` is the part of :class:`npumanager.drivers.burst.Bursts` that
+serves one request: the kept request's checks (:mod:`.burst_fixed`), admission through
+:class:`DriverState` under the host's lock exactly as ``device.execute`` (the fast path
+of :mod:`.state_fast` for a repeat the state admitted before), the step run here when
+the state starts it at once, its end recorded, and the ``SAME`` answer given before the
+bookkeeping when the state says the end is COMPLETED. Work the state queues instead
+runs where any job runs, and the burst's thread waits for its end. (The channel, the
+thread's loop and the open and close calls are :mod:`.burst`'s.)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.message import DecodeError
+
+from npumanager import tensorio
+from npumanager.drivers import events as ev
+from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
+from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
+from npumanager.drivers.steps import Done, Execution, Reply
+from npumanager.errors import DeviceUnavailable, InvalidArgument
+from npumanager.proto.v1 import driver_pb2 as pb
+
+if TYPE_CHECKING:
+    from npumanager.drivers.burst import BurstServer
+    from npumanager.drivers.host import DriverHost
+
+#: A waiting burst execution re-checks whether its burst closed this often.
+_WAIT_TICK_S = 1.0
+
+
+class BurstExecutions:
+    """Executions of the host's bursts (a base of :class:`~.burst.Bursts`, which owns
+    ``host`` and the open bursts)."""
+
+    host: DriverHost
+    _servers: dict[int, BurstServer]
+
+    def prepare_next(self, server: BurstServer) -> None:
+        """Once a reply is out: the next execution of the kept request, made now rather
+        than when the client is waiting for it (under the lock: a pool closing drops it
+        with the kept request, ``forget_pool``)."""
+        with self.host.lock:
+            fixed = server.fixed
+            if fixed is not None and fixed.fast is not None and not server.closing:
+                server.spare = fixed, fixed.execution(next(self.host._tickets), 0.0, Done())
+
+    def execute(self, server: BurstServer, data: bytes
+                ) -> tuple[Reply, FixedRequest | None] | None:
+        """Submit the request ``data`` as an execution of the burst's model, exactly as
+        device.execute does; run its steps here while the state starts them at once, else
+        wait. A request that repeats the kept one is not parsed or decoded again. None:
+        answered SAME already, as soon as its run was over and before its end was recorded
+        (the state said that end is COMPLETED, and nothing can change that while the lock
+        is held): the client does not wait for the bookkeeping."""
+        host = self.host
+        t0 = time.perf_counter()
+        client = server.client
+        spare, server.spare = server.spare, None
+        kept = server.fixed
+        early = None
+        if kept is None or kept.data != data:
+            # Parsed and decoded before the host's lock, which every uid's executions take:
+            # a request area of a million tiny values takes seconds to decode.
+            try:
+                early = self._decode(server, data, dict(client.pools))
+            except ValueError:
+                pass  # a pool closed under it: decoded again under the lock
+        with host.lock:
+            if server.closing or client.conn.closed:
+                raise DeviceUnavailable("the burst is closed")
+            prepared = host.res.prepared.get(server.model_id)
+            fixed = server.fixed
+            if fixed is not None and (fixed.data != data
+                                      or not fixed.still_valid(client.pools, prepared)):
+                fixed = server.fixed = None
+            key = fixed.fast if fixed is not None else None
+            if fixed is not None and key is not None:
+                # A repeat the state admitted before: admitted with what it found then,
+                # while nothing it checked has changed (drivers/state_fast.py).
+                if spare is not None and spare[0] is fixed:
+                    ex = spare[1]  # made when the last reply was out
+                    ex.t0 = t0
+                else:
+                    ex = fixed.execution(next(host._tickets), t0, Done())
+                admitted, step = host.submit_fast(ex, key)
+                if not admitted:
+                    key = fixed.fast = None
+            if key is None:
+                ex, step = self._submit_full(server, data, fixed, prepared, t0, Done(),
+                                             early)
+                fixed = server.fixed  # (a new one: its next repeat is answered SAME)
+        done = ex.done
+        assert done is not None
+        answered = False
+        # Anticipation serves FOREGROUND streams only: those whose steps run here.
+        server.foreground = step is not None and not step.background
+        while step is not None:
+            error, run_us = host.runner.run(ex, step)
+            server.run_us = run_us
+            with host.lock:
+                # (read before the answer: the end is recorded as of when the run was
+                # over, whenever the client goes on)
+                now = host.clock.now()
+                if (error is None and fixed is not None and server.sent is fixed
+                        and ex.result is not None and ex.result[0] is fixed.result
+                        and host.state.completes(ex.ticket)):
+                    server.answer_same()
+                    answered = True
+                step = host.submit_here(ex, ev.StepFinished(
+                    stimulus_id=host._stimulus("step"), now=now, ticket=ex.ticket,
+                    run_us=run_us, error=error))
+        if answered:
+            return None
+        if ex.outcome is None:
+            # Queued or paused: another thread runs it; its end sets ``done``. What the
+            # loop is to do (reports, timers, other work's inline steps) goes first.
+            host.res.wake_loop()
+            server.waiting = ex
+            try:
+                while not done.wait(_WAIT_TICK_S):
+                    if server.closing:
+                        break
+            finally:
+                server.waiting = None
+        outcome = ex.outcome
+        if outcome is None:
+            raise DeviceUnavailable("the burst closed while its execution waited")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome, fixed if outcome[0] is ex.fixed_result else None
+
+    @staticmethod
+    def _decode(server: BurstServer, data: bytes, pools: dict[int, tensorio.MappedPool]
+                ) -> tuple[pb.Execute, dict[str, Any], dict[int, tensorio.MappedPool]]:
+        """``data`` parsed, its inputs decoded against ``pools``; and ``pools``."""
+        try:
+            msg = pb.Execute.FromString(data)
+        except DecodeError:
+            raise InvalidArgument("the burst request is not an Execute message") from None
+        msg.model_id = server.model_id  # a burst executes its own model
+        return msg, decode_inputs(msg, pools), pools
+
+    def _submit_full(self, server: BurstServer, data: bytes, fixed: FixedRequest | None,
+                     prepared: PreparedModel | None, t0: float, done: Done,
+                     early: tuple[pb.Execute, dict[str, Any],
+                                  dict[int, tensorio.MappedPool]] | None = None
+                     ) -> tuple[Execution, ev.RunStep | None]:
+        """The lock held: ``data`` submitted as an ExecuteRequested (decoded first unless it
+        is the kept request); what it decodes to is kept for the next ones, bound once,
+        whether the state admits it or not, and what the state's checks found once it
+        does. ``early``: ``data`` decoded before the lock, used while the connection's pools
+        are still those it was decoded against."""
+        host = self.host
+        client = server.client
+        if fixed is not None:
+            msg, inputs = fixed.msg, fixed.inputs
+        elif early is not None and early[2] == client.pools:
+            msg, inputs = early[0], early[1]
+        else:
+            msg, inputs, _ = self._decode(server, data, client.pools)
+        ex, event = host.new_execution(client, msg, inputs, t0)
+        ex.done = done
+        if fixed is None:
+            # Outputs: inline while they fit the response area, large ones into the
+            # burst's data area unless the request named another area of its pools.
+            ex.inline_budget = server.resp_size // 2
+            if msg.out_pool_id:
+                set_output_area(ex, msg, client.pools)
+                self._check_output_area(client, msg)
+            else:
+                ex.out_pool, ex.out_pool_id = server.pool, server.pool_id
+                ex.out_offset = server.data_start
+                ex.out_capacity = server.pool.size - server.data_start
+            assert ex.out_pool is not None
+            fixed = fixed_request(data, msg, inputs, prepared, client.pools,
+                                  (ex.out_pool, ex.out_pool_id, ex.out_offset,
+                                   ex.out_capacity))
+            server.fixed = fixed
+        if fixed is not None:
+            self._use_fixed(ex, fixed)
+        step = host.submit_here(ex, event)
+        if fixed is not None:
+            fixed.fast = host.state.fast_key(event)
+            fixed.uid, fixed.feature_id = ex.uid, ex.feature_id
+        return ex, step
+
+    def _check_output_area(self, client: ClientConn, msg: pb.Execute) -> None:
+        """Outputs never go into a burst's header, request or response area: this host
+        reads them (a sequence number written there is a request nobody rang). (A copy of
+        the list: the loop opens and closes bursts meanwhile.)"""
+        for s in list(self._servers.values()):
+            if s.pool_id == msg.out_pool_id and s.client is client and \
+                    msg.out_offset < s.data_start:
+                raise InvalidArgument(f"the output area at {msg.out_offset} lies in burst "
+                                      f"{s.burst_id}'s header and request and response "
+                                      f"areas (tensors from {s.data_start})")
+
+    @staticmethod
+    def _use_fixed(ex: Execution, fixed: FixedRequest) -> None:
+        ex.out_pool, ex.out_pool_id = fixed.out_pool, fixed.out_pool_id
+        ex.out_offset, ex.out_capacity = fixed.out_offset, fixed.out_capacity
+        ex.bound, ex.bound_run, ex.fixed_result = fixed.bound, fixed.run, fixed.result
