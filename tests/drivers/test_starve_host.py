@@ -73,7 +73,7 @@ def test_a_background_job_completes_beside_busy_loops_on_every_cpu(
             feedback = {"state_out": "state"}
             # job priority 1000: BACKGROUND whoever runs the test (root's app priority is 0).
             model.execute(state, steps=2, feedback=feedback, job_priority=1000)
-            assert background_counts(runtime_dir)["boosted"] == 0  # an idle machine
+            # (No "nothing boosted yet": on a machine the suite keeps busy it may be.)
             loops = busy_loops()
             try:
                 out = model.execute(state, steps=STEPS, feedback=feedback, job_priority=1000)
