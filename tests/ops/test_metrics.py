@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,7 @@ def test_scrape_during_a_real_workload(npud: DaemonProcess, tmp_path: Path) -> N
                         model.release()
                 cb.listener.notify_model_loaded(req)
                 held = (req, cb, model)
+        waiting = cb  # request 2's
         # Request 2 waits behind the >2GB holder; another app runs meanwhile.
         app = subprocess.run([str(Path(sys.executable).with_name("npu")), "run", "--builtin",
                               "add", "--repeat", "3", "--wait", "0.5", "--runtime-dir",
@@ -144,7 +146,16 @@ def test_scrape_during_a_real_workload(npud: DaemonProcess, tmp_path: Path) -> N
         assert not again.loaded_from_cache
         again.release()
         cb.listener.notify_model_unloaded(req)
+        # npud grants request 2 once the driver has acknowledged the end of request 1's
+        # grant, and answers its cancellation once the driver has acknowledged that end too:
+        # wait for each while this client is still connected (a client that has gone gets
+        # no answer, and an answer nobody gets is not counted).
+        assert waiting.event.wait(30)
         mgr.cancel_model_load(ModelLoadRequest(2))
+        deadline = time.monotonic() + 30
+        while (value(scrape(npud), "npu_requests_completed_total", device="reference",
+                     status="cancelled") < 2 and time.monotonic() < deadline):
+            time.sleep(0.05)
     # The workload is over: what happened is in the counters.
     after = scrape(npud)
     assert {name for name, _ in after} >= API_NAMES
