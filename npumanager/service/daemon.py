@@ -362,7 +362,8 @@ class Daemon:
     def grant_end_applied(self, driver: str, grant_id: str) -> None:
         """``driver`` released the models of an ended grant (service/ending.py)."""
         self.submit_quietly(ev.GrantEndApplied(stimulus_id=self.stimulus("grant-end-applied"),
-                                               now=self.clock.now(), grant_id=grant_id))
+                                               now=self.clock.now(), grant_id=grant_id,
+                                               driver=driver))
 
     def model_memory(self, driver: str, grant_id: str, nbytes: int) -> None:
         self.submit_quietly(ev.ModelMemory(stimulus_id=self.stimulus("model-memory"),

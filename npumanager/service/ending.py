@@ -110,6 +110,8 @@ def on_applied(s: ManagerState, ev: GrantEndApplied) -> None:
     e = s._ending.get(ev.grant_id)
     if e is None:
         return  # applied already (its driver went down, or a late acknowledgement)
+    if e.dev.driver != ev.driver:
+        return  # another driver cannot vouch that this grant's models are gone
     s._emit(CancelTimer(e.timer))
     _apply(s, e, "grant end applied by the driver")
     s._pump(e.dev)

@@ -141,6 +141,7 @@ class GrantEndApplied(Event):
     refuses its bursts (:mod:`.ending`)."""
 
     grant_id: str
+    driver: str  # the link it came on: only the grant's own driver can apply its end
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

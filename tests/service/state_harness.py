@@ -194,12 +194,19 @@ class Harness:
         if self.auto_ack:
             for ins in list(out):
                 if isinstance(ins, ev.EndGrant) and ins.ack:
-                    out += self._handle(self.mk(ev.GrantEndApplied, grant_id=ins.grant_id))
+                    out += self._handle(self._ack_event(ins.grant_id, None))
         return out
 
-    def ack(self, grant_id: str) -> list[ev.Instruction]:
-        """The driver applied the end of ``grant_id``."""
-        return self.handle(self.mk(ev.GrantEndApplied, grant_id=grant_id))
+    def ack(self, grant_id: str, driver: str | None = None) -> list[ev.Instruction]:
+        """The driver applied the end of ``grant_id`` (``driver``: the link it came on; by
+        default the grant's own driver)."""
+        return self.handle(self._ack_event(grant_id, driver))
+
+    def _ack_event(self, grant_id: str, driver: str | None) -> ev.GrantEndApplied:
+        if driver is None:
+            ending = self.state._ending.get(grant_id)
+            driver = ending.dev.driver if ending is not None else ""
+        return self.mk(ev.GrantEndApplied, grant_id=grant_id, driver=driver)
 
     def _handle(self, event: ev.Event) -> list[ev.Instruction]:
         out = self.state.handle(event)

@@ -60,6 +60,15 @@ def test_memory_is_not_granted_again_before_the_driver_applied_the_end() -> None
     assert h.ack(end.grant_id) == []  # a late, repeated acknowledgement does nothing
 
 
+def test_only_the_grants_own_driver_can_acknowledge_its_end() -> None:
+    h = two_apps()
+    [end] = of(h.unloaded(2, 1), ev.EndGrant)
+    assert h.ack(end.grant_id, driver="other") == []  # not the driver that holds it
+    assert h.state.budget_used == 4 and [e["uid"] for e in h.state.dump(h.now)["ending"]] == [2]
+    out = h.ack(end.grant_id)
+    assert grants_of(out) == [(1, 1)]
+
+
 def test_a_revoked_grant_is_answered_revoked_after_the_ack() -> None:
     h = two_apps()
     out = h.advance(5.0)  # uid 2 never reports unloaded: the unload deadline passes
