@@ -110,15 +110,16 @@ def driver_recent(rt: Path, burst_id: int) -> dict[str, Any]:
 
 
 class TimedSock:
-    """The client's doorbell socket, noting when each ring went out (the client's own
-    part of "to seen" ends there)."""
+    """The client's doorbell socket, noting when each ring went out and for which request
+    (the client's own part of "to seen" ends there)."""
 
-    def __init__(self, sock: Any) -> None:
+    def __init__(self, sock: Any, burst: Any) -> None:
         self._s = sock
-        self.sent: list[float] = []
+        self._b = burst
+        self.sent: dict[int, float] = {}
 
     def send(self, data: bytes, *flags: int) -> int:
-        self.sent.append(time.perf_counter())
+        self.sent[self._b._seq] = time.perf_counter()
         return int(self._s.send(data, *flags))
 
     def __getattr__(self, name: str) -> Any:
@@ -166,6 +167,7 @@ def main() -> int:
                 host = "ant" if cfg.startswith("ant") else "plain"
                 calls: list[tuple[float, float]]
                 rec: dict[str, Any] | None = None
+                seqs: list[int] = []  # each burst call's request number (pairs it below)
                 if cfg.startswith("inproc"):
                     fn: Callable[[], object] = lambda: local.run(x)  # noqa: E731
                     for _ in range(5):
@@ -181,10 +183,15 @@ def main() -> int:
                         with remote.burst(spin_us=spin) as b:
                             for _ in range(5):
                                 b.execute(x)
-                            ts = TimedSock(b._sock)
+                            ts = TimedSock(b._sock, b)
                             b._sock = ts  # type: ignore[assignment]
+
+                            def call(b: Any = b, seqs: list[int] = seqs) -> None:
+                                b.execute(x)
+                                seqs.append(b._seq)
+
                             c0, d0 = process_cpu(), process_cpu(pid)
-                            calls = paced_loop(lambda b=b: b.execute(x), args.calls, args.hz)
+                            calls = paced_loop(call, args.calls, args.hz)
                             cpu = ((process_cpu() - c0) / args.calls,
                                    (process_cpu(pid) - d0) / args.calls)
                             rec = driver_recent(rts[host], b.burst_id)
@@ -199,35 +206,39 @@ def main() -> int:
                 rows_extra = ("-", "-")
                 run: list[float] = []
                 if rec is not None:
-                    recent = rec.pop("recent")[-args.calls:][args.skip:]
-                    if len(recent) == len(kept):
-                        to_seen = [r[0] - s for r, (s, _) in zip(recent, kept, strict=True)]
+                    # Each call paired with the driver's record of the same request number
+                    # (counting would pair the wrong ones after a skipped or extra record).
+                    by_seq = {int(r[10]): r for r in rec.pop("recent")}
+                    pairs = [(r, s, e, ts.sent.get(n)) for (s, e), n in
+                             zip(kept, seqs[args.skip:], strict=True)
+                             if (r := by_seq.get(n)) is not None]
+                    if pairs:
+                        recent = [p[0] for p in pairs]
+                        to_seen = [r[0] - s for r, s, _, _ in pairs]
                         served = [r[7] - r[0] for r in recent]
-                        back = [e - r[7] for r, (_, e) in zip(recent, kept, strict=True)]
+                        back = [e - r[7] for r, _, e, _ in pairs]
                         stages = (q(to_seen), q(served), q(back))
                         how = [HOW[int(r[1])] for r in recent]
                         counts = {h: how.count(h) for h in HOW if how.count(h)}
                         # Where the request came relative to the window's predicted due time,
                         # and how long before the call the warm-up ended and polling began.
                         off = [r[0] - r[2] for r in recent if r[2] is not None]
-                        warm_end = [s - r[5] for r, (s, _) in zip(recent, kept, strict=True)
-                                    if r[5] is not None]
-                        poll_for = [s - r[6] for r, (s, _) in zip(recent, kept, strict=True)
-                                    if r[6] is not None]
-                        sent = ts.sent[-args.calls:][args.skip:]
-                        if len(sent) == len(kept):
-                            rows_extra = (q([t - s for t, (s, _) in zip(sent, kept, strict=True)]),
-                                          q([r[0] - t for r, t in zip(recent, sent, strict=True)]))
+                        warm_end = [s - r[5] for r, s, _, _ in pairs if r[5] is not None]
+                        poll_for = [s - r[6] for r, s, _, _ in pairs if r[6] is not None]
+                        rang = [(r, s, t) for r, s, _, t in pairs if t is not None]
+                        rows_extra = (q([t - s for _, s, t in rang]),
+                                      q([r[0] - t for r, _, t in rang]))
                         run = [r[8] / US for r in recent]
                         woke = [r[3] - r[9] for r in recent
                                 if r[3] is not None and r[9] is not None]
-                        extra = (f"how {counts}; seen-due {q(off)}; woke-wake_at {q(woke)}; "
-                                 f"call-after-warm {q(warm_end)}; call-after-poll-start "
-                                 f"{q(poll_for)}")
-                        row |= {"how": counts, "seen_minus_due_us": q(off)}
+                        extra = (f"paired {len(pairs)}/{len(kept)}; how {counts}; seen-due "
+                                 f"{q(off)}; woke-wake_at {q(woke)}; call-after-warm "
+                                 f"{q(warm_end)}; call-after-poll-start {q(poll_for)}")
+                        row |= {"how": counts, "seen_minus_due_us": q(off),
+                                "paired": len(pairs)}
                     row["counters"] = rec
                     if not extra:
-                        extra = f"(records {len(recent)} vs calls {len(kept)})"
+                        extra = f"(no driver record matches a call of {len(kept)})"
                 doc[cfg] = row
                 rows.append((cfg, f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", *stages,
                              *rows_extra, q(run),

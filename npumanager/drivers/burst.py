@@ -192,7 +192,7 @@ class BurstServer:
                         pace.arrived(seen)
                     self._answer(seq, length)
                     self._answered()
-                    counters.served_one(how, seen, self.answered_at, self.run_us)
+                    counters.served_one(how, seen, self.answered_at, self.run_us, seq)
                     # Its ring is taken once the reply is out, off the client's wait (an
                     # honest client rings again only after reading this reply; if the ring
                     # taken is the next request's, the header read above the wait finds it).

@@ -53,7 +53,9 @@ class BurstCounters:
     warm0: float = _NAN
     warm1: float = _NAN
     poll0: float = _NAN
-    #: (seen, how, due, woke, warm0, warm1, poll0, answered, run_us, wake_at) per request.
+    #: (seen, how, due, woke, warm0, warm1, poll0, answered, run_us, wake_at, seq) per
+    #: request (``seq``: the request's sequence number, so a bench pairs each with the
+    #: client's call that rang it even when a request was skipped or answered twice).
     recent: deque[tuple[float, ...]] = field(
         default_factory=lambda: deque(maxlen=KEPT_RECENT))
 
@@ -61,11 +63,12 @@ class BurstCounters:
         """The thread begins to wait for the next request."""
         self.due = self.wake_at = self.woke = self.warm0 = self.warm1 = self.poll0 = _NAN
 
-    def served_one(self, how: int, seen: float, answered: float, run_us: float) -> None:
+    def served_one(self, how: int, seen: float, answered: float, run_us: float,
+                   seq: int = 0) -> None:
         self.served += 1
         self.found[how] += 1
         self.recent.append((seen, float(how), self.due, self.woke, self.warm0, self.warm1,
-                            self.poll0, answered, run_us, self.wake_at))
+                            self.poll0, answered, run_us, self.wake_at, float(seq)))
 
     def snapshot(self, recent: bool) -> dict[str, Any]:
         """JSON-ready: the counts, the arrival offsets from the predicted due time

@@ -246,10 +246,12 @@ def test_a_bursts_counters_tell_how_each_request_was_found(
             assert stats["offsets_n"] == 0 and stats["offset_p50_us"] is None
             times = stats["recent"]
             assert len(times) == 4
-            for seen, _how, due, *_, answered, run_us, wake_at in times:
+            for seen, _how, due, *_, answered, run_us, wake_at, _seq in times:
                 assert due is None and wake_at is None
                 assert seen <= answered and run_us >= 0  # (0: run off this thread)
             assert [t[0] for t in times] == sorted(t[0] for t in times)
+            # Each names its request's sequence number (a bench pairs calls by it).
+            assert [t[-1] for t in times] == [burst._seq - 3 + i for i in range(4)]
             assert "recent" not in s.host.bursts.stats(recent=False)[0]
         finally:
             await close(burst, dev)
