@@ -48,6 +48,7 @@ from npumanager.service.events import (
     EndGrant,
     HeldGrant,
     IssueGrant,
+    RequestEnded,
     RequestLoad,
     SendComplete,
     TimerFired,
@@ -177,6 +178,7 @@ def _refuse(s: ManagerState, e: ClaimRequest, why: str, grant_id: str | None = N
     if gid and gid in s._held and (s._held[gid].uid, s._held[gid].request_id) == key:
         del s._held[gid]
         s._emit(EndGrant(gid, e.uid, e.request_id, revoked=True))
+    s._emit(RequestEnded(e.uid, e.request_id, RequestStatus.REVOKED, e.device or ""))
     s._emit(SendComplete(e.conn, e.uid, e.request_id, RequestStatus.REVOKED,
                          e.device or ""))
     _settle(s)

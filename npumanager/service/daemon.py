@@ -257,6 +257,7 @@ class Daemon:
             ev.SendCanLoad: can_load,
             ev.IssueGrant: issue_grant,
             ev.SendComplete: complete,
+            ev.RequestEnded: lambda ins: None,  # for observers (metrics): nothing to do
             ev.EndGrant: end_grant,
             ev.RestartDriver: restart_driver,
             ev.AskUnload: ask_unload,

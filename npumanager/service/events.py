@@ -244,6 +244,19 @@ class SendComplete(Instruction):
 
 
 @dataclass(frozen=True, slots=True)
+class RequestEnded(Instruction):
+    """A request's terminal state is decided (CANCELLED, COMPLETE, REVOKED): for observers
+    (``npu_requests_completed_total``), nothing to carry out. Emitted once per request, at
+    the decision, whether or not its client is still there to receive the SendComplete
+    that follows now or, after the driver's ack (:mod:`.ending`), later."""
+
+    uid: int
+    request_id: int
+    status: RequestStatus
+    device: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class EndGrant(Instruction):
     """The grant is over; ``revoked`` means the driver must release its models now.
     ``ack``: the state waits for the driver's ``GrantEndApplied`` before it answers the app

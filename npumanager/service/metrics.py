@@ -93,7 +93,7 @@ class MetricsObserver(DaemonObserver):
         self._asked: dict[tuple[int, int], float] = {}
         self._started: dict[tuple[str, int], float] = {}
         self._runners = {ev.SendCanLoad: self._can_load, ev.AskUnload: self._ask_unload,
-                         ev.SendComplete: self._complete}
+                         ev.RequestEnded: self._ended}
 
     # --- DaemonObserver ------------------------------------------------------------
 
@@ -119,7 +119,9 @@ class MetricsObserver(DaemonObserver):
     def _ask_unload(self, ins: Any, now: float) -> None:
         self.unloads.labels(self.device, UnloadReason(ins.reason).name.lower()).inc()
 
-    def _complete(self, ins: Any, now: float) -> None:
+    def _ended(self, ins: Any, now: float) -> None:
+        # At the decision, not at the answer: a SendComplete deferred until the driver's
+        # ack (service/ending.py) may never go out, its client gone by then.
         self._asked.pop((ins.uid, ins.request_id), None)
         status = COMPLETED.get(RequestStatus(ins.status), str(int(ins.status)))
         self.completed.labels(self.device, status).inc()

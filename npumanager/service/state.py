@@ -99,6 +99,7 @@ from npumanager.service.events import (
     ModelMemory,
     ModelUnloaded,
     PolicySet,
+    RequestEnded,
     RequestKey,
     RequestLoad,
     SendCanLoad,
@@ -517,8 +518,12 @@ class ManagerState:
                 dev.budget.release(req.charge, unloading=state is _U)
                 self._emit(EndGrant(grant_id, uid, rid,
                                     revoked=status is RequestStatus.REVOKED))
-        if status is not None and not deferred:
-            self._emit(SendComplete(req.conn, uid, rid, status, dev.name))
+        if status is not None:
+            # Counted at the decision: the answer may wait for the driver's ack, and its
+            # client may be gone by then (service/ending.py).
+            self._emit(RequestEnded(uid, rid, status, dev.name))
+            if not deferred:
+                self._emit(SendComplete(req.conn, uid, rid, status, dev.name))
         self._table.remove(req)
         what = _ENDED[status] if status is not None else "dropped (client gone)"
         if deferred:  # the answer goes out once the driver applied the end (ending.py)

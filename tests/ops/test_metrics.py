@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -28,8 +29,9 @@ from npumanager import (
 )
 from npumanager.errors import InvalidArgument
 from npumanager.service.metrics import parse_listen
-from npumanager.testing.daemon import DaemonProcess
+from npumanager.testing.daemon import DaemonProcess, driver_hosts
 from npumanager.testing.onnx_models import matmul_model
+from tests.security.harness import Lifecycle
 
 pytestmark = pytest.mark.slow
 
@@ -147,9 +149,8 @@ def test_scrape_during_a_real_workload(npud: DaemonProcess, tmp_path: Path) -> N
         again.release()
         cb.listener.notify_model_unloaded(req)
         # npud grants request 2 once the driver has acknowledged the end of request 1's
-        # grant, and answers its cancellation once the driver has acknowledged that end too:
-        # wait for each while this client is still connected (a client that has gone gets
-        # no answer, and an answer nobody gets is not counted).
+        # grant, and answers its cancellation once the driver has acknowledged that end too
+        # (counted when decided: test_a_request_whose_client_left_before_the_drivers_ack_...).
         assert waiting.event.wait(30)
         mgr.cancel_model_load(ModelLoadRequest(2))
         deadline = time.monotonic() + 30
@@ -188,3 +189,54 @@ def test_grafana_dashboard_uses_exported_names() -> None:
                    "npu_driver_up", "npu_work_total", "npu_work_seconds",
                    "npu_cache_loads_total"):
         assert family in bases, family
+
+
+def test_a_request_whose_client_left_before_the_drivers_ack_is_counted(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """The driver is stopped (SIGSTOP: it acknowledges nothing), the app reports unloaded
+    and leaves; npud's answer, waiting for the ack, never goes out. The request still counts,
+    once: at the decision, and not again when the driver's ack arrives after SIGCONT."""
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    # No restart for a missing ack during the test, however loaded the machine.
+    cfg = {"manager": {"grant_end_ack_s": 600.0}}
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60,
+                       extra_args=["--metrics", "127.0.0.1:0"]) as npud:
+        before = value(scrape(npud), "npu_requests_completed_total", device="reference",
+                       status="complete")
+        [host] = driver_hosts(runtime_dir)
+        with NpuManager(runtime_dir, client_name="watcher") as watcher:
+            mgr = NpuManager(runtime_dir, client_name="app")
+            req = ModelLoadRequest(id=1)
+            cb = Lifecycle()
+            mgr.request_can_load_model(req, cb)
+            cb.wait_for("CAN_LOAD_NOW", 60)
+            os.kill(host, signal.SIGSTOP)
+            try:
+                cb.listener.notify_model_unloaded(req)
+                ending = wait_for(lambda: watcher.dump()["ending"], 60)
+                assert [(e["uid"], e["request_id"], e["answer"]) for e in ending] == [
+                    (os.getuid(), 1, "COMPLETE")]
+                mid = value(scrape(npud), "npu_requests_completed_total", device="reference",
+                            status="complete")
+                assert mid == before + 1  # counted when decided, before any answer
+                mgr.close()  # the client leaves: nobody is left to answer
+                wait_for(lambda: [e for e in watcher.dump()["ending"]
+                                  if e["answer"] is None], 60)
+                assert "COMPLETE" not in cb.seen
+            finally:
+                os.kill(host, signal.SIGCONT)
+                mgr.close()  # (closed already, unless the test failed before)
+            wait_for(lambda: watcher.dump()["ending"] == [], 60)  # the driver's ack came
+            after = scrape(npud)
+        assert value(after, "npu_requests_completed_total", device="reference",
+                     status="complete") == before + 1  # and not counted twice
+
+
+def wait_for(probe: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got or time.monotonic() > deadline:
+            assert got, f"not seen within {timeout} s"
+            return got
+        time.sleep(0.05)

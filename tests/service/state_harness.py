@@ -42,6 +42,8 @@ class Life:
     asked: bool = False
     revoked_grant: bool = False
     statuses: list[Any] = field(default_factory=list)
+    #: The terminal state decided (RequestEnded): once, at or before the SendComplete.
+    decided: RequestStatus | None = None
 
 
 class StreamChecker:
@@ -93,8 +95,15 @@ class StreamChecker:
             return
         assert isinstance(
             ins, ev.SendCanLoad | ev.IssueGrant | ev.AskUnload | ev.EndGrant | ev.SendComplete
+            | ev.RequestEnded
         ), ins
         key = (ins.uid, ins.request_id)
+        if isinstance(ins, ev.RequestEnded):
+            life = self.lives.get(key)
+            assert life is not None and life.phase != "ended", f"{ins} for no live request"
+            assert life.decided is None, f"{key}: its end decided twice ({ins})"
+            life.decided = ins.status
+            return
         if isinstance(ins, ev.EndGrant) and ins.grant_id in self.held:
             assert ins.revoked, f"{ins}: an unclaimed held grant ends revoked"
             self.held.discard(ins.grant_id)
@@ -137,6 +146,7 @@ class StreamChecker:
             life.revoked_grant = ins.revoked
             life.phase = "grant_ending" if ins.ack else "grant_ended"
         elif isinstance(ins, ev.SendComplete):
+            assert life.decided == ins.status, f"{key}: {ins} without its RequestEnded"
             if life.phase == "claimed":
                 assert ins.status == RequestStatus.REVOKED, f"{key}: refused claim {ins}"
                 life.statuses.append(ins.status)

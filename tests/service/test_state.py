@@ -47,6 +47,7 @@ def test_lifecycle_grant_load_unload_complete() -> None:
     out = h.unloaded(FG, 1)
     assert out == [
         ev.EndGrant("grant-0001", FG, 1, revoked=False),
+        ev.RequestEnded(FG, 1, RequestStatus.COMPLETE, "default"),
         ev.SendComplete(FG, FG, 1, RequestStatus.COMPLETE, "default"),
     ]
     assert h.state_of(FG, 1) is None
@@ -70,7 +71,8 @@ def test_cancel_queued_request() -> None:
     h.hold(FG, 1, BIG)
     assert status_of(h.request(BG, 2), BG, 2) == LoadStatus.NOT_PRIORITIZED
     out = h.cancel(BG, 2)
-    assert out == [ev.SendComplete(BG, BG, 2, RequestStatus.CANCELLED, "default")]
+    assert out == [ev.RequestEnded(BG, 2, RequestStatus.CANCELLED, "default"),
+                   ev.SendComplete(BG, BG, 2, RequestStatus.CANCELLED, "default")]
 
 
 def test_cancel_granted_request_ends_its_grant() -> None:
@@ -79,6 +81,7 @@ def test_cancel_granted_request_ends_its_grant() -> None:
     out = h.cancel(FG, 1)
     assert out == [
         ev.EndGrant("grant-0001", FG, 1, revoked=False),
+        ev.RequestEnded(FG, 1, RequestStatus.CANCELLED, "default"),
         ev.SendComplete(FG, FG, 1, RequestStatus.CANCELLED, "default"),
     ]
 
@@ -183,6 +186,7 @@ def test_revocation_after_the_deadline() -> None:
     out = h.advance(0.2)
     assert for_key(out, BG, 1) == [
         ev.EndGrant("grant-0001", BG, 1, revoked=True),
+        ev.RequestEnded(BG, 1, RequestStatus.REVOKED, "default"),
         ev.SendComplete(BG, BG, 1, RequestStatus.REVOKED, "default"),
     ]
     assert granted(out) == [(FG, 2)]

@@ -110,7 +110,7 @@ def test_without_a_driver_up_the_end_applies_at_once() -> None:
     h = Harness(policy=Policy.BUDGET, auto_ack=False)  # no driver: a pure manager
     h.request(1, 1, size=BIG)
     out = h.unloaded(1, 1)
-    assert [type(i) for i in out] == [ev.EndGrant, ev.SendComplete]
+    assert [type(i) for i in out] == [ev.EndGrant, ev.RequestEnded, ev.SendComplete]
     assert not of(out, ev.EndGrant)[0].ack
 
 
