@@ -127,6 +127,8 @@ class BurstServer:
         self.pace = Anticipation(anticipate.window_s) if anticipate else None
         self.foreground, self.run_us = False, 0.0
         self.counters = bc.BurstCounters()
+        #: Where the request being served is (``time.perf_counter_ns`` per ``bc`` mark).
+        self.marks = [0] * bc.MARKS
         self.answered_at = 0.0  # when the last answer was written (its ring just after)
         self.sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.peer_fd = peer.detach()  # goes to the client with the reply, then closed here
@@ -164,7 +166,8 @@ class BurstServer:
         poller.register(self._stop, select.POLLIN)
         last = 0
         try:
-            pace, counters, clock = self.pace, self.counters, time.perf_counter
+            pace, counters, ns = self.pace, self.counters, time.perf_counter_ns
+            marks = self.marks
             while not self.closing:
                 # The header first, then the wait: a drain below can take the ring of a
                 # request written after the header was last read (a client that rang more
@@ -187,17 +190,19 @@ class BurstServer:
                     seq, length = layout.read_request_header(self.pool.buf)
                 if seq != last:
                     last = seq
-                    seen = clock()
+                    marks[bc.M_SEEN] = seen_ns = ns()
+                    seen = seen_ns / 1e9  # (perf_counter's clock)
                     if pace is not None:
                         pace.arrived(seen)
                     self._answer(seq, length)
                     self._answered()
-                    counters.served_one(how, seen, self.answered_at, self.run_us, seq)
                     # Its ring is taken once the reply is out, off the client's wait (an
                     # honest client rings again only after reading this reply; if the ring
                     # taken is the next request's, the header read above the wait finds it).
                     gone = self._drain()
                     self._prepare_next(self)
+                    marks[bc.M_DONE] = ns()
+                    counters.served_one(how, seen, self.answered_at, self.run_us, seq, marks)
                 else:
                     gone = self._drain(_DRAIN_MAX)  # rings with no new request, a hang-up
                 if gone:
@@ -250,6 +255,7 @@ class BurstServer:
                                       f"request area of {self.req_size} bytes")
             # Copied out first: the client may rewrite the memory while it is parsed.
             data = bytes(self.pool.buf[self.req_off:self.req_off + length])
+            self.marks[bc.M_COPIED] = time.perf_counter_ns()
             done = self._execute(self, data)
             if done is None:
                 return  # answered SAME as soon as the run was over (answer_same)
@@ -289,7 +295,9 @@ class BurstServer:
         self.serving = 0
         layout.write_response_header(buf, seq, status, len(payload))
         self.answered_at = time.perf_counter()  # (before the ring: the client may run first)
+        self.marks[bc.M_ANSWERED] = time.perf_counter_ns()
         self._ring()
+        self.marks[bc.M_RUNG] = time.perf_counter_ns()
 
     def answer_same(self) -> None:
         """Answer the request being served SAME (its outputs lie where the last full
@@ -298,7 +306,9 @@ class BurstServer:
         seq, self.serving = self.serving, 0
         layout.write_response_header(self.pool.buf, seq, layout.SAME, 0)
         self.answered_at = time.perf_counter()
+        self.marks[bc.M_ANSWERED] = time.perf_counter_ns()
         self._ring()
+        self.marks[bc.M_RUNG] = time.perf_counter_ns()
 
     def _ring(self) -> None:
         try:

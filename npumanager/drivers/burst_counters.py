@@ -9,6 +9,13 @@ request old). ``recent`` keeps the last ``KEPT_RECENT`` requests' times
 (``time.perf_counter``, CLOCK_MONOTONIC: comparable with a client's own on the same
 machine), so a bench can lay them next to its calls: when it rang, when this thread
 saw it, when the answer was out.
+
+``marks`` splits the serve itself (from the request seen to the answer out and the
+bookkeeping after it) into stages (``STAGES``): ``time.perf_counter_ns`` marks the
+burst's thread takes on its way (a list store and one C call each, always on), each
+request's kept in ``recent`` as the µs of each stage (NaN: the request did not pass
+that mark, e.g. a full reply has no ``answered`` before its end is recorded), with
+their medians in the snapshot: where a served request's time goes, request by request.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 #: Requests whose times are kept.
@@ -30,6 +38,23 @@ LATE = 4  # its doorbell woke the thread after a window that ended without it
 HOW = ("ahead", "rung", "polled", "early", "late")
 
 _NAN = math.nan
+
+#: The serve's marks (indexes into ``BurstServer.marks``), in the order a repeated
+#: request passes them; each stage ends at its mark and starts at the one before it.
+M_SEEN = 0  # the thread saw the new request number
+M_COPIED = 1  # the request's bytes copied out of shared memory
+M_LOCKED = 2  # the kept request compared, the host's lock taken
+M_ADMITTED = 3  # the kept request's checks and the state's admission done (lock let go)
+M_RUN0 = 4  # about to run the step (ORT's run is ``run_us`` inside RUN0..RUN1)
+M_RUN1 = 5  # the step's run over, its outputs placed
+M_LOCKED2 = 6  # the host's lock taken again for the step's end
+M_ANSWERED = 7  # the answer written (SAME: before the end is recorded)
+M_RUNG = 8  # the doorbell rung back
+M_ENDED = 9  # the step's end recorded in the state (lock let go)
+M_DONE = 10  # the loop woken, the ring drained, the next execution made: ready again
+STAGES = ("copy", "lock", "admit", "to_run", "run", "lock2", "answer", "ring", "end",
+          "after")
+MARKS = len(STAGES) + 1
 
 
 @dataclass(slots=True)
@@ -53,9 +78,10 @@ class BurstCounters:
     warm0: float = _NAN
     warm1: float = _NAN
     poll0: float = _NAN
-    #: (seen, how, due, woke, warm0, warm1, poll0, answered, run_us, wake_at, seq) per
-    #: request (``seq``: the request's sequence number, so a bench pairs each with the
-    #: client's call that rang it even when a request was skipped or answered twice).
+    #: (seen, how, due, woke, warm0, warm1, poll0, answered, run_us, wake_at, seq,
+    #: *stage µs) per request (``seq``: the request's sequence number, so a bench pairs
+    #: each with the client's call that rang it even when a request was skipped or
+    #: answered twice; the stages as ``STAGES``).
     recent: deque[tuple[float, ...]] = field(
         default_factory=lambda: deque(maxlen=KEPT_RECENT))
 
@@ -64,11 +90,17 @@ class BurstCounters:
         self.due = self.wake_at = self.woke = self.warm0 = self.warm1 = self.poll0 = _NAN
 
     def served_one(self, how: int, seen: float, answered: float, run_us: float,
-                   seq: int = 0) -> None:
+                   seq: int = 0, marks: list[int] | None = None) -> None:
+        """One request served; ``marks`` (``perf_counter_ns``, 0: not passed) are read
+        and cleared."""
         self.served += 1
         self.found[how] += 1
+        if marks is None:
+            marks = _CLEAR
         self.recent.append((seen, float(how), self.due, self.woke, self.warm0, self.warm1,
-                            self.poll0, answered, run_us, self.wake_at, float(seq)))
+                            self.poll0, answered, run_us, self.wake_at, float(seq),
+                            *stages(marks)))
+        marks[:] = _CLEAR
 
     def snapshot(self, recent: bool) -> dict[str, Any]:
         """JSON-ready: the counts, the arrival offsets from the predicted due time
@@ -82,9 +114,31 @@ class BurstCounters:
             "busy": self.busy, "offsets_n": len(offsets),
             "offset_p50_us": _pct(offsets, 0.5), "offset_p90_us": _pct(offsets, 0.9),
         }
+        if kept:
+            out["stages_p50_us"] = {
+                name: _pct(sorted(v for r in kept if not math.isnan(v := r[_FIRST + i])), 0.5)
+                for i, name in enumerate(STAGES)}
         if recent:
             out["recent"] = [[None if math.isnan(x) else x for x in r] for r in kept]
         return out
+
+
+_CLEAR = [0] * MARKS
+#: Where the stages begin in a ``recent`` entry.
+_FIRST = 11
+
+
+def stages(marks: list[int]) -> list[float]:
+    """Each stage's µs from ``marks``: from the mark passed just before its own, in
+    time, to its own (NaN where its own was not passed). In time, not in index order:
+    a full reply is written after its end is recorded, so its ``answer`` stage is the
+    writing of the reply after ``end``."""
+    out = [_NAN] * (MARKS - 1)
+    passed = sorted((t, i) for i, t in enumerate(marks) if t)
+    for (t0, _), (t1, i) in pairwise(passed):
+        if i:
+            out[i - 1] = (t1 - t0) / 1e3
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float | None:

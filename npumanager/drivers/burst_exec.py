@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from npumanager import tensorio
+from npumanager.drivers import burst_counters as bc
 from npumanager.drivers import events as ev
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
@@ -71,7 +72,9 @@ class BurstExecutions:
                 early = self._decode(server, data, dict(client.pools))
             except ValueError:
                 pass  # a pool closed under it: decoded again under the lock
+        marks, ns = server.marks, time.perf_counter_ns
         with host.lock:
+            marks[bc.M_LOCKED] = ns()
             if server.closing or client.conn.closed:
                 raise DeviceUnavailable("the burst is closed")
             prepared = host.res.prepared.get(server.model_id)
@@ -95,15 +98,19 @@ class BurstExecutions:
                 ex, step = self._submit_full(server, data, fixed, prepared, t0, Done(),
                                              early)
                 fixed = server.fixed  # (a new one: its next repeat is answered SAME)
+        marks[bc.M_ADMITTED] = ns()
         done = ex.done
         assert done is not None
         answered = False
         # Anticipation serves FOREGROUND streams only: those whose steps run here.
         server.foreground = step is not None and not step.background
         while step is not None:
+            marks[bc.M_RUN0] = ns()
             error, run_us = host.runner.run(ex, step)
+            marks[bc.M_RUN1] = ns()
             server.run_us = run_us
             with host.lock:
+                marks[bc.M_LOCKED2] = ns()
                 # (read before the answer: the end is recorded as of when the run was
                 # over, whenever the client goes on)
                 now = host.clock.now()
@@ -115,6 +122,7 @@ class BurstExecutions:
                 step = host.submit_here(ex, ev.StepFinished(
                     stimulus_id=host._stimulus("step"), now=now, ticket=ex.ticket,
                     run_us=run_us, error=error))
+        marks[bc.M_ENDED] = ns()
         if answered:
             return None
         if ex.outcome is None:

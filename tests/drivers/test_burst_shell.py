@@ -17,6 +17,7 @@ import pytest
 
 from npumanager import nn
 from npumanager.drivers import burst as burst_module
+from npumanager.drivers import burst_counters as bc
 from npumanager.hal.types import EndReason
 from npumanager.nn.burst import Burst
 
@@ -246,12 +247,24 @@ def test_a_bursts_counters_tell_how_each_request_was_found(
             assert stats["offsets_n"] == 0 and stats["offset_p50_us"] is None
             times = stats["recent"]
             assert len(times) == 4
-            for seen, _how, due, *_, answered, run_us, wake_at, _seq in times:
+            for seen, _how, due, *_, answered, run_us, wake_at, _seq in (t[:11] for t in times):
                 assert due is None and wake_at is None
                 assert seen <= answered and run_us >= 0  # (0: run off this thread)
+            # The serve's stages (burst_counters.STAGES), each request's: every one it
+            # passed is a duration; they add up to the time from seen to ready again.
+            for t in times:
+                stages = t[11:]
+                assert len(stages) == len(bc.STAGES)
+                assert all(v is None or v >= 0 for v in stages), stages
+                for name in ("copy", "lock", "admit", "answer", "ring"):
+                    assert stages[bc.STAGES.index(name)] is not None, (name, stages)
+                # (a step that ran on a lowered worker passed no mark of this thread's)
+                assert (stages[bc.STAGES.index("run")] is not None) == (t[8] > 0), stages
+                assert sum(v for v in stages if v is not None) >= (t[7] - t[0]) * 1e6 - 1
+            assert set(stats["stages_p50_us"]) == set(bc.STAGES)
             assert [t[0] for t in times] == sorted(t[0] for t in times)
             # Each names its request's sequence number (a bench pairs calls by it).
-            assert [t[-1] for t in times] == [burst._seq - 3 + i for i in range(4)]
+            assert [t[10] for t in times] == [burst._seq - 3 + i for i in range(4)]
             assert "recent" not in s.host.bursts.stats(recent=False)[0]
         finally:
             await close(burst, dev)

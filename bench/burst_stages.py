@@ -1,0 +1,154 @@
+"""Where a paced burst request's time goes inside the driver: the serve, stage by stage.
+
+bench/burst_paced.py splits a call into to seen / served / back; this splits
+*served* (from the driver's thread seeing the request to its answer rung, and the
+bookkeeping after it) along the marks the burst's thread takes
+(drivers/burst_counters.py ``STAGES``: copy, lock, admit, to_run, run, lock2,
+answer, ring, end, after), per request, p50 over the paced calls. Each
+configuration is one uninterrupted paced loop (anticipation learns the pace), and
+the whole set runs ``--rounds`` times alternately (machine drift hits every
+configuration alike); every row pools its rounds.
+
+Configurations per model: ``inproc`` (ONNX Runtime in-process, paced the same way:
+the baseline), ``burst``, ``ant`` (``burst_anticipate_us = --anticipate``); with
+``--against DIR`` (another source tree, e.g. a worktree of main) also ``burst@DIR``
+and ``ant@DIR``, served by a host run from that tree in the same run. The work is
+FOREGROUND (``foreground_priority = 1000``, as a camera's under npud).
+
+Usage: python bench/burst_stages.py [--models tiny,gru] [--hz 30] [--calls 200]
+[--rounds 2] [--anticipate 300] [--against DIR] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from burst_paced import driver_recent, model, paced_loop  # (bench/ is on sys.path)
+from execute_overhead import pct, process_cpu, start_host
+
+from npumanager.drivers.base import CompileOptions
+from npumanager.drivers.burst_counters import STAGES
+from npumanager.drivers.reference import ReferenceDriver
+
+US = 1e6
+_FIRST = 11  # where a recent entry's stages begin (drivers/burst_counters.py)
+
+
+def p(xs: list[float], q: float) -> float:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return pct(xs, q) if xs else math.nan
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="tiny,gru")
+    ap.add_argument("--hz", type=float, default=30.0)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--skip", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--anticipate", type=float, default=300.0)
+    ap.add_argument("--against", type=Path)
+    ap.add_argument("--configs", default="inproc,burst,ant")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    fg = "foreground_priority = 1000\n"
+    ant = fg + f"burst_anticipate_us = {args.anticipate:g}\n"
+    wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    hosts_wanted = [(c, None, fg if c == "burst" else ant) for c in wanted
+                    if c in ("burst", "ant")]
+    if args.against is not None:
+        tag = args.against.name
+        hosts_wanted += [(f"{c}@{tag}", args.against, cfg) for c, _, cfg in list(hosts_wanted)]
+    st = Path(tempfile.mkdtemp(prefix="npu-bench-st-", dir="/tmp"))
+    doc: dict[str, Any] = {}
+    try:
+        with ExitStack() as stack:
+            rts = {label: Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
+                   for label, _, _ in hosts_wanted}
+            for rt in rts.values():
+                stack.callback(shutil.rmtree, rt, True)
+            devs = {label: start_host(stack, st, cfg, tree, rts[label])
+                    for label, tree, cfg in hosts_wanted}
+            for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+                onnx, x = model(name)
+                local = ReferenceDriver({}).compile(onnx, CompileOptions())
+                remotes = {label: dev.prepare_model(onnx) for label, (dev, _) in devs.items()}
+                labels = (["inproc"] if "inproc" in wanted else []) + list(devs)
+                got: dict[str, dict[str, list[float]]] = {
+                    label: {"lat": [], "ccpu": [], "dcpu": [], "served": [], "run": [],
+                            **{s: [] for s in STAGES}} for label in labels}
+                for _ in range(args.rounds):
+                    for label in labels:
+                        g = got[label]
+                        if label == "inproc":
+                            fn = lambda loc=local, x=x: loc.run(x)  # noqa: E731
+                            for _ in range(5):
+                                fn()
+                            c0 = process_cpu()
+                            calls = paced_loop(fn, args.calls, args.hz)
+                            g["ccpu"].append((process_cpu() - c0) / args.calls)
+                        else:
+                            pid = devs[label][1]
+                            with remotes[label].burst() as b:
+                                for _ in range(5):
+                                    b.execute(x)
+                                c0, d0 = process_cpu(), process_cpu(pid)
+                                calls = paced_loop(lambda b=b, x=x: b.execute(x), args.calls,
+                                                   args.hz)
+                                g["ccpu"].append((process_cpu() - c0) / args.calls)
+                                g["dcpu"].append((process_cpu(pid) - d0) / args.calls)
+                                rec = driver_recent(rts[label], b.burst_id)
+                            recent = rec["recent"][-args.calls:][args.skip:]
+                            for r in recent:
+                                if r[7] is not None:
+                                    g["served"].append(r[7] - r[0])
+                                g["run"].append(r[8] / US)
+                                for i, s in enumerate(STAGES):
+                                    v = r[_FIRST + i] if len(r) > _FIRST + i else None
+                                    g[s].append(math.nan if v is None else v / US)
+                        g["lat"] += [e - s for s, e in calls[args.skip:]]
+                base = p(got["inproc"]["lat"], 0.5) if "inproc" in got else math.nan
+                print(f"\n{name} at {args.hz:g} Hz, {args.rounds} x {args.calls} calls per "
+                      f"configuration (first {args.skip} of each not counted), anticipate "
+                      f"{args.anticipate:g} µs; µs, p50 unless named", flush=True)
+                header = ("config", "p50", "p99", "added", "served", "run",
+                          *STAGES, "client cpu", "driver cpu")
+                rows = []
+                for label in labels:
+                    g = got[label]
+                    p50 = p(g["lat"], 0.5)
+                    cells = [label, p50 * US, p(g["lat"], 0.99) * US, (p50 - base) * US,
+                             p(g["served"], 0.5) * US, p(g["run"], 0.5) * US,
+                             *(p(g[s], 0.5) * US for s in STAGES),
+                             sum(g["ccpu"]) / max(1, len(g["ccpu"])) * US,
+                             sum(g["dcpu"]) / len(g["dcpu"]) * US if g["dcpu"] else math.nan]
+                    doc[f"{name}/{label}"] = dict(zip(header, cells, strict=True))
+                    rows.append([str(cells[0])] + ["-" if math.isnan(c) else f"{c:.0f}"
+                                                   for c in cells[1:]])
+                widths = [max(len(r[i]) for r in [list(header), *rows])
+                          for i in range(len(header))]
+                for r in [list(header), *rows]:
+                    print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)),
+                          flush=True)
+                for r in remotes.values():
+                    r.release()
+                local.release()
+    finally:
+        shutil.rmtree(st, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
