@@ -46,7 +46,13 @@ from typing import TYPE_CHECKING, Any
 
 from npumanager import tensorio
 from npumanager.drivers import burst_counters as bc
-from npumanager.drivers.anticipate import Anticipate, Anticipation, await_request, warm
+from npumanager.drivers.anticipate import (
+    Anticipate,
+    Anticipation,
+    await_request,
+    low_timer_slack,
+    warm,
+)
 from npumanager.drivers.burst_exec import BurstExecutions
 from npumanager.drivers.burst_fixed import FixedRequest
 from npumanager.drivers.messages import ClientConn
@@ -165,6 +171,8 @@ class BurstServer:
         poller.register(sock.fileno(), select.POLLIN)
         poller.register(self._stop, select.POLLIN)
         last = 0
+        if self.pace is not None:
+            low_timer_slack()  # (its timed sleep before the window: drivers/anticipate.py)
         try:
             pace, counters, ns = self.pace, self.counters, time.perf_counter_ns
             marks = self.marks

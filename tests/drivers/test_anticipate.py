@@ -14,11 +14,14 @@ import pytest
 
 from npumanager.drivers import burst_counters as bc
 from npumanager.drivers.anticipate import (
+    COARSE_S,
     KEPT,
+    KEPT_OVERSLEEPS,
     MAX_SHARE,
     Anticipate,
     Anticipation,
     await_request,
+    low_timer_slack,
 )
 from npumanager.drivers.burst_counters import BurstCounters
 from npumanager.tensorio import burst as layout
@@ -119,6 +122,47 @@ def test_the_sleep_ends_earlier_by_the_threads_usual_oversleep_and_warm_up() -> 
     assert after.wake_at - warmed.wake_at == pytest.approx(250e-6)
 
 
+def test_the_wake_up_is_planned_by_the_p90_of_the_oversleeps() -> None:
+    """The timed sleep ends early by how late the thread's sleeps ended in nine cases of
+    ten, not in half: one late wake-up in twenty does not move the plan, three do, and
+    only the last KEPT_OVERSLEEPS count."""
+    a = Anticipation(300e-6)
+    last = stream(a, 1 / 30)
+    base = a.plan(last)
+    assert base is not None
+    for late in [100e-6] * (KEPT_OVERSLEEPS - 1) + [400e-6]:
+        a.woke(late)
+    one = a.plan(last)
+    assert one is not None and base.wake_at - one.wake_at == pytest.approx(100e-6)
+    for late in [300e-6] * 2:
+        a.woke(late)
+    three = a.plan(last)  # 300, 300, 400 among the last twenty: the p90 is 300
+    assert three is not None and base.wake_at - three.wake_at == pytest.approx(300e-6)
+    for _ in range(KEPT_OVERSLEEPS):
+        a.woke(50e-6)
+    assert a.oversleeps == [50e-6] * KEPT_OVERSLEEPS and a.oversleep == pytest.approx(50e-6)
+    # The window itself does not move: only when the thread wakes before it.
+    assert (one.opens, one.spin_until) == (base.opens, base.spin_until)
+
+
+def test_the_burst_threads_timer_slack_is_its_own() -> None:
+    """low_timer_slack sets the calling thread's slack to 1 ns; other threads keep theirs."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    got: list[int] = []
+
+    def body() -> None:
+        got.append(int(low_timer_slack()))
+        got.append(int(libc.prctl(30, 0, 0, 0, 0)))  # PR_GET_TIMERSLACK
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert got == [1, 1]
+    assert int(libc.prctl(30, 0, 0, 0, 0)) != 1
+
+
 # --- the thread's side -----------------------------------------------------------------
 
 
@@ -192,6 +236,29 @@ def test_a_ring_before_the_window_ends_the_sleep(b: Burstish) -> None:
     os.eventfd_write(b.stop, 1)  # the stop too
     assert await_request(a, b.fds(), b.buf, 0, b) == bc.EARLY
     assert b.warmed == 0 and b.counters.warms == 0  # no window was reached
+
+
+def test_a_long_sleep_ends_in_two_parts_then_polls(b: Burstish) -> None:
+    """A wake-up more than COARSE_S ahead: a coarse sleep, then the rest (whose slack is
+    small), then the poll sees the request; a ring during the coarse part ends it."""
+    import time
+
+    a = Anticipation(0.0)
+    open_window(a, 0.0, 60.0)  # a window open for a minute...
+    plan = a.plan(time.perf_counter())
+    assert plan is not None
+    a.warm_s = a.oversleep = 0.0
+    a.last = time.perf_counter() + 4 * COARSE_S - a.period + 0.6 * a.window_s  # ...in 8 ms
+    layout.write_request_header(b.buf, 1, 10)
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.POLLED
+    c = b.counters
+    assert c.wake_at <= c.woke <= c.poll0 and b.warmed == 1
+    assert len(a.oversleeps) == 1  # the sleep's lateness was learnt
+    # Rung during the coarse part: EARLY, nothing learnt (it did not reach its end).
+    a.last = time.perf_counter() + 60.0 - a.period
+    b.peer.send(b"\1")
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.EARLY
+    assert len(a.oversleeps) == 1 and b.warmed == 1
 
 
 def test_a_window_without_a_request_falls_back_to_the_doorbell(b: Burstish) -> None:
