@@ -111,12 +111,19 @@ def compile_with_artifacts(
     intra_op_threads: int = 1,
     binding: OrtBinding | None = None,
     min_external_bytes: int = 0,
+    prepack: bool = True,
 ) -> tuple[Any, list[bytes], list[bytes]]:
     """Compile ``onnx_bytes`` once; the session and its model/data cache blobs.
     ``binding``: the model's external data (:mod:`.reference_external`; it then holds the
     bytes to compile), which the data cache gets like every other initializer.
     ``min_external_bytes``: initializers smaller than this stay in the model blob (ONNX
-    Runtime cannot infer shapes from a Reshape's shape tensor given from memory)."""
+    Runtime cannot infer shapes from a Reshape's shape tensor given from memory).
+    ``prepack=False`` for a caller that only wants the blobs (the compile worker): ONNX
+    Runtime then skips copying the weights into its packed layouts, which it does after
+    the optimized model is written, so the blobs are the same (tests/drivers/
+    test_reference_cache.py checks it); the session it returns runs slower (an
+    embedder's batches 2x), so it is not one to keep. For the 32 MiB LLM of
+    bench/contention.py that halves the compile (156 -> 77 ms, 119 -> 54 ms)."""
     import onnxruntime as ort
 
     if n_model < 1 or n_data < 0:
@@ -129,6 +136,8 @@ def compile_with_artifacts(
         model_path = os.path.join(tmp, _MODEL_NAME)
         data_path = os.path.join(tmp, DATA_NAME)
         so.optimized_model_filepath = model_path
+        if not prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
         if n_data > 0:
             so.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name", DATA_NAME

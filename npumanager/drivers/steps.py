@@ -48,6 +48,21 @@ def spare_cpus() -> set[int] | None:
     return set(cpus[1:]) if len(cpus) >= 2 else None
 
 
+def name_this_thread() -> None:
+    """Give the calling thread its Python name's last part as its kernel name
+    (``npu-bg_0``, ``npu-bgcompile_1``: the comm that ``top -H``, ``perf sched`` and
+    bench/contention_trace.py show; every thread of the host is "python" otherwise).
+    Best effort: PR_SET_NAME (15 characters) where libc has prctl."""
+    import ctypes
+
+    name = threading.current_thread().name.rsplit("-", 1)[-1]
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, f"npu-{name}"[:15].encode(), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None) -> None:
     """Lower the calling thread (Linux schedules threads, not processes: the tid).
 
@@ -57,6 +72,7 @@ def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None) -> No
     CFS weight of about 1.5 % at 19, for kernels or sandboxes without SCHED_IDLE.
     Threads ONNX Runtime creates later from this one inherit the policy. ``cpus``: the
     CPUs the thread may run on (None: all it may now)."""
+    name_this_thread()
     tid = threading.get_native_id()
     if cpus:
         try:

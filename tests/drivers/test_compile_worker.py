@@ -236,3 +236,32 @@ def test_a_held_worker_is_stopped_and_its_compile_completes_once_continued(
     assert proc is not None
     preparer.close()
     assert proc.returncode is not None and worker.pid is None
+
+
+def test_the_workers_blobs_are_those_of_a_prepacked_compile() -> None:
+    """The worker compiles with ONNX Runtime's weight prepacking off (it throws the session
+    away); the optimized model and weights it writes must be byte for byte those of a
+    compile that prepacks, at every level, for MatMul and Conv (the kernels that pack)."""
+    from npumanager.drivers.compile_worker import MIN_EXTERNAL_BYTES
+    from npumanager.drivers.reference_cache import compile_with_artifacts
+
+    rng = np.random.default_rng(3)
+    conv = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "k")
+    w = numpy_helper.from_array(rng.standard_normal((8 * 6 * 6, 16)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "k"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Reshape", ["r", "shape"], ["f"]),
+         helper.make_node("MatMul", ["f", "w"], ["y"])],
+        "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [conv, w, shape])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for onnx in (model.SerializeToString(), mlp(128)):
+        for level in (1, 99):
+            packed = compile_with_artifacts(onnx, level, 1, 1,
+                                            min_external_bytes=MIN_EXTERNAL_BYTES)
+            unpacked = compile_with_artifacts(onnx, level, 1, 1, prepack=False,
+                                              min_external_bytes=MIN_EXTERNAL_BYTES)
+            assert packed[1:] == unpacked[1:]
+            assert sum(len(b) for b in unpacked[2]) > 0  # the weights went to the data blob
