@@ -95,6 +95,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "quiet-2ms": {"quiet_window_us": 2000},
     "quiet-1ms": {"quiet_window_us": 1000},
     "quiet-off": {"quiet_window_us": 0},  # (the defaults before the window)
+    # The window's tail (drivers/quiet.py): no background step starts for 1 ms after the
+    # camera's frame ends, while the camera app takes its answer.
+    "tail-1ms": {"quiet_tail_us": 1000},
     # The window holds background compiles too (drivers/load_hold.py): the compile child
     # is stopped (SIGSTOP) around the camera's frames instead of running through them at
     # SCHED_IDLE only.

@@ -303,6 +303,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "background_compile"): _ANY,  # config.CHOICES
     ("driver", "switch_interval_us"): at_least(0, " (0 = Python's 5000)"),
     ("driver", "quiet_window_us"): at_least(0, " (0 = off)"),
+    ("driver", "quiet_tail_us"): at_least(0, " (0 = none)"),
     ("driver", "hold_loads"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
     ("driver", "background_cpus"): _ANY,  # config.CHOICES

@@ -181,6 +181,46 @@ the camera's contended p99 between runs of one invocation (load-hold and managed
 do not differ in that phase: 1.8 vs 3.0 ms in one run), so only pooled runs
 (bench/contention_spread.py) say anything below that.
 
+Session 9: where the managed camera's slow frames go, from a kernel scheduler trace
+(bench/contention_trace.py: every context switch and wake-up on the machine, CLOCK_MONOTONIC,
+laid next to each frame and the driver's record of its burst request; quick runs, 2 vCPUs,
+kernel 6.18 with EEVDF, HZ 250, no kernel preemption):
+
+* ONNX Runtime's pool threads are not it: with one intra-op thread per session (both
+  classes' default) a session creates no pool thread (one made with two adds two, and they
+  inherit the creating thread's SCHED_IDLE), so nothing spins either. The host had 5
+  SCHED_IDLE threads (npu-bg_0..2 for steps, npu-bgcompile_0..1 for loads) and 7 normal
+  ones (event loop, burst threads, foreground channels), none of them ORT's.
+* Nor the GIL in the host's load of a background model: building the session from the
+  compile child's artifacts (32 MiB) left a Python counter thread gaps of 3.0-4.6 ms at
+  most, the same as a sleep on that busy machine; freeing the LLM's session holds it
+  0.2 ms. (Building one from the 32 MiB ONNX bytes holds it 20-23 ms, the protobuf
+  parse: the child does that.)
+* The camera app's thread, after the driver answered, waited 2-4.7 ms runnable while a
+  SCHED_IDLE step worker (npu-bg_N) held the CPU: in 4 of the 6 slowest loading-phase
+  frames of one run, the slowest of the next (3.3 ms behind npu-bg_0). The step had
+  started the moment the frame ended. Under EEVDF SCHED_IDLE is a weight (3 against
+  1024) plus a wake-up preemption rule, not a strict priority: a normal thread that is
+  not eligible (it ran a moment ago: a preemption, a wake-up with negative lag) is passed
+  over for an eligible SCHED_IDLE one, which keeps the CPU until the next tick. (A
+  normal thread burning 1 ms every 20 ms beside two SCHED_IDLE spinners: 1 frame in 282
+  waited 2.6 ms, none without them.) Hence the quiet window's tail (:mod:`.quiet`,
+  ``quiet_tail_us``): no background step starts for T after a paced frame ends. Three
+  quick runs (180 contended frames each), tail 1 ms vs none, camera p99: contended 9.3
+  vs 1.2 (the tail's run saw 0.2 cores of foreign CPU), 3.3 vs 2.2, 1.7 vs 1.3 ms;
+  loading 5.1 vs 5.2, 2.8 vs 5.9, 4.1 vs 4.2 ms. Not a gain that shows above the noise
+  (and the tail's run went first each time), so it stays off.
+* Other slow frames waited behind the loader app's own normal-priority thread (its
+  memfd write, 2.2 ms: the app's, as unmanaged) and behind processes outside the run
+  (other users' test runs: up to 9 ms of CPU inside one 5 ms frame in the first run,
+  which had the worst contended tail, 12.8 ms p99): the run-to-run spread of the
+  contended p99 follows the foreign CPU each phase saw.
+* The compile child built its throwaway session with ONNX Runtime's weight prepacking:
+  now off (the blobs are byte for byte the same), half the child's CPU per load of the
+  32 MiB LLM (156 -> 77 ms, 119 -> 54 ms). The host's own load keeps prepacking: without
+  it the LLM's load takes 15-26 ms instead of 56-64, but the embedder's batches run
+  twice as long.
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context, the quiet window: there a background step started

@@ -70,7 +70,7 @@ class LoadHold:
         quiet = self.quiet
         if self.stopped_at is not None:
             cap = self.stopped_at + self.max_stop_s
-            end = quiet.hold_end(now, 0.0, running) if loading and now < cap else None
+            end = quiet.hold_end(now, 0.0, running, tail=False) if loading and now < cap else None
             if end is not None:
                 return None, min(end, cap)
             took = now - self.stopped_at
@@ -83,7 +83,7 @@ class LoadHold:
             return None, None
         if now < self.free_at:
             return None, self.free_at if quiet.paced() else None
-        end = quiet.hold_end(now, 0.0, running)
+        end = quiet.hold_end(now, 0.0, running, tail=False)
         if end is None:
             return None, quiet.next_hold(now, running)
         self.stopped_at = now

@@ -70,6 +70,7 @@ def params_from(hc: HostConfig) -> DriverParams:
                         reserved_channels=hc.reserved_channels,
                         background_threads=hc.background_sched != "normal",
                         quiet_window_us=hc.quiet_window_us, hold_loads=hc.hold_loads,
+                        quiet_tail_us=hc.quiet_tail_us,
                         background_share=hc.background_sched == "share")
 
 

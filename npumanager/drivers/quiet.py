@@ -23,6 +23,18 @@ connection's executions of one model: a stream whose recent intervals agree is
   before the frame has come and gone, or ``due + X`` passed without it (a late
   or stopped stream holds nothing back for longer than X).
 
+* with ``quiet_tail_us`` = T > 0 (off by default: three quick paired runs did not show
+  it helping, drivers/classes.py), after a paced frame ends no background step starts
+  for T more (the *tail*): the
+  frame's end is when the driver answered, and the camera app's thread has yet to wake
+  up and take the answer. bench/contention_trace.py (a kernel scheduler trace, 2 vCPUs,
+  kernel 6.18: EEVDF, HZ 250, no kernel preemption) found the camera's slowest frames
+  there: its thread runnable for 2-4.7 ms after the answer while a SCHED_IDLE background
+  step, started the moment the frame ended, held the CPU. SCHED_IDLE is a weight (3
+  against 1024) to EEVDF, not a strict priority: a normal thread that is not *eligible*
+  (it ran a moment ago: a preemption, a wake-up with negative lag) is passed over for
+  an eligible SCHED_IDLE one, which then keeps the CPU until the next tick (4 ms).
+
 Background work keeps the rest of each period: at 30 fps with X = 1 ms, 4 ms
 LLM steps and 1.3 ms frames it loses about 6 of every 33 ms (measured: 14-28 %
 of the LLM's tokens/s, drivers/classes.py). Work not paced (a voice assistant's
@@ -54,12 +66,15 @@ class Pace:
 
     last: float
     intervals: list[float] = field(default_factory=list)
+    #: When the frame that arrived at ``last`` ended (None: not yet, or not known).
+    ended: float | None = None
     #: The median interval while the stream is paced, else None.
     period: float | None = None
 
     def arrived(self, now: float) -> None:
         gap = now - self.last
         self.last = now
+        self.ended = None
         iv = self.intervals
         iv.append(gap)
         if len(iv) > KEPT_INTERVALS:
@@ -78,10 +93,12 @@ class Pace:
 class QuietWindow:
     """Foreground streams' paces and the hold they put on background steps."""
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, tail_s: float = 0.0) -> None:
         if window_s <= 0:
             raise ValueError("a quiet window needs a positive width")
         self.window_s = window_s
+        #: After a paced frame's end, this long with no background step (0: none).
+        self.tail_s = max(0.0, tail_s)
         self.streams: dict[Hashable, Pace] = {}
         #: When the earliest hold ``held`` found since the caller cleared it ends (None:
         #: none with an end; a running frame's hold ends with the frame, an event).
@@ -102,14 +119,24 @@ class QuietWindow:
         else:
             pace.arrived(now)
 
+    def ended(self, key: Hashable, now: float) -> None:
+        """A foreground execution of stream ``key`` ended at ``now`` (its answer given):
+        the tail, X more with no background step starting, runs from here."""
+        pace = self.streams.get(key)
+        if pace is not None and pace.ended is None:
+            pace.ended = now
+
     def forget(self, key: Hashable) -> None:
         self.streams.pop(key, None)
 
-    def hold_end(self, now: float, run_s: float, running: Collection[Hashable]) -> float | None:
+    def hold_end(self, now: float, run_s: float, running: Collection[Hashable], *,
+                 tail: bool = True) -> float | None:
         """None: a background step expected to take ``run_s`` may start at ``now``.
         Else when the hold ends at the latest: one period after a running frame (in
         ``running``) of a paced stream arrived (its end, an event, ends the hold sooner),
-        or the end of the window around a stream's next frame."""
+        X after a paced frame's end (the tail; ``tail=False``: not, as for the load hold,
+        :mod:`.load_hold`, whose stops are bounded by other rules), or the end of the
+        window around a stream's next frame."""
         x = self.window_s
         end: float | None = None
         for key, pace in self.streams.items():
@@ -124,6 +151,11 @@ class QuietWindow:
                 frame_end = pace.last + period
                 if now < frame_end:
                     end = frame_end if end is None else min(end, frame_end)
+                continue
+            if tail and pace.ended is not None and now < pace.ended + self.tail_s:
+                # The tail: once per frame, from its end.
+                tail_end = pace.ended + self.tail_s
+                end = tail_end if end is None else min(end, tail_end)
                 continue
             due = pace.last + period
             if now >= due + x:

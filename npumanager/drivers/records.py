@@ -36,6 +36,8 @@ class DriverParams:
     background_threads: bool = False
     #: The quiet window around paced foreground frames in µs (:mod:`.quiet`; 0: off).
     quiet_window_us: float = 0.0
+    #: The window's tail after a paced frame's end, µs (:mod:`.quiet`; 0: none).
+    quiet_tail_us: float = 0.0
     #: The window stops background compiles around the same frames (:mod:`.load_hold`).
     hold_loads: bool = False
     #: Fair share among background uids (:mod:`.share`): steps of a uid over its share

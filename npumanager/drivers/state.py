@@ -132,7 +132,8 @@ class DriverState(ModelRules, FastAdmission, LoadHoldRules):
         self._timer_at: float | None = None
         #: The quiet window around paced foreground frames (.quiet; None: off) and when
         #: its timer is armed to look at held background work again.
-        self.quiet = QuietWindow(p.quiet_window_us / 1e6) if p.quiet_window_us > 0 else None
+        self.quiet = (QuietWindow(p.quiet_window_us / 1e6, p.quiet_tail_us / 1e6)
+                      if p.quiet_window_us > 0 else None)
         self._quiet_at: float | None = None
         #: Background compiles stopped around the same frames (.load_hold).
         self.load_hold = LoadHold(self.quiet) if self.quiet and p.hold_loads else None
@@ -419,6 +420,8 @@ class DriverState(ModelRules, FastAdmission, LoadHoldRules):
         if self.share is not None and job.cls is ExecClass.BACKGROUND:
             self.share.note(job.info.uid, e.run_us / 1e6, e.now)
         self._queue.release(job)
+        if self.quiet is not None and job.cls is ExecClass.FOREGROUND:
+            self.quiet.ended((job.conn, job.model_id), e.now)  # its tail starts (.quiet)
         job.step += 1
         if job.cancel_reason is not None:
             self._finish(job, job.cancel_reason)

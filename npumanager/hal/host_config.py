@@ -63,6 +63,10 @@ class HostConfig:
     switch_interval_us: int = 0
     #: The quiet window around paced foreground frames, µs (drivers/quiet.py; 0: off).
     quiet_window_us: int = 1000
+    #: After a paced frame ends, µs more with no background step starting (the window's
+    #: tail, drivers/quiet.py; 0: none). Only with the window on. Off: not yet measured
+    #: to help (drivers/classes.py).
+    quiet_tail_us: int = 0
     #: The window holds background compiles too: the compile child is stopped around
     #: paced foreground frames, bounded (drivers/load_hold.py). Off: no measured gain yet.
     hold_loads: bool = False
@@ -124,6 +128,7 @@ class HostConfig:
             background_compile=str(d.get("background_compile", "process")),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
+            quiet_tail_us=int(d.get("quiet_tail_us", 0)),
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),

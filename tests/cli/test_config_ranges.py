@@ -74,6 +74,7 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "background_nice"): (25, "must be between 0 and 19, not 25"),
     ("driver", "switch_interval_us"): (-1, "must be >= 0 (0 = Python's 5000), not -1"),
     ("driver", "quiet_window_us"): (-5, "must be >= 0 (0 = off), not -5"),
+    ("driver", "quiet_tail_us"): (-5, "must be >= 0 (0 = none), not -5"),
     ("driver", "burst_anticipate_us"): (-5, "must be >= 0 (0 = off), not -5"),
     ("driver", "background_starve_ms"): (-1, "must be >= 0 (0 = no bound), not -1"),
     ("thermal", "poll_interval_s"): (0, "must be >= 0.001, not 0"),

@@ -24,8 +24,9 @@ class Scene:
     """uid 1 a camera (app priority 100: foreground), uid 2 an LLM (300: background)
     decoding a long multi-step job, 3 channels with 1 reserved (npud's defaults)."""
 
-    def __init__(self, window_us: int) -> None:
-        self.h = h = Harness(channels=3, reserved_channels=1, quiet_window_us=window_us)
+    def __init__(self, window_us: int, tail_us: int = 0) -> None:
+        self.h = h = Harness(channels=3, reserved_channels=1, quiet_window_us=window_us,
+                             quiet_tail_us=tail_us)
         h.priorities(u1=100, u2=300)
         self.cam, self.llm = h.prepare(1), h.prepare(2)
         self.llm_ticket, out = h.execute(2, self.llm, steps=1000)
@@ -48,7 +49,8 @@ class Scene:
 
     def pace(self, frames: int = 5) -> None:
         """Frames every PERIOD, the LLM stepping back to back in between; returns just
-        after the last frame ended (the LLM's next step running)."""
+        after the last frame ended and its tail (if any) is over (the LLM's next step
+        running)."""
         h = self.h
         for i in range(frames):
             if i:
@@ -57,6 +59,7 @@ class Scene:
                     self.llm_step()
                 h.advance(self.last_frame + PERIOD - h.now)
             self.frame()
+            h.advance(h.state.params.quiet_tail_us / 1e6)
         assert h.state.job_state(self.llm_ticket) is ev.JobState.RUNNING
 
 
@@ -195,3 +198,42 @@ def test_a_frame_that_outruns_its_period_holds_background_work_one_period_at_mos
     # And it stays free to step while that frame runs on.
     for _ in range(3):
         assert started(s.llm_step(), s.llm_ticket)
+
+
+def test_the_tail_holds_background_steps_for_the_window_after_a_frame_ends() -> None:
+    """The camera app takes its answer after the frame's end: the LLM's step that ends
+    while the frame runs starts the window's width after the frame ended, not at once
+    (bench/contention_trace.py: the camera's thread waited behind a SCHED_IDLE step
+    started the moment the frame ended)."""
+    s = Scene(X_US, tail_us=X_US)
+    s.pace()
+    h = s.h
+    due = s.last_frame + PERIOD
+    h.advance(due - h.now - 0.003)  # the LLM's step runs into the frame
+    cam_ticket, _ = h.execute(1, s.cam)
+    h.advance(0.001)
+    assert not started(h.step_done(s.llm_ticket, run_us=8000), s.llm_ticket)
+    h.advance(0.0005)
+    frame_end = h.now
+    assert not started(h.step_done(cam_ticket, run_us=1500), s.llm_ticket)
+    assert h.timers[QUIET_TIMER] == pytest.approx(frame_end + X_US / 1e6)
+    assert not started(h.advance(X_US / 1e6 / 2), s.llm_ticket)
+    assert started(h.advance(X_US / 1e6 / 2), s.llm_ticket)
+
+
+def test_the_tail_is_once_per_frame_and_only_for_paced_streams() -> None:
+    w = QuietWindow(0.002, 0.002)
+    w.arrived("cam", 0.0)
+    w.ended("cam", 0.001)
+    assert w.hold_end(0.0015, 0.004, ()) is None, "one frame is no pace: no tail"
+    for i in range(1, 5):
+        w.arrived("cam", i * PERIOD)
+    last = 4 * PERIOD
+    w.ended("cam", last + 0.001)
+    assert w.hold_end(last + 0.002, 0.004, ()) == pytest.approx(last + 0.003)
+    assert w.hold_end(last + 0.002, 0.004, (), tail=False) is None  # the load hold's view
+    assert w.hold_end(last + 0.0031, 0.004, ()) is None, "the tail is over"
+    w.ended("cam", last + 0.004)  # a second end of the same frame: not a second tail
+    assert w.hold_end(last + 0.0045, 0.004, ()) is None
+    w.arrived("cam", last + PERIOD)
+    assert w.hold_end(last + PERIOD + 0.0005, 0.004, ()) is None, "its frame has not ended"
