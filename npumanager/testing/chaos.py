@@ -18,193 +18,27 @@ and at the end the fd count and RSS of npud and the driver against the start. Th
 also gives what the apps saw: the share of executes that succeeded and the longest gap
 between two successful executes of one app across the restarts, and where the run's logs
 are (npud.log: npud and its driver hosts; stats/: the apps'), kept on a violation.
+
+This module runs the faults; an app is :mod:`.chaos_app`, the checks and the report they
+fill are :mod:`.chaos_checks`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npumanager.testing.chaos_app import app_main
+from npumanager.testing.chaos_checks import APP_UID0, Report, check_tick, read_availability
 from npumanager.testing.daemon import driver_hosts, process_running
 from npumanager.testing.procs import spawn_as
-
-APP_UID0 = 50001
-
-
-@dataclass
-class Report:
-    duration_s: float = 0.0
-    ticks: int = 0
-    events: dict[str, int] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
-    start: dict[str, dict[str, int]] = field(default_factory=dict)
-    end: dict[str, dict[str, int]] = field(default_factory=dict)
-    executes: int = 0
-    executes_ok: int = 0
-    longest_gap_s: float = 0.0
-    npud_restarts: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
-    prepare_failures: dict[str, int] = field(default_factory=dict)
-    #: The run's directory (npud.log, stats/, rt/, state/); "" once removed.
-    log_dir: str = ""
-
-    def count(self, what: str) -> None:
-        self.events[what] = self.events.get(what, 0) + 1
-
-    def render(self) -> str:
-        share = self.executes_ok / self.executes if self.executes else 0.0
-        lines = [
-            f"chaos run: {self.duration_s:.1f} s, {self.ticks} checks",
-            "events: " + ", ".join(f"{k} {v}" for k, v in sorted(self.events.items())),
-            f"violations: {len(self.violations)}",
-            *(f"  - {v}" for v in self.violations[:20]),
-        ]
-        for proc in ("npud", "driver"):
-            s, e = self.start.get(proc, {}), self.end.get(proc, {})
-            lines.append(f"{proc}: fds {s.get('fds', '?')} -> {e.get('fds', '?')}, "
-                         f"RSS {s.get('rss_kb', 0) // 1024} -> {e.get('rss_kb', 0) // 1024} MiB")
-        lines.append(f"apps: {self.executes_ok}/{self.executes} executes succeeded "
-                     f"({share:.1%}); longest gap without a successful execute while an app held "
-                     f"a grant {self.longest_gap_s:.2f} s")
-        if self.failures:
-            lines.append("failed executes: " + ", ".join(
-                f"{k} {v}" for k, v in sorted(self.failures.items())))
-        if self.prepare_failures:
-            lines.append("failed prepares (retried): " + ", ".join(
-                f"{k} {v}" for k, v in sorted(self.prepare_failures.items())))
-        lines.append(f"logs: {self.log_dir}/npud.log (npud and its driver hosts), "
-                     f"{self.log_dir}/stats/ (the apps' executes)" if self.log_dir else
-                     "logs: removed (a clean run; --keep or --log-dir DIR keeps them)")
-        return "\n".join(lines)
-
-
-# --- an app (runs in its own process, under its own uid) ----------------------------
-
-
-def app_main(rt: str, seed: int, stats: str, until: float) -> None:
-    import numpy as np
-
-    from npumanager import nn
-    from npumanager.client import ModelLoadRequest, ModelLoadRequestCallback, NpuManager
-    from npumanager.constants import LoadStatus, ModelPriority, ModelSize
-    from npumanager.errors import DeviceUnavailable, NpuError, UnknownRequest
-    from npumanager.testing.onnx_models import add_model
-
-    rng = random.Random(seed)
-    out = open(stats, "a", buffering=1)  # noqa: SIM115  # lives as long as the process
-    onnx = add_model()
-    x = np.ones((1, 4), np.float32)
-
-    class Cb(ModelLoadRequestCallback):
-        def __init__(self) -> None:
-            self.granted = threading.Event()
-            self.unload = threading.Event()
-            self.ended = threading.Event()
-            self.listener: Any = None
-
-        def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
-            if status == LoadStatus.CAN_LOAD_NOW:
-                self.listener = listener
-                self.granted.set()
-
-        def on_request_unload_model(self, request: Any, reason: Any) -> None:
-            self.unload.set()
-
-        def on_model_load_request_complete(self, request: Any, status: Any) -> None:
-            self.ended.set()
-
-    def connected() -> tuple[Any, Any]:
-        while True:  # npud or the driver may be restarting
-            try:
-                return NpuManager(rt), nn.device("reference", rt)
-            except NpuError:
-                if time.time() >= until:
-                    os._exit(0)
-                time.sleep(0.2)
-
-    mgr, dev = connected()
-    rid = 0
-    abandoned: list[Any] = []  # cancels that failed (npud away): retried every cycle
-    while time.time() < until:
-        for req in list(abandoned):
-            try:
-                mgr.cancel_model_load(req)
-                abandoned.remove(req)
-            except UnknownRequest:
-                abandoned.remove(req)  # it ended meanwhile
-            except NpuError:
-                break
-        if mgr.phase == "lost":
-            mgr.close()  # npud stayed away past the reconnect window: start over
-            mgr, dev = connected()
-        rid += 1
-        req = ModelLoadRequest(rid, ModelSize(rng.choice((0, 0, 1, 2))),
-                               ModelPriority(rng.choice((0, 0, 1000, 2000))))
-        cb = Cb()
-        try:
-            mgr.request_can_load_model(req, cb)
-        except NpuError:
-            time.sleep(0.2)
-            continue
-        if not cb.granted.wait(rng.uniform(0.5, 3.0)):
-            try:
-                mgr.cancel_model_load(req)
-            except UnknownRequest:
-                pass
-            except NpuError:
-                abandoned.append(req)
-            continue
-        model = None
-        out.write(f"{time.time():.4f} g\n")  # granted: from here the app wants to execute
-        ends = time.time() + rng.uniform(0.5, 4.0)
-        while time.time() < ends and not cb.unload.is_set() and not cb.ended.is_set():
-            if model is None:
-                try:
-                    model = dev.prepare_model(onnx, grant=cb.listener)
-                    cb.listener.notify_model_loaded(req)
-                except NpuError as exc:
-                    # Not an execute: the driver is restarting, or orphaned (it loads
-                    # nothing new until npud is back). Try again shortly.
-                    out.write(f"{time.time():.4f} p {type(exc).__name__}\n")
-                    time.sleep(0.2)
-                    continue
-            try:
-                steps = rng.choice((1, 1, 1, 5))
-                model.execute({"x": x}, steps=steps, feedback={"y": "x"} if steps > 1 else None)
-                out.write(f"{time.time():.4f} 1\n")
-            except DeviceUnavailable:
-                out.write(f"{time.time():.4f} 0 DeviceUnavailable\n")
-                model = None  # the driver restarted: prepare again under the same grant
-                time.sleep(0.05)
-            except NpuError as exc:
-                out.write(f"{time.time():.4f} 0 {type(exc).__name__}\n")
-                time.sleep(0.05)
-                if cb.ended.is_set():
-                    break
-            if rng.random() < 0.002:
-                os._exit(3)  # an app dies holding its model
-            time.sleep(0.02)
-        if model is not None:
-            try:
-                model.release()
-            except NpuError:
-                pass
-        try:
-            if not cb.ended.is_set():
-                cb.listener.notify_model_unloaded(req)
-        except NpuError:
-            pass
-
 
 # --- the harness -----------------------------------------------------------------
 
@@ -394,7 +228,7 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
             if i not in stopped and _dead(child.pid):
                 report.count("app died")
                 spawn(i)
-        _check(rt, report, children, unknown_since)
+        check_tick(rt, report, children, unknown_since)
     for i in stopped:
         try:
             os.kill(children[i].pid, signal.SIGCONT)
@@ -414,7 +248,7 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
     # their orphan grace, writing to the log read below).
     stop_driver_hosts(rt)
     report.duration_s = time.time() - t0
-    _availability(stats, report)
+    read_availability(stats, report)
     text = log.read_text(errors="replace")
     for sign in ("Traceback", "Task was destroyed", "Exception ignored"):
         if sign in text:
@@ -485,115 +319,3 @@ def _admin(rt: Path, report: Report, rng: random.Random, apps: int, mgr_cls: Any
                 report.count("importance change")
     except Exception:
         report.count("admin call failed (npud away)")
-
-
-def _check(rt: Path, report: Report, children: dict[int, Any],
-           unknown_since: dict[str, float]) -> None:
-    """The invariants, from outside: npud's dump and the driver's own list of grants."""
-    from npumanager.client import NpuManager
-
-    try:
-        with NpuManager(rt, reconnect=False) as mgr:
-            dump = mgr.dump()
-    except Exception:
-        report.count("check skipped (npud away)")
-        return
-    held_by_driver = _driver_held(rt)
-    cap = dump.get("budget", {}).get("thermal_scaled")
-    requests = dump.get("requests", [])
-    by_grant = {r.get("grant"): r for r in requests if r.get("grant")}
-    # The budget as the driver sees it: grants with a model loaded, charged as npud
-    # charges them; holders npud asked to unload may still hold until their deadline.
-    if held_by_driver is not None and cap is not None:
-        used = sum(int(by_grant[h["grant"]].get("charge") or 0) for h in held_by_driver
-                   if h["models"] and h["grant"] in by_grant
-                   and by_grant[h["grant"]].get("state") != "unload_requested")
-        if used > cap:
-            report.violations.append(f"budget exceeded on the driver: {used} > {cap}")
-        # A grant the driver holds that npud does not know, past the adoption window and
-        # an unload deadline: a stale grant.
-        now = time.time()
-        for h in held_by_driver:
-            if h["grant"] in by_grant:
-                unknown_since.pop(h["grant"], None)
-                continue
-            first = unknown_since.setdefault(h["grant"], now)
-            if now - first > 6.0:
-                report.violations.append(f"stale grant {h['grant']} of uid {h['uid']} in the "
-                                         f"driver for {now - first:.1f} s")
-                unknown_since[h["grant"]] = now + 3600  # report once
-    if os.getuid() == 0:
-        # Every live request has a live client: npud drops a dead app's requests when its
-        # connection closes (the app's uid names its process: one app per uid).
-        alive = {APP_UID0 + i for i, c in children.items() if not _dead_quiet(c.pid)}
-        now = time.time()
-        seen = set()
-        for r in requests:
-            uid = r.get("uid")
-            if uid is not None and uid >= APP_UID0 and uid not in alive:
-                key = f"{uid}:{r.get('request_id')}"
-                seen.add(key)
-                first = unknown_since.setdefault("dead " + key, now)
-                if now - first > 5.0:
-                    report.violations.append(f"request {key} of a dead app still live "
-                                             f"after {now - first:.1f} s")
-                    unknown_since["dead " + key] = now + 3600
-        for k in [k for k in unknown_since if k.startswith("dead ") and k[5:] not in seen]:
-            del unknown_since[k]
-
-
-def _driver_held(rt: Path) -> list[dict[str, Any]] | None:
-    from npumanager.errors import NpuError
-    from npumanager.hal.wire import SERVICE
-    from npumanager.wire.client import SyncRpcClient
-
-    try:
-        client = SyncRpcClient(str(rt / "drivers" / "reference.sock"), SERVICE,
-                               client_name="npu chaos", call_timeout=5.0)
-    except NpuError:
-        return None
-    try:
-        payload, _fds = client.call("device.stats", b"")
-        held: list[dict[str, Any]] = json.loads(payload).get("held", [])
-        return held
-    except (NpuError, ValueError):
-        return None
-    finally:
-        client.close()
-
-
-def _dead_quiet(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return False
-    except ProcessLookupError:
-        return True
-
-
-def _availability(stats: Path, report: Report) -> None:
-    for f in stats.glob("app*.txt"):
-        last_ok: float | None = None
-        for line in f.read_text().splitlines():
-            parts = line.split()
-            try:
-                t, ok = float(parts[0]), parts[1] == "1"
-            except (ValueError, IndexError):
-                continue
-            if parts[1] == "p":
-                why = parts[2] if len(parts) > 2 else "?"
-                report.prepare_failures[why] = report.prepare_failures.get(why, 0) + 1
-                continue
-            if parts[1] == "g":
-                # A new grant: the gap that counts is between executes the app wanted to
-                # run (while it held a grant), not the time it spent waiting for one.
-                last_ok = t
-                continue
-            report.executes += 1
-            if not ok:
-                why = parts[2] if len(parts) > 2 else "?"
-                report.failures[why] = report.failures.get(why, 0) + 1
-            if ok:
-                report.executes_ok += 1
-                if last_ok is not None:
-                    report.longest_gap_s = max(report.longest_gap_s, t - last_ok)
-                last_ok = t
