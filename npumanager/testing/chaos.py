@@ -6,12 +6,15 @@ prepare models, execute single and multi-step jobs, unload, and die. Meanwhile i
 restarts npud, alternately after a SIGKILL (a crash) and a SIGTERM (a clean restart: npud
 must exit 0 and leave its driver host running for the new npud to adopt), SIGKILLs the
 driver (npud restarts it; sometimes npud is SIGTERMed while that replacement starts),
-SIGSTOPs apps past their unload deadline, moves the thermal status (admin override) and
-apps' importance. Every tick it checks, from outside:
+SIGSTOPs apps past their unload deadline and the driver for a moment (the ends of grants
+then wait for its ack), moves the thermal status (admin override) and apps' importance.
+Every tick it checks, from outside:
 
 * the budget: the holders npud reports that are not being unloaded fit the (thermally
   scaled) budget;
 * liveness: every live request belongs to an app process that is alive;
+* ended grants: none waits for its driver's ack longer than ``grant_end_ack_s`` plus the
+  driver's longest restart back-off (npud then restarts the driver and applies the end);
 * no traceback in npud's or the driver's log;
 
 and at the end the fd count and RSS of npud and the driver against the start. The report
@@ -36,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from npumanager.testing.chaos_app import app_main
-from npumanager.testing.chaos_checks import APP_UID0, Report, check_tick, read_availability
+from npumanager.testing.chaos_checks import (
+    APP_UID0,
+    Report,
+    check_tick,
+    ending_bound_s,
+    read_availability,
+)
 from npumanager.testing.daemon import driver_hosts, process_running
 from npumanager.testing.procs import spawn_as
 
@@ -131,6 +140,7 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
 
 def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> None:
     from npumanager.client import NpuManager
+    from npumanager.config import Config
     from npumanager.constants import ThermalStatus
     from npumanager.testing.daemon import stop_driver_hosts, to_toml
 
@@ -145,6 +155,7 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
     unload_deadline = 1.0
     config.write_text(to_toml({"manager": {"unload_deadline_s": unload_deadline,
                                            "adopt_grace_s": 2.0}}))
+    bound = ending_bound_s(Config.load(config))  # a grant's wait for its driver's ack
     log = root / "npud.log"
     npud = Npud(rt, state, config, log)
     npud.start()
@@ -172,6 +183,7 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
     if drv is not None:
         report.start["driver"] = _proc_stats(drv)
     stopped: dict[int, float] = {}
+    held_driver: tuple[int, float] | None = None  # (pid, until): a driver host SIGSTOPped
     next_npud_kill = time.time() + rng.uniform(3.0, 8.0)
     first_kill = rng.randrange(2)  # then they alternate: a short run sees both
     next_driver_kill = time.time() + rng.uniform(8.0, 20.0)
@@ -217,6 +229,20 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
                     pass
         elif r < 0.10:
             _admin(rt, report, rng, apps, NpuManager, ThermalStatus)
+        elif r < 0.12 and held_driver is None:
+            # The driver stalls (SIGSTOP) for a moment: the ends of grants npud decides
+            # meanwhile wait for its ack (the "ending" check above bounds that wait).
+            pid = _driver_pid(rt)
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    held_driver = (pid, time.time() + rng.uniform(0.3, 2.0))
+                    report.count("driver SIGSTOP")
+                except ProcessLookupError:
+                    pass
+        if held_driver is not None and time.time() >= held_driver[1]:
+            _cont(held_driver[0])
+            held_driver = None
         for i, at in list(stopped.items()):
             if time.time() >= at:
                 try:
@@ -228,7 +254,9 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
             if i not in stopped and _dead(child.pid):
                 report.count("app died")
                 spawn(i)
-        check_tick(rt, report, children, unknown_since)
+        check_tick(rt, report, children, unknown_since, bound)
+    if held_driver is not None:
+        _cont(held_driver[0])
     for i in stopped:
         try:
             os.kill(children[i].pid, signal.SIGCONT)
@@ -257,6 +285,13 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
         s, e = report.start.get(proc, {}), report.end.get(proc, {})
         if s and e and e["fds"] > s["fds"] + 32:
             report.violations.append(f"{proc} fds grew {s['fds']} -> {e['fds']}")
+
+
+def _cont(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass  # killed meanwhile (a driver SIGKILL, or npud restarted it)
 
 
 def _sigterm(npud: Npud, host: int | None, report: Report) -> None:

@@ -10,7 +10,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from npumanager.config import Config
 
 APP_UID0 = 50001
 
@@ -62,9 +65,38 @@ class Report:
         return "\n".join(lines)
 
 
+#: What a check may see beyond the bound: npud's loop, busy, fires the ack timer a little
+#: after it is due, and the dump is read between two of its turns.
+ENDING_SLACK_S = 2.0
+
+
+def ending_bound_s(config: Config) -> float:
+    """How long npud may keep an ended grant waiting for its driver's ack (service/ending.py):
+    ``grant_end_ack_s`` (then it restarts the driver and applies the end) plus the longest
+    restart back-off of its drivers."""
+    backoff = max((float(d.get("restart_backoff_max_s", 0.0)) for d in config.drivers()),
+                  default=0.0)
+    return float(config.section("manager").get("grant_end_ack_s", 10.0)) + backoff
+
+
+def ending_problems(dump: dict[str, Any], bound_s: float) -> list[tuple[str, str]]:
+    """(grant, what is wrong) for each grant npud's ``dump`` shows waiting for its driver's
+    ack longer than ``bound_s``: npud neither had the ack nor restarted the driver."""
+    out = []
+    for e in dump.get("ending") or []:
+        waiting = float(e.get("waiting_s") or 0.0)
+        if waiting > bound_s:
+            out.append((str(e.get("grant")),
+                        f"grant {e.get('grant')} of uid {e.get('uid')} (request "
+                        f"{e.get('request_id')}) waiting for its driver's ack for "
+                        f"{waiting:.1f} s > {bound_s:g} s"))
+    return out
+
+
 def check_tick(rt: Path, report: Report, children: dict[int, Any],
-           unknown_since: dict[str, float]) -> None:
-    """The invariants, from outside: npud's dump and the driver's own list of grants."""
+               unknown_since: dict[str, float], ending_bound: float | None = None) -> None:
+    """The invariants, from outside: npud's dump and the driver's own list of grants;
+    ``ending_bound``: how long a grant may wait for its driver's ack (:func:`ending_bound_s`)."""
     from npumanager.client import NpuManager
 
     try:
@@ -73,6 +105,16 @@ def check_tick(rt: Path, report: Report, children: dict[int, Any],
     except Exception:
         report.count("check skipped (npud away)")
         return
+    ending = {str(e.get("grant")) for e in dump.get("ending") or []}
+    if ending_bound is not None:
+        for g in ending:
+            if unknown_since.setdefault("ending seen " + g, 0.0) == 0.0:
+                unknown_since["ending seen " + g] = 1.0
+                report.count("grant waiting for its driver's ack")
+        for g, what in ending_problems(dump, ending_bound + ENDING_SLACK_S):
+            if "ending " + g not in unknown_since:
+                unknown_since["ending " + g] = time.time()  # report once
+                report.violations.append(what)
     held_by_driver = _driver_held(rt)
     cap = dump.get("budget", {}).get("thermal_scaled")
     requests = dump.get("requests", [])
@@ -89,7 +131,9 @@ def check_tick(rt: Path, report: Report, children: dict[int, Any],
         # an unload deadline: a stale grant.
         now = time.time()
         for h in held_by_driver:
-            if h["grant"] in by_grant:
+            # (An ended grant the driver has not applied yet is known to npud: ``ending``,
+            # bounded above.)
+            if h["grant"] in by_grant or str(h["grant"])[:8] in ending:
                 unknown_since.pop(h["grant"], None)
                 continue
             first = unknown_since.setdefault(h["grant"], now)
