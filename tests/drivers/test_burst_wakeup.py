@@ -66,7 +66,7 @@ def burst() -> Iterator[tuple[HeldAtDrain, ClientPool, socket.socket]]:
     layout.init_header(pool.buf)
     client = SimpleNamespace(cid=1, conn=SimpleNamespace(peer=SimpleNamespace(uid=os.getuid())))
     server = HeldAtDrain(
-        1, client, 1, MappedPool(pool.fd, SIZE), 1, AREA, AREA,  # type: ignore[arg-type]
+        1, client, 1, MappedPool(pool.fd, SIZE), 1, AREA, AREA,
         executed, lambda: None, lambda s: None, lambda s: True)
     # The client's end of the doorbell (the server closes its copy once woken).
     bell = socket.socket(fileno=os.dup(server.peer_fd))
