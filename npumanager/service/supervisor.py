@@ -8,6 +8,10 @@ On every (re)connect npud attaches as the manager, pushes the full
 scheduling table, registers itself as the one HAL callback, and re-sends live
 grants and the thermal status. While a driver is down its clients get
 DeviceUnavailable from the runtime; npud keeps serving.
+
+What npud tells the drivers (the table, the grants, the thermal status: pushed as they
+change, replayed on every attach) is :mod:`.driver_feed`; this module owns the host
+processes and their connections.
 """
 
 from __future__ import annotations
@@ -25,15 +29,14 @@ from typing import Any
 
 from npumanager.clock import LoopClock, wait_first, wait_for
 from npumanager.config import Config
-from npumanager.constants import ThermalStatus
 from npumanager.errors import ServiceUnavailable, UnsafePath
 from npumanager.hal.host_config import device_entries
-from npumanager.hal.types import DEBOUNCE_DURATION_MS, SchedulingConfig
-from npumanager.hal.wire import SERVICE, configs_msg
+from npumanager.hal.wire import SERVICE
 from npumanager.paths import default_state_dir, ensure_drivers_dir
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
+from npumanager.service.driver_feed import DriverFeed
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents, event_handlers
 from npumanager.service.driver_slots import Backoff, DriverSlot, host_listens, wait_settled
@@ -45,7 +48,7 @@ from npumanager.wire.conn import RpcConnection
 log = logging.getLogger("npumanager.service.supervisor")
 
 
-class DriverSupervisor:
+class DriverSupervisor(DriverFeed):
     def __init__(self, cfg: Config, runtime_dir: Path, events: DriverEvents, clock: LoopClock,
                  *, state_dir: Path | None = None, startup_wait_s: float = 20.0,
                  detach_wait_s: float = 15.0) -> None:
@@ -60,11 +63,7 @@ class DriverSupervisor:
         self.detach_wait_s = detach_wait_s
         self.enforce_admission = bool(cfg.section("manager").get("enforce_admission", True))
         self.poll_s = float(cfg.section("thermal").get("poll_interval_s", 1.0))
-        self.table: dict[int, SchedulingConfig] = {}
-        #: grant id -> (uid, request id, the driver it is valid on)
-        self.grants: dict[str, tuple[int, int, str]] = {}
-        self.thermal = ThermalStatus.NONE  # the machine's
-        self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
+        super().__init__()  # the table, grants and thermal status (driver_feed.py)
         self.stopping = False
         #: A restart-safe stop (:meth:`detach`): attached hosts are left running, orphaned.
         self.detaching = False
@@ -143,42 +142,6 @@ class DriverSupervisor:
     def devices(self) -> list[DeviceInfo]:
         return [s.info for s in self.slots]
 
-    def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
-        self.table = {c.uid: c for c in table}
-        self._push_all("hal.set_scheduling_configs", configs_msg(table))
-
-    def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:
-        for c in entries:
-            self.table[c.uid] = c
-        self._push_all("hal.update_scheduling_configs", configs_msg(entries))
-
-    def driver_of(self, device: str) -> DriverSlot | None:
-        """The slot serving ``device`` (``DRIVER`` or ``DRIVER:DEVICE``), if any."""
-        for slot in self.slots:
-            if device == slot.name or device.startswith(slot.name + ":"):
-                return slot
-        return None
-
-    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
-        # A grant is valid on its device only: only that device's driver hears of it, so
-        # a prepare on any other device is refused (GrantRequired) by its own driver.
-        slot = self.driver_of(device)
-        self.grants[grant_id] = (uid, request_id, slot.name if slot is not None else "")
-        msg = pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id)
-        if slot is None:
-            self._push_all("hal.grant_issued", msg)
-        else:
-            self._push(slot, "hal.grant_issued", msg)
-
-    def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
-        entry = self.grants.pop(grant_id, None)
-        msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked, ack=ack)
-        slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None
-        if slot is None:
-            self._push_all("hal.grant_ended", msg)
-        else:
-            self._push(slot, "hal.grant_ended", msg)
-
     def restart(self, driver: str, reason: str) -> None:
         """Kill the host serving ``driver`` now (SIGKILL: a hung host may not handle
         SIGTERM); its watch sees it exit, reports it down and restarts it with back-off."""
@@ -195,23 +158,6 @@ class DriverSupervisor:
         for s in leader.group or [leader]:
             if s.conn is not None:
                 s.conn.close()  # its watch ends now, whatever the process does
-
-    def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
-        """The machine's status (``device`` ""), or one device's own: each driver holds
-        work back by the worse of the machine's and its own."""
-        slot = self.driver_of(device) if device else None
-        if device and slot is None:
-            return
-        if slot is None:
-            self.thermal = status
-        else:
-            self.own_thermal[slot.name] = status
-        for s in self.slots if slot is None else [slot]:
-            self._push(s, "hal.set_thermal_status",
-                       pb.ThermalStatusMsg(status=int(self.thermal_of(s))))
-
-    def thermal_of(self, slot: DriverSlot) -> ThermalStatus:
-        return max(self.thermal, self.own_thermal.get(slot.name, ThermalStatus.NONE))
 
     def temperatures(self) -> dict[str, float]:
         return {s.name: s.temperature for s in self.slots
@@ -237,17 +183,6 @@ class DriverSupervisor:
         return {s.name: s.last_exit or "starting" for s in self.slots if not s.up}
 
     # --- internals -------------------------------------------------------------------
-
-    def _push_all(self, method: str, msg: Any) -> None:
-        for slot in self.slots:
-            self._push(slot, method, msg)
-
-    @staticmethod
-    def _push(slot: DriverSlot, method: str, msg: Any) -> None:
-        # Pushes go out synchronously, in order, before npud answers its client
-        # (a grant reaches the driver before the client can use it).
-        if slot.up and slot.conn is not None and not slot.conn.closed:
-            slot.conn.push(method, msg)
 
     def _command(self, slot: DriverSlot, launch: DriverLaunch) -> list[str]:
         from npumanager.hal.host_config import HostConfig
@@ -501,15 +436,7 @@ class DriverSupervisor:
             # Before npud serves clients (start waits for its drivers): their claims meet
             # what the driver holds (service/adoption.py).
             hook(slot.name, held)
-        await conn.call("hal.set_scheduling_configs", configs_msg(list(self.table.values())))
-        await conn.call("hal.set_callback", pb.SetCallback(debounce_ms=DEBOUNCE_DURATION_MS))
-        for grant_id, (uid, request_id, driver) in self.grants.items():
-            if driver in ("", slot.name):
-                conn.push("hal.grant_issued",
-                          pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))
-        if self.thermal_of(slot) != ThermalStatus.NONE:
-            conn.push("hal.set_thermal_status",
-                      pb.ThermalStatusMsg(status=int(self.thermal_of(slot))))
+        await self._replay(slot, conn)
         payload, _ = await conn.call("device.capabilities", Empty())
         caps = pb.Capabilities.FromString(payload)
         slot.info = DeviceInfo(
