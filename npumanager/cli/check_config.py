@@ -8,19 +8,22 @@ Three stages, every problem of each reported (not only the first):
    (ManagerParams, the [[app]] table, process importance rules, the thermal monitor and
    its device sensors, the driver entries expanded into devices and host configs);
 3. what `npu serve` would meet outside the file: each driver's plugin is installed and
-   its optional extra importable (else: which extra to install), optional extras of
+   its optional extra importable (else: which extra to install), each built-in plugin's
+   ``options`` (drivers/option_specs.py: known keys, types, ranges), optional extras of
    [thermal] and [fleet], the driver user (as root), the runtime dir and the length of
-   every socket path in it.
+   every socket path in it, and the metrics address (well formed, its port free now).
 
 A clean config prints a short summary of what differs from the defaults and exits 0.
 """
 
 from __future__ import annotations
 
+import errno
 import grp
 import importlib.util
 import json
 import os
+import socket
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -28,6 +31,7 @@ from typing import Any
 
 from npumanager.config import Config, _defaults, file_problems
 from npumanager.drivers.base import ENTRY_POINT_GROUP
+from npumanager.drivers.option_specs import option_problems
 from npumanager.errors import NpuError
 from npumanager.hal.host_config import HostConfig, device_entries
 from npumanager.paths import dir_problem, driver_socket, manager_socket
@@ -103,6 +107,10 @@ def plugin_problems(cfg: Config) -> Iterator[str]:
     known = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     for i, d in enumerate(cfg.drivers()):
         plugin, where = str(d["plugin"]), f"[[driver]] #{i + 1} ({d['name']!r})"
+        options = d.get("options")
+        if isinstance(options, dict):  # (not a table: stage 1 said so)
+            for problem in option_problems(plugin, options):
+                yield f"{where} options: {problem}"
         if ":" in plugin:  # module:Class
             module = plugin.partition(":")[0]
             if not _installed(module):
@@ -128,6 +136,44 @@ def plugin_problems(cfg: Config) -> Iterator[str]:
             if isinstance(key, str) and not key.startswith("ed25519:") \
                     and not os.access(key, os.R_OK):
                 yield f"[fleet] trusted_keys: key file {key!r} cannot be read"
+
+
+def metrics_problems(listen: str) -> Iterator[str]:
+    """The metrics address (``--metrics`` or ``[metrics] listen``): well formed, and a
+    port npud could bind now (bound and let go at once, as its HTTP server binds it:
+    SO_REUSEADDR, so only a listener holds it, not a closed connection's TIME_WAIT)."""
+    from npumanager.errors import InvalidArgument
+    from npumanager.service.metrics import parse_listen
+
+    try:
+        host, port = parse_listen(listen)
+    except InvalidArgument as exc:
+        yield str(exc)
+        return
+    if port == 0:
+        return  # any free port
+    where = f"metrics listen address {listen!r}"
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        yield f"{where}: host {host!r} cannot be resolved ({exc})"
+        return
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                yield (f"{where}: port {port} is in use (another process listens on it): "
+                       f"stop it, or choose another port (port 0 picks a free one)")
+            elif exc.errno == errno.EACCES:
+                yield (f"{where}: port {port} needs privileges npud lacks (ports below "
+                       f"1024 as non-root): choose a port from 1024 up")
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                yield f"{where}: {host} is not an address of this machine"
+            else:
+                yield f"{where}: cannot bind it: {exc.strerror or exc}"
 
 
 def socket_problems(cfg: Config, rt: Path, use_drivers: bool) -> Iterator[str]:
@@ -178,9 +224,10 @@ def notes(cfg: Config) -> Iterator[str]:
                   "own uid would be admins"
 
 
-def check(path: str | None, rt: Path, *, no_drivers: bool = False
-          ) -> tuple[Config | None, list[str]]:
-    """The config ``path`` gives (None: unreadable) and every problem found in it."""
+def check(path: str | None, rt: Path, *, no_drivers: bool = False,
+          metrics: str | None = None) -> tuple[Config | None, list[str]]:
+    """The config ``path`` gives (None: unreadable) and every problem found in it;
+    ``metrics``: `npu serve --metrics`'s address (else the config's ``[metrics] listen``)."""
     prefix = f"config file {path}: " if path else "config: "
     if path is None:
         cfg, found = Config.load(None), []
@@ -198,6 +245,10 @@ def check(path: str | None, rt: Path, *, no_drivers: bool = False
         later += path_problems(cfg, rt, use_drivers)
     if "manager" not in bad:
         later += host_problems(cfg, use_drivers)
+    listen = metrics if metrics is not None else (
+        "" if "metrics" in bad else str(cfg.section("metrics").get("listen", "") or ""))
+    if listen:
+        later += metrics_problems(listen)
     return cfg, found + [prefix + p for p in later]
 
 

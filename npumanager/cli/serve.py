@@ -99,7 +99,7 @@ def check_config(args: argparse.Namespace) -> int:
 
     path = args.check_config or args.config
     rt = runtime_dir(args.runtime_dir)
-    cfg, problems = cc.check(path, rt, no_drivers=args.no_drivers)
+    cfg, problems = cc.check(path, rt, no_drivers=args.no_drivers, metrics=args.metrics)
     if cfg is None or problems:
         for problem in problems:
             print(problem, file=sys.stderr)

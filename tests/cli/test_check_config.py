@@ -179,3 +179,95 @@ def test_the_console_script(tmp_path: Path, runtime_dir: Path) -> None:
     proc = npu_process("serve", "--check-config", str(cfg), "--runtime-dir", str(runtime_dir))
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "channels = 2 (default 3)" in proc.stdout, proc.stdout
+
+
+def test_each_plugins_options_are_checked(
+        tmp_path: Path, runtime_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """[[driver]] options: unknown keys (with the nearest known one), types and ranges, per
+    built-in plugin; checked whether or not the plugin's extra is installed."""
+    cfg = _write(tmp_path, "[[driver]]\nname = \"reference\"\n"
+                           "options = { intra_op_thread = 2, memory_bytes = \"1G\", "
+                           "compile_mode = \"lazy\", ambient_c = 90.0, max_c = 80.0 }\n"
+                           "[[driver]]\nname = \"ov\"\nplugin = \"openvino\"\n"
+                           "options = { num_stream = 2, inference_num_threads = -1, "
+                           "devices = 7 }\n"
+                           "[[driver]]\nname = \"pt\"\nplugin = \"torch\"\n"
+                           "options = { runners = 0, state_dir = \"\" }\n"
+                           "[[driver]]\nname = \"fake\"\n"
+                           "plugin = \"npumanager.testing.fake_driver:FakeDriver\"\n"
+                           "options = { latency_ms = 3, anything = true }\n")
+    rc, _, err = _check(capsys, runtime_dir, "--check-config", str(cfg))
+    assert rc == 1
+    where = f"config file {cfg}: [[driver]] "
+    mine = [e for e in err if " options: " in e]
+    assert mine == [
+        where + "#1 ('reference') options: unknown option 'intra_op_thread' for plugin "
+                "'reference' (did you mean 'intra_op_threads'? known: ambient_c, "
+                "compile_mode, data_cache_files, devices, intra_op_threads, "
+                "intra_op_threads_background, intra_op_threads_foreground, max_c, "
+                "memory_bytes, model_cache_files, recompile_after, thermal_tau_s)",
+        where + "#1 ('reference') options: memory_bytes = '1G' must be an integer",
+        where + "#1 ('reference') options: compile_mode = 'lazy' must be one of 'eager', "
+                "'jit', 'multistage'",
+        where + "#1 ('reference') options: ambient_c = 90.0 must be below max_c = 80.0",
+        where + "#2 ('ov') options: unknown option 'num_stream' for plugin 'openvino' (did "
+                "you mean 'num_streams'? known: devices, inference_num_threads, "
+                "memory_bytes, model_cache_files, num_streams)",
+        where + "#2 ('ov') options: inference_num_threads = -1 must be at least 0",
+        where + "#2 ('ov') options: devices = 7 must be a name or a list of names",
+        where + "#3 ('pt') options: runners = 0 must be at least 1",
+        where + "#3 ('pt') options: state_dir = '' must be a non-empty string",
+    ], err  # a module:Class plugin's options are its own (not checked)
+    good = _write(tmp_path, "[[driver]]\nname = \"reference\"\n"
+                            "options = { intra_op_threads = 2, compile_mode = \"jit\", "
+                            "devices = [\"a\", \"b\"] }\n")
+    rc, _, err = _check(capsys, runtime_dir, "--check-config", str(good))
+    assert rc == 0, err
+
+
+def test_each_plugins_table_lists_every_option_it_reads() -> None:
+    """drivers/option_specs.py against the plugins' sources: an option a plugin reads that
+    the table lacks would be refused by --check-config as unknown."""
+    import re
+
+    from npumanager.drivers.option_specs import PLUGIN_OPTIONS
+
+    root = Path(__file__).resolve().parents[2] / "npumanager" / "drivers"
+    sources = {"reference": ["reference.py", "cache_artifacts.py"],
+               "openvino": ["openvino.py"], "torch": ["torch_aot.py"]}
+    for plugin, files in sources.items():
+        text = "".join((root / f).read_text() for f in files)
+        read = set(re.findall(r"options\.get\(\"(\w+)\"", text)) | set(
+            re.findall(r"options\[\"(\w+)\"\]", text))
+        assert read, plugin
+        assert read <= set(PLUGIN_OPTIONS[plugin]), (plugin, read - set(PLUGIN_OPTIONS[plugin]))
+
+
+def test_the_metrics_port_must_be_free(
+        tmp_path: Path, runtime_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--metrics or [metrics] listen: a port another process listens on is named; a free
+    one (or port 0) passes; a malformed address is the usage error serve would give."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = _write(tmp_path, f"[metrics]\nlisten = \"127.0.0.1:{port}\"\n")
+        rc, _, err = _check(capsys, runtime_dir, "--check-config", str(cfg))
+        assert rc == 1 and err[0] == (
+            f"config file {cfg}: metrics listen address '127.0.0.1:{port}': port {port} is "
+            "in use (another process listens on it): stop it, or choose another port (port "
+            "0 picks a free one)"), err
+        rc, _, err = _check(capsys, runtime_dir, "--metrics", f"127.0.0.1:{port}",
+                            "--check-config")
+        assert rc == 1 and f"port {port} is in use" in err[0], err
+    # Let go: the same port passes now (nothing listens), and so does port 0.
+    rc, _, err = _check(capsys, runtime_dir, "--check-config", str(cfg))
+    assert rc == 0, err
+    rc, _, err = _check(capsys, runtime_dir, "--metrics", "127.0.0.1:0", "--check-config")
+    assert rc == 0, err
+    rc, _, err = _check(capsys, runtime_dir, "--metrics", "127.0.0.1", "--check-config")
+    assert rc == 1 and "is not HOST:PORT" in err[0], err
+    rc, _, err = _check(capsys, runtime_dir, "--metrics", "192.0.2.1:9464", "--check-config")
+    assert rc == 1 and "192.0.2.1 is not an address of this machine" in err[0], err
