@@ -33,7 +33,6 @@ number (:mod:`.burst_repeat`).
 from __future__ import annotations
 
 import os
-import select
 import socket
 import struct
 import threading
@@ -70,6 +69,9 @@ _GROW_TRIES = 4
 _SPIN_MISSES = 3
 _SPIN_RETRY = 32
 _put_seq = struct.Struct("<Q").pack_into
+#: How long one blocking wait for the driver's ring lasts (SO_RCVTIMEO) before the
+#: execution's timeout is looked at again.
+_RING_WAIT = 1.0
 
 
 class _Grow(Exception):
@@ -92,8 +94,8 @@ class Burst:
         self._seq = 0
         self._pool: tensorio.ClientPool | None = None
         self._sock: socket.socket | None = None
-        self._poll = select.poll()
         self.burst_id = 0
+        self._ring_wait = _RING_WAIT
         self._req, self._resp, self._data_start = 0, 0, 0
         self._fixed: FixedLayout | None = None
         #: Numeric tensors up to this size travel inside the request (0 once a request
@@ -140,9 +142,12 @@ class Burst:
         pool.pool_id = msg.pool_id
         self.burst_id = msg.burst_id
         self._pool = pool
-        self._sock = socket.socket(fileno=fds[0])
-        self._poll = select.poll()
-        self._poll.register(self._sock.fileno(), select.POLLIN)
+        self._sock = sock = socket.socket(fileno=fds[0])
+        sock.setblocking(True)
+        wait = self._ring_wait = min(_RING_WAIT, self._timeout)
+        sec = int(wait)
+        usec = max(int((wait - sec) * 1e6), 0 if sec else 1)  # (0 and 0: no timeout at all)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, usec))
         self._req, self._resp = req, resp
         self._data_start = layout.data_start(req, resp)
         self._seq = 0
@@ -430,23 +435,29 @@ class Burst:
                 self._misses += 1
                 if self._misses >= _SPIN_RETRY:
                     self._misses = _SPIN_MISSES - 1
-        deadline = time.monotonic() + self._timeout
+        # Blocked in the ring's recv itself, the socket's receive timeout (_RING_WAIT)
+        # bounding each: one system call per answer where a poll and a recv were two, and
+        # no clock read unless a wait times out (measured cold, 30 Hz: 54 vs 69 µs).
+        waited = 0.0
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._drop()
-                raise DeviceUnavailable(f"the driver did not answer a burst execution within "
-                                        f"{self._timeout} s")
-            events = self._poll.poll(min(left, 1.0) * 1000)
-            if events:
-                # One ring per answer: draining until empty would cost an EAGAIN system
-                # call per execution. A stale ring (a spun answer's) is taken here later.
-                hung_up = self._take_rings(sock, 1)
-                got, status, length = read(buf)
-                if got == seq:
-                    return status, length
-                if hung_up:
-                    raise self._gone()
+            try:
+                rung = sock.recv(16)
+            except BlockingIOError:  # a _RING_WAIT without a ring
+                waited += self._ring_wait
+                if waited >= self._timeout:
+                    self._drop()
+                    raise DeviceUnavailable(f"the driver did not answer a burst execution "
+                                            f"within {self._timeout} s") from None
+                continue
+            except OSError:
+                raise self._gone() from None
+            # One ring per answer: draining until empty would cost an EAGAIN system call
+            # per execution. A stale ring (a spun answer's) is taken here later.
+            got, status, length = read(buf)
+            if got == seq:
+                return status, length
+            if not rung:
+                raise self._gone()
 
     def _take_rings(self, sock: socket.socket, most: int = 1 << 30) -> bool:
         """Take up to ``most`` rings of the doorbell; True when the driver's end hung up."""

@@ -330,3 +330,18 @@ def test_a_dead_driver_is_device_unavailable_not_a_hang(
         th.join(30)
         assert len(got) == 1 and isinstance(got[0], DeviceUnavailable), got
         dev.close()
+
+
+def test_a_burst_execution_the_driver_never_answers_times_out(hal: Hal, dev: nn.Device) -> None:
+    """The client blocks in the ring's recv with a receive timeout: an answer that never
+    comes within the connection's call timeout is DeviceUnavailable, and the burst closes
+    (its channel cannot be trusted to answer that request's number any more)."""
+    model = dev.prepare_model(script(latency_ms=20_000), grant=hal.grant())
+    model._rpc.call_timeout = 0.3  # (read when the burst opens)
+    b = model.burst()
+    with pytest.raises(DeviceUnavailable, match="did not answer a burst execution"):
+        b.execute(X)
+    assert b.closed
+    with pytest.raises(InvalidArgument, match="closed"):
+        b.execute(X)
+    model.cancel()
