@@ -304,7 +304,16 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
     print(f"\n== {phase}: {len(frames)} frames, {len(slow)} over {over}x the alone p99 "
           f"({limit:.2f} ms); camera pid {cam_pid}, its burst thread {burst_tid}; "
           f"{len(switches)} switches traced")
-    cols = ["to-seen", "served", "ort", "back", "wait-cam", "wait-burst"]
+    cols = ["to-seen", "client", "wake", "gil/lock", "served", "ort", "back", "wait-cam",
+            "wait-burst"]
+    # When the camera's thread rang its burst thread (a wake-up of the one by the other)
+    # and when the burst thread then got a CPU: "to-seen" splits into the client's own
+    # code before the ring, the burst thread's wake-up, and from its switch-in until it
+    # saw the request (neither running-queue wait: the GIL or the host's lock).
+    rings = sorted(t for t, tid, waker in wakes if tid == burst_tid and waker == cam_tid)
+    ins = sorted((w0, w1) for w0, w1, _ in tl.waits.get(burst_tid or -1, ()))
+    ins_at = [w[0] for w in ins]
+    holders: dict[str, float] = {}  # runnable-wait of host threads while the burst was blocked
     classes: set[str] = set()
     table: dict[str, list[dict[str, float]]] = {}
     worst: list[tuple[dict[str, float], dict[tuple[str, int], float]]] = []
@@ -318,6 +327,24 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
             i = bisect.bisect_left(seen, s)
             if i < len(recs) and recs[i][0] <= e:
                 r = recs[i]
+                k = bisect.bisect_left(rings, s)
+                if k < len(rings) and rings[k] <= r[0]:
+                    j = bisect.bisect_left(ins_at, rings[k])
+                    switched = ins[j][1] if j < len(ins) and ins[j][1] <= r[0] else rings[k]
+                    row.update({"client": (rings[k] - s) * 1e3,
+                                "wake": (switched - rings[k]) * 1e3,
+                                "gil/lock": (r[0] - switched) * 1e3})
+                    if r[0] - switched > 0.0005:
+                        # Who held what the burst thread waited for: the host's threads
+                        # that ran, or waited runnable (a GIL holder preempted), then.
+                        for t2 in host_tids - {burst_tid}:
+                            ran = tl.ran(switched, r[0]).get(t2, 0.0)
+                            waited = sum(w1 - w0 for w0, w1, _ in tl.waited(t2, switched, r[0]))
+                            if ran + waited > 0.0001:
+                                idle = "-idle" if threads[t2][2] == "idle" else ""
+                                label = f"gil:{threads[t2][4]}{idle}"
+                                who[(label, t2)] = (ran + waited) * 1e3
+                                holders[label] = holders.get(label, 0.0) + waited * 1e3
                 row.update({"to-seen": (r[0] - s) * 1e3, "served": (r[7] - r[0]) * 1e3,
                             "ort": r[8] / 1e3, "back": (e - r[7]) * 1e3})
             for label, tid in (("wait-cam", cam_tid), ("wait-burst", burst_tid)):
@@ -350,14 +377,47 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
         print(f"{g:8} {len(rows):4d} " + " ".join(f"{v:13.2f}" for v in vals))
     for label, tid in (("frame thread", cam_tid), ("burst thread", burst_tid)):
         print(f"  {label} {tid}: {threads.get(tid) if tid else None}")
+    causes(worst, table.get("typical", []))
+    if holders:
+        print("while the burst thread was blocked (GIL or lock), host threads waited "
+              "runnable (a holder preempted?): " + ", ".join(
+                  f"{k[4:]} {v:.2f} ms" for k, v in sorted(holders.items(), key=lambda x: -x[1])))
     print("slowest frames:")
     for r, who in sorted(worst, key=lambda x: -x[0]["ms"])[:12]:
         print("  " + ", ".join(f"{k} {r[k]:.2f}" for k in keys if r.get(k)))
         top = sorted(who.items(), key=lambda x: -x[1])[:3]
         if top:
             print("    waited behind: " + "; ".join(
-                f"{label[5:]} behind {t} {threads.get(t, ('', 'outside'))[1:]} {ms:.2f} ms"
+                f"{label.split(':', 1)[0].replace('wait-', '')} behind {t} "
+                f"{threads.get(t, ('', 'outside'))[1:]} {ms:.2f} ms"
                 for (label, t), ms in top))
+
+
+def causes(worst: list[tuple[dict[str, float], dict[tuple[str, int], float]]],
+           typical: list[dict[str, float]]) -> None:
+    """Each slow frame's excess over a typical frame, put down to one cause: the class
+    of thread the camera's thread and its burst thread waited behind longest, a slow
+    ORT run (its excess over the typical run), or, when neither explains half of the
+    excess, "unexplained" (blocked, not runnable: a lock, the GIL, a page fault)."""
+    if not worst or not typical:
+        return
+    base = sorted(r["ms"] for r in typical)[len(typical) // 2]
+    ort = sorted(r.get("ort", 0.0) for r in typical)[len(typical) // 2]
+    count: dict[str, int] = defaultdict(int)
+    excess: dict[str, float] = defaultdict(float)
+    for r, _ in worst:
+        over = r["ms"] - base
+        parts = {k[4:]: v for k, v in r.items() if k.startswith("blk:")}
+        parts["slow ORT run"] = max(0.0, r.get("ort", ort) - ort)
+        parts["client before the ring"] = max(0.0, r.get("client", 0.0) - 0.1)
+        parts["gil/lock in the host"] = r.get("gil/lock", 0.0)
+        top = max(parts, key=lambda k: parts[k])
+        cause = top if parts[top] >= over / 2 else "unexplained"
+        count[cause] += 1
+        excess[cause] += over
+    print(f"slow frames by cause (excess over the typical {base:.2f} ms frame):")
+    for c in sorted(count, key=lambda c: -excess[c]):
+        print(f"  {c:16} {count[c]:4d} frames, {excess[c]:7.1f} ms excess in all")
 
 
 def main() -> int:
