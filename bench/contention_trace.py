@@ -342,7 +342,8 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
                             waited = sum(w1 - w0 for w0, w1, _ in tl.waited(t2, switched, r[0]))
                             if ran + waited > 0.0001:
                                 idle = "-idle" if threads[t2][2] == "idle" else ""
-                                label = f"gil:{threads[t2][4]}{idle}"
+                                name = threads[t2][4] if len(threads[t2]) > 4 else t2
+                                label = f"gil:{name}{idle}"
                                 who[(label, t2)] = (ran + waited) * 1e3
                                 holders[label] = holders.get(label, 0.0) + waited * 1e3
                 row.update({"to-seen": (r[0] - s) * 1e3, "served": (r[7] - r[0]) * 1e3,
