@@ -215,6 +215,20 @@ kernel 6.18 with EEVDF, HZ 250, no kernel preemption):
   (other users' test runs: up to 9 ms of CPU inside one 5 ms frame in the first run,
   which had the worst contended tail, 12.8 ms p99): the run-to-run spread of the
   contended p99 follows the foreign CPU each phase saw.
+* Slow loading-phase frames by cause, two quick traced runs (34 frames over 1.3x the
+  camera-alone p99 of 300): behind a SCHED_IDLE host thread on the CPU the camera's
+  thread or its burst thread waited for, 8 frames and 21.4 ms of excess; the burst
+  thread blocked (on a CPU, not runnable: the GIL or the host's lock) before it saw the
+  request, 9 and 11.7 ms; a slow ORT run (the other core busy), 6 and 8.1; unexplained,
+  5 and 8.3; the loader app's own thread, 2 and 2.7; processes outside the run, 2 and
+  2.0; a vCPU waking from idle, 2 and 3.2. While the burst thread was blocked, host
+  step workers at SCHED_IDLE waited runnable (npu-bg_1 3.6 ms in one run): a lowered
+  thread holding the GIL or the lock, preempted, is a priority inversion. One holder
+  the driver controls: a BACKGROUND burst execution's step submits its own end, under
+  the host's lock, from the SCHED_IDLE worker that ran it (host._burst_step_done), so
+  that no loop wake-up is needed. Handing that end to the event loop instead was tried
+  and not kept this session: it changes the burst path's design (test_burst_shell's
+  "no loop wake-up" tests) and was not measured.
 * The compile child built its throwaway session with ONNX Runtime's weight prepacking:
   now off (the blobs are byte for byte the same), half the child's CPU per load of the
   32 MiB LLM (156 -> 77 ms, 119 -> 54 ms). The host's own load keeps prepacking: without
