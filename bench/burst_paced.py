@@ -18,6 +18,7 @@ read CLOCK_MONOTONIC), so every call splits into:
 Configurations (``--configs``, comma-separated, run in that order):
 
 - ``inproc``: ONNX Runtime in-process (the baseline);
+- ``plain``: ``model.execute`` through the driver's socket (no burst);
 - ``inproc-warm``: the same, with one run ``--warm-ahead`` µs before each tick (what a
   warm-up buys in-process);
 - ``burst``: a burst, driver and client as by default;
@@ -157,7 +158,8 @@ def main() -> int:
             devs = {}
             for label, text in (("plain", fg),
                                 ("ant", fg + f"burst_anticipate_us = {args.anticipate:g}\n")):
-                if any(c.startswith(label if label == "ant" else "burst") for c in configs):
+                if any(c.startswith(label if label == "ant" else ("burst", "plain"))
+                       for c in configs):
                     rt = Path(tempfile.mkdtemp(prefix="npu-bench-", dir="/tmp"))
                     hosts.callback(shutil.rmtree, rt, True)
                     devs[label] = start_host(hosts, st, text, None, rt)
@@ -168,7 +170,19 @@ def main() -> int:
                 calls: list[tuple[float, float]]
                 rec: dict[str, Any] | None = None
                 seqs: list[int] = []  # each burst call's request number (pairs it below)
-                if cfg.startswith("inproc"):
+                if cfg == "plain":  # model.execute through the driver's socket
+                    (dev, pid) = devs["plain"]
+                    remote = dev.prepare_model(onnx)
+                    try:
+                        for _ in range(5):
+                            remote.execute(x)
+                        c0, d0 = process_cpu(), process_cpu(pid)
+                        calls = paced_loop(lambda r=remote: r.execute(x), args.calls, args.hz)
+                        cpu = ((process_cpu() - c0) / args.calls,
+                               (process_cpu(pid) - d0) / args.calls)
+                    finally:
+                        remote.release()
+                elif cfg.startswith("inproc"):
                     fn: Callable[[], object] = lambda: local.run(x)  # noqa: E731
                     for _ in range(5):
                         fn()

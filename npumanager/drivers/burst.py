@@ -79,6 +79,7 @@ log = logging.getLogger("npumanager.drivers.burst")
 MAX_BURSTS_PER_CONN = 8
 #: Open bursts per uid over all its connections (else 64 connections x 8 threads each).
 MAX_BURSTS_PER_UID = 32
+_yield = os.sched_yield
 #: Doorbell rings drained at once when a wake-up found no new request.
 _DRAIN_MAX = 256
 
@@ -203,6 +204,11 @@ class BurstServer:
                     if pace is not None:
                         pace.arrived(seen)
                     self._answer(seq, length)
+                    # The answer's ring wakes the client synchronously: it may be queued
+                    # on this CPU (or spin here, yielding), behind what this thread does
+                    # next (the loop's hand-over, the counters, the next request's
+                    # preparation). It goes first (the host's lock is not held here).
+                    _yield()
                     self._answered()
                     # Its ring is taken once the reply is out, off the client's wait (an
                     # honest client rings again only after reading this reply; if the ring
