@@ -23,6 +23,7 @@ from npumanager.drivers import events as ev
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
 from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
+from npumanager.drivers.state_fast import FastKey
 from npumanager.drivers.steps import Done, Execution, Reply
 from npumanager.errors import DeviceUnavailable, InvalidArgument
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -91,7 +92,7 @@ class BurstExecutions:
                     ex.t0 = t0
                 else:
                     ex = fixed.execution(next(host._tickets), t0, Done())
-                admitted, step = host.submit_fast(ex, key)
+                admitted, step = self._submit_repeat(ex, key)
                 if not admitted:
                     key = fixed.fast = None
             if key is None:
@@ -114,14 +115,20 @@ class BurstExecutions:
                 # (read before the answer: the end is recorded as of when the run was
                 # over, whenever the client goes on)
                 now = host.clock.now()
-                if (error is None and fixed is not None and server.sent is fixed
-                        and ex.result is not None and ex.result[0] is fixed.result
-                        and host.state.completes(ex.ticket)):
-                    server.answer_same()
-                    answered = True
-                step = host.submit_here(ex, ev.StepFinished(
-                    stimulus_id=host._stimulus("step"), now=now, ticket=ex.ticket,
-                    run_us=run_us, error=error))
+                ticket = ex.ticket
+                if error is None and host.state.completes(ticket):
+                    if (fixed is not None and server.sent is fixed and ex.result is not None
+                            and ex.result[0] is fixed.result):
+                        server.answer_same()
+                        answered = True
+                    # (its end in one call: drivers/state_fast.py, one pass)
+                    out = host.state.repeat_end(ticket, run_us, f"step-{ticket}", now)
+                    assert out is not None  # (completes: the lock held since)
+                    step = host.res.carry_out_here(out, ex)
+                else:
+                    step = host.submit_here(ex, ev.StepFinished(
+                        stimulus_id=host._stimulus("step"), now=now, ticket=ticket,
+                        run_us=run_us, error=error))
         marks[bc.M_ENDED] = ns()
         if answered:
             return None
@@ -142,6 +149,24 @@ class BurstExecutions:
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome, fixed if outcome[0] is ex.fixed_result else None
+
+    def _submit_repeat(self, ex: Execution, key: FastKey) -> tuple[bool, ev.RunStep | None]:
+        """The lock held: ``ex``, a repeat of the request ``key`` was made for, admitted in
+        one pass where the state can (``repeat_begin``), else as ``host.submit_fast``."""
+        host = self.host
+        res = host.res
+        ticket = ex.ticket
+        res.executions[ticket] = ex
+        try:
+            step = host.state.repeat_begin(key, ticket, f"execute-{ticket}",
+                                           host.clock.now())
+        except BaseException:
+            del res.executions[ticket]
+            raise
+        if step is not None:
+            return True, step
+        del res.executions[ticket]
+        return host.submit_fast(ex, key)
 
     @staticmethod
     def _decode(server: BurstServer, data: bytes, pools: dict[int, tensorio.MappedPool]

@@ -50,6 +50,12 @@ class Debouncer:
         burst.active += 1
         return not continues
 
+    def continues(self, uid: int) -> bool:
+        """Whether work of ``uid`` admitted now would continue a debouncing burst (its
+        end pending): ``begin`` would return False."""
+        burst = self._bursts.get(uid)
+        return burst is not None and burst.pending is not None
+
     def end(self, uid: int, info: WorkInfo, reason: EndReason, now: float,
             listening: bool) -> bool:
         """Work of ``uid`` ended. True: report its end now (window 0: every work item

@@ -136,6 +136,20 @@ class RunQueue:
             self.running[channel] = job
         return out
 
+    def starts_now(self) -> bool:
+        """Whether a FOREGROUND job pushed now would be taken at once, alone: nothing
+        queued, a channel free."""
+        return not self._heap and bool(self._free)
+
+    def start(self, job: Job) -> int:
+        """``job`` (FOREGROUND, ``starts_now``) straight onto a free channel, as ``push``
+        then ``take`` would put it; its channel."""
+        channel = self._free.pop(0)
+        job.state = JobState.RUNNING
+        job.channel = channel
+        self.running[channel] = job
+        return channel
+
     def release(self, job: Job) -> None:
         """The running step of ``job`` is over: its channel is free again."""
         channel = job.channel

@@ -17,21 +17,41 @@ bound, the work report and debouncing, the queue and the dispatch (effective
 priority order, execution classes and reserved channels, thermal hold-back,
 preemption between steps, the inline decision) decide for a fast admission exactly
 as for any other.
+
+One pass (``repeat_begin``, ``repeat_end``): most repeats of a paced FOREGROUND
+stream find the device idle and continue their uid's debouncing burst, so the
+dispatch has nothing to weigh and nobody is to be told. There the whole admission is
+one straight line (the job made, its channel taken, its step returned) and the
+step's end one call that also says whether it COMPLETED; each begins by comparing
+the cheap numbers that say the straight line is what the full path would decide (the
+epoch, which every revocation, thermal change, priority change and grant end bumps;
+an empty queue and a free channel; a pending burst end; one step; FOREGROUND) and
+falls back, having changed nothing, when one moved. What they record (work ids,
+stats, the ledger, debouncing, the quiet window's arrivals, the decision log, the
+instructions) is what the full path records; tests/drivers/test_state_repeat.py
+holds them to it event for event.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from npumanager.drivers import events as ev
+from npumanager.drivers.classes import ExecClass
 from npumanager.drivers.events import JobState
 from npumanager.drivers.records import ClientRecord, ModelRecord
-from npumanager.drivers.runqueue import Job
+from npumanager.drivers.runqueue import Job, RunQueue
+from npumanager.hal.types import EndReason, WorkInfo
 
 if TYPE_CHECKING:
+    from npumanager.drivers.bounds import Ledger
+    from npumanager.drivers.classes import Protection
     from npumanager.drivers.debounce import Debouncer
     from npumanager.drivers.load_hold import LoadHold
+    from npumanager.drivers.quiet import QuietWindow
+    from npumanager.drivers.records import DriverParams, WorkStats
 
 
 @dataclass(eq=False, slots=True)
@@ -56,6 +76,17 @@ class FastAdmission:
 
     if TYPE_CHECKING:  # DriverState's, declared for the type checker
         epoch: int
+        params: DriverParams
+        listening: bool
+        protection: Protection
+        quiet: QuietWindow | None
+        ledger: Ledger
+        stats: WorkStats
+        _cutoff: int | None
+        _queue: RunQueue
+        _work_ids: Iterator[int]
+        _seq: Iterator[int]
+        _releasing: dict[int, ModelRecord]
         _clients: dict[int, ClientRecord]
         _models: dict[int, ModelRecord]
         _jobs: dict[int, Job]
@@ -69,6 +100,11 @@ class FastAdmission:
                    now: float) -> Job: ...
 
         def _sync_timer(self) -> None: ...
+        def _inline(self, job: Job) -> bool: ...
+        def _dispatch(self, yielding: Job | None = None) -> None: ...
+        def _on_step_finished(self, e: ev.StepFinished) -> None: ...
+        def _decide(self, kind: str, key: int | str, what: str, **details: object
+                    ) -> None: ...
         def _sync_load_hold(self, now: float) -> None: ...
 
         load_hold: LoadHold | None
@@ -117,3 +153,89 @@ class FastAdmission:
         finally:
             self._ev = None
         return out
+
+    # --- one pass ------------------------------------------------------------------
+
+    def repeat_begin(self, key: FastKey, ticket: int, stimulus_id: str, now: float
+                     ) -> ev.RunStep | None:
+        """Admit an execution of ``key``'s request as ``ticket`` and start it on a free
+        channel in one pass, where that is what ``execute_fast`` would decide and it would
+        tell the shell nothing but the step (see the module docstring); the step, which
+        the shell runs itself. None, having changed nothing: the shell takes
+        ``execute_fast``. Raises as ``handle`` does for the uid's job bound."""
+        queue = self._queue
+        eff = key.eff
+        cutoff = self._cutoff
+        if (key.epoch != self.epoch or key.steps != 1 or not queue.starts_now()
+                or self.load_hold is not None or ticket in self._jobs
+                or eff > self.protection.foreground_priority  # (BACKGROUND: the full path)
+                or (cutoff is not None and eff > cutoff)):
+            return None
+        client, model = key.client, key.model
+        uid = client.uid
+        listening = self.listening
+        debounce = self._debounce
+        # Its requested and started would be reported: the full path says so.
+        if listening and not debounce.continues(uid):
+            return None
+        self.ledger.check_job(uid, len(client.jobs))
+        # Admitted: nothing below raises. As ``_admit``, then ``_dispatch`` taking it.
+        self._ev = ev.Event(stimulus_id=stimulus_id, now=now)
+        try:
+            self.ledger.add_job(uid)
+            info = WorkInfo(next(self._work_ids), key.group_id, uid, client.pid,
+                            uid if key.original_uid is None else key.original_uid,
+                            key.feature_id, key.job_priority, eff, int(now * 1000),
+                            self.params.device_number)
+            model_id = model.model_id
+            job = Job(ticket, info, client.conn, model_id, key.exec_id, 1, next(self._seq),
+                      cls=_FOREGROUND)
+            self._jobs[ticket] = job
+            quiet = self.quiet
+            if quiet is not None:
+                quiet.arrived((client.conn, model_id), now)
+            client.jobs.add(job)
+            model.jobs.add(job)
+            self.stats.submitted += 1
+            job.reported = debounce.begin(uid) and listening  # (False when listening)
+            self._decide("work", info.id, "admitted", model=model_id, eff=eff, steps=1)
+            channel = queue.start(job)
+            if quiet is not None and (quiet.paced() or quiet.holding):
+                # (the dispatch's gate, with nothing but this job to weigh: nothing held,
+                # no timer to arm)
+                quiet.wake_at, quiet.holding = None, False
+            # A debounce end may only have been dropped: no earlier deadline to arm for.
+            return ev.RunStep(ticket, 0, True, self._inline(job), channel, info.id, False,
+                              eff, False)
+        finally:
+            self._ev = None
+
+    def repeat_end(self, ticket: int, run_us: float, stimulus_id: str, now: float
+                   ) -> list[ev.Instruction] | None:
+        """The end of ``ticket``'s running step, without an error, when it ends the job
+        COMPLETED (``completes``): recorded by the ``StepFinished`` handler itself (the
+        state's own rules, none copied), in one call with the check, and the
+        instructions, as ``handle`` returns them. None, having changed nothing: it would
+        not end COMPLETED (cancelled, revoked, more steps to run); the shell submits the
+        ``StepFinished``."""
+        if not self.completes(ticket):
+            return None
+        e = ev.StepFinished(stimulus_id=stimulus_id, now=now, ticket=ticket, run_us=run_us,
+                            error=None)
+        out: list[ev.Instruction] = []
+        self._out = out
+        self._ev = e
+        try:
+            # As ``handle`` (a StepFinished leaves the epoch alone).
+            self._on_step_finished(e)
+            if self._debounce.next_deadline() is not None:
+                self._sync_timer()
+            if self.load_hold is not None:
+                self._sync_load_hold(now)
+        finally:
+            self._ev = None
+        return out
+
+
+_FOREGROUND = ExecClass.FOREGROUND
+_RUNNING = JobState.RUNNING
