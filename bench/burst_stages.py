@@ -109,6 +109,10 @@ def main() -> int:
                                 g["dcpu"].append((process_cpu(pid) - d0) / args.calls)
                                 rec = driver_recent(rts[label], b.burst_id)
                             recent = rec["recent"][-args.calls:][args.skip:]
+                            print(f"  {name} {label}: " + " ".join(
+                                f"{k} {rec.get(k)}" for k in (
+                                    "served", "polled", "rung", "early", "late", "warms",
+                                    "rehearsed", "expired")), flush=True)
                             for r in recent:
                                 if r[7] is not None:
                                     g["served"].append(r[7] - r[0])

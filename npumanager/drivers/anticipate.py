@@ -286,6 +286,9 @@ def warm(host: DriverHost, server: BurstServer) -> bool:
         except Exception:
             fixed.warm_run = _idle  # (a run that fails warms nothing; the real one tells)
             return False
+        # The bookkeeping around the run too (the same path, writing nothing).
+        if host.bursts.rehearse(server):
+            server.counters.rehearsed += 1
         return run is not _idle
 
 

@@ -201,14 +201,14 @@ class BurstServer:
                     last = seq
                     marks[bc.M_SEEN] = seen_ns = ns()
                     seen = seen_ns / 1e9  # (perf_counter's clock)
-                    if pace is not None:
-                        pace.arrived(seen)
                     self._answer(seq, length)
                     # The answer's ring wakes the client synchronously: it may be queued
                     # on this CPU (or spin here, yielding), behind what this thread does
                     # next (the loop's hand-over, the counters, the next request's
                     # preparation). It goes first (the host's lock is not held here).
                     _yield()
+                    if pace is not None:
+                        pace.arrived(seen)  # (after the answer: only the next wait reads it)
                     self._answered()
                     # Its ring is taken once the reply is out, off the client's wait (an
                     # honest client rings again only after reading this reply; if the ring

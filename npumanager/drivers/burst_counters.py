@@ -69,6 +69,8 @@ class BurstCounters:
     expired: int = 0
     unplanned: int = 0
     busy: int = 0
+    #: Warm-ups that rehearsed the one pass too (drivers/burst_exec.py ``rehearse``).
+    rehearsed: int = 0
     #: The request being waited for: its predicted due time, when the thread was to wake
     #: from its timed sleep and when it did, the warm-up's start and end, when polling
     #: began (NaN: did not).
@@ -111,7 +113,7 @@ class BurstCounters:
         out: dict[str, Any] = {
             "served": self.served, **dict(zip(HOW, self.found, strict=True)),
             "warms": self.warms, "expired": self.expired, "unplanned": self.unplanned,
-            "busy": self.busy, "offsets_n": len(offsets),
+            "busy": self.busy, "rehearsed": self.rehearsed, "offsets_n": len(offsets),
             "offset_p50_us": _pct(offsets, 0.5), "offset_p90_us": _pct(offsets, 0.9),
         }
         if kept:

@@ -17,6 +17,9 @@ class DecisionLog:
         self._log: deque[tuple[float, str, str, int | str, str, dict[str, object]]] = deque(
             maxlen=size)
 
+    def __len__(self) -> int:
+        return len(self._log)
+
     def record(self, e: ev.Event, kind: str, key: int | str, what: str,
                details: dict[str, object]) -> None:
         self._log.append((e.now, e.stimulus_id, kind, key, what, details))

@@ -45,6 +45,11 @@ class ExecStats:
                 "steps": [{"channel": c, "start": st, "dur": d, "uid": u, "feature": f,
                            "job": j, "step": i} for _n, c, st, d, u, f, j, i in steps]}
 
+    def touch(self, uid: int) -> None:
+        """Read what ``record`` of ``uid`` writes (a burst's warm-up: drivers/burst_exec.py)."""
+        q = self._by_uid.get(uid)
+        _ = (q[-1] if q else None, self._totals.get(uid))
+
     def record(self, uid: int, latency_s: float, now: float | None = None) -> None:
         q = self._by_uid.get(uid)
         if q is None:

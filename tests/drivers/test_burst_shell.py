@@ -270,3 +270,52 @@ def test_a_bursts_counters_tell_how_each_request_was_found(
             await close(burst, dev)
 
     run(runtime_dir, state_dir, body)
+
+
+def test_a_rehearsal_changes_nothing_and_the_next_repeat_takes_one_pass(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """Anticipation's warm-up rehearses the serve (drivers/burst_exec.py ``rehearse``):
+    with the host's lock held it walks the repeat's path and writes nothing: the state's
+    decisions, counts, jobs and epoch, the host's executions and latency records are as
+    before; and the next repeat is admitted in one pass (state_fast.repeat_begin)."""
+
+    async def body(s: Stack) -> None:
+        await s.grant("g1", uid())
+        dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        burst: Burst | None = None
+        host, state = s.host, s.host.state
+        passes: list[bool] = []
+        real = state.repeat_begin
+
+        def spy(*args: Any) -> Any:
+            step = real(*args)
+            passes.append(step is not None)
+            return step
+
+        state.repeat_begin = spy  # type: ignore[method-assign]
+        try:
+            model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+            burst = await asyncio.to_thread(model.burst)
+            for _ in range(4):
+                got = await asyncio.to_thread(burst.execute, {"x": X})
+                np.testing.assert_array_equal(got["y"], X + 1)
+            await served(s, 4)
+            [server] = list(host.bursts._servers.values())
+
+            def seen() -> tuple[Any, ...]:
+                return (state.decisions(), repr(state.stats), state.epoch,
+                        [(j.ticket, j.state) for j in state.jobs()],
+                        sorted(host.res.executions), host.res.stats.snapshot(0.0),
+                        repr(state._debounce._bursts), state.ledger.held())
+
+            with host.lock:
+                before = seen()
+                assert host.bursts.rehearse(server)
+                assert seen() == before
+            got = await asyncio.to_thread(burst.execute, {"x": X * 2})
+            np.testing.assert_array_equal(got["y"], X * 2 + 1)
+            assert passes and passes[-1], passes
+        finally:
+            await close(burst, dev)
+
+    run(runtime_dir, state_dir, body, foreground_priority=1000)

@@ -65,7 +65,11 @@ class Stream:
         sid = f"s{next(h._sid)}"
         if self.key is not None:
             if self.one_pass:
+                # Anticipation's rehearsal first: it changes nothing (the twin test holds
+                # it to that) and says whether the one pass will be taken.
+                rehearsed = h.state.rehearse(self.key, h.now)
                 step = h.state.repeat_begin(self.key, ticket, sid, h.now)
+                assert rehearsed == (step is not None), (rehearsed, step)
                 if step is not None:
                     self.ways.append("one")
                     self._note(ticket, [step])
