@@ -9,14 +9,18 @@ configuration is one uninterrupted paced loop (anticipation learns the pace), an
 the whole set runs ``--rounds`` times alternately (machine drift hits every
 configuration alike); every row pools its rounds.
 
-Configurations per model: ``inproc`` (ONNX Runtime in-process, paced the same way:
-the baseline), ``burst``, ``ant`` (``burst_anticipate_us = --anticipate``); with
-``--against DIR`` (another source tree, e.g. a worktree of main) also ``burst@DIR``
-and ``ant@DIR``, served by a host run from that tree in the same run. The work is
-FOREGROUND (``foreground_priority = 1000``, as a camera's under npud).
+Configurations per model and pace (``--configs``): ``inproc`` (ONNX Runtime
+in-process, paced the same way: the baseline), ``plain`` (``model.execute``),
+``burst``, ``ant`` (a burst, ``burst_anticipate_us = --anticipate``); with
+``--against DIR`` (another source tree, e.g. a worktree of main) also ``plain@DIR``,
+``burst@DIR`` and ``ant@DIR``, served by a host run from that tree in the same run
+(the client side is this tree's). The work is FOREGROUND (``foreground_priority =
+1000``, as a camera's under npud). CPU: per execution, the client process's and the
+serving driver host's (user + system), over the paced loop.
 
-Usage: python bench/burst_stages.py [--models tiny,gru] [--hz 30] [--calls 200]
-[--rounds 2] [--anticipate 300] [--against DIR] [--json FILE]
+Usage: python bench/burst_stages.py [--models tiny,gru] [--hz 30[,100,1000]]
+[--calls 200] [--rounds 2] [--anticipate 300] [--configs inproc,plain,burst,ant]
+[--against DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def p(xs: list[float], q: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="tiny,gru")
-    ap.add_argument("--hz", type=float, default=30.0)
+    ap.add_argument("--hz", default="30", help="comma-separated paces")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--skip", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
@@ -64,8 +68,8 @@ def main() -> int:
     fg = "foreground_priority = 1000\n"
     ant = fg + f"burst_anticipate_us = {args.anticipate:g}\n"
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
-    hosts_wanted = [(c, None, fg if c == "burst" else ant) for c in wanted
-                    if c in ("burst", "ant")]
+    hosts_wanted = [(c, None, ant if c == "ant" else fg) for c in wanted
+                    if c in ("plain", "burst", "ant")]
     if args.against is not None:
         tag = args.against.name
         hosts_wanted += [(f"{c}@{tag}", args.against, cfg) for c, _, cfg in list(hosts_wanted)]
@@ -79,7 +83,9 @@ def main() -> int:
                 stack.callback(shutil.rmtree, rt, True)
             devs = {label: start_host(stack, st, cfg, tree, rts[label])
                     for label, tree, cfg in hosts_wanted}
-            for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+            paces = [float(h) for h in args.hz.split(",") if h.strip()]
+            for name, hz in [(m.strip(), hz) for m in args.models.split(",") if m.strip()
+                             for hz in paces]:
                 onnx, x = model(name)
                 local = ReferenceDriver({}).compile(onnx, CompileOptions())
                 remotes = {label: dev.prepare_model(onnx) for label, (dev, _) in devs.items()}
@@ -95,8 +101,17 @@ def main() -> int:
                             for _ in range(5):
                                 fn()
                             c0 = process_cpu()
-                            calls = paced_loop(fn, args.calls, args.hz)
+                            calls = paced_loop(fn, args.calls, hz)
                             g["ccpu"].append((process_cpu() - c0) / args.calls)
+                        elif label.startswith("plain"):
+                            pid = devs[label][1]
+                            r = remotes[label]
+                            for _ in range(5):
+                                r.execute(x)
+                            c0, d0 = process_cpu(), process_cpu(pid)
+                            calls = paced_loop(lambda r=r, x=x: r.execute(x), args.calls, hz)
+                            g["ccpu"].append((process_cpu() - c0) / args.calls)
+                            g["dcpu"].append((process_cpu(pid) - d0) / args.calls)
                         else:
                             pid = devs[label][1]
                             with remotes[label].burst() as b:
@@ -104,7 +119,7 @@ def main() -> int:
                                     b.execute(x)
                                 c0, d0 = process_cpu(), process_cpu(pid)
                                 calls = paced_loop(lambda b=b, x=x: b.execute(x), args.calls,
-                                                   args.hz)
+                                                   hz)
                                 g["ccpu"].append((process_cpu() - c0) / args.calls)
                                 g["dcpu"].append((process_cpu(pid) - d0) / args.calls)
                                 rec = driver_recent(rts[label], b.burst_id)
@@ -122,7 +137,7 @@ def main() -> int:
                                     g[s].append(math.nan if v is None else v / US)
                         g["lat"] += [e - s for s, e in calls[args.skip:]]
                 base = p(got["inproc"]["lat"], 0.5) if "inproc" in got else math.nan
-                print(f"\n{name} at {args.hz:g} Hz, {args.rounds} x {args.calls} calls per "
+                print(f"\n{name} at {hz:g} Hz, {args.rounds} x {args.calls} calls per "
                       f"configuration (first {args.skip} of each not counted), anticipate "
                       f"{args.anticipate:g} µs; µs, p50 unless named", flush=True)
                 header = ("config", "p50", "p99", "added", "served", "run",
@@ -136,7 +151,7 @@ def main() -> int:
                              *(p(g[s], 0.5) * US for s in STAGES),
                              sum(g["ccpu"]) / max(1, len(g["ccpu"])) * US,
                              sum(g["dcpu"]) / len(g["dcpu"]) * US if g["dcpu"] else math.nan]
-                    doc[f"{name}/{label}"] = dict(zip(header, cells, strict=True))
+                    doc[f"{name}/{hz:g}/{label}"] = dict(zip(header, cells, strict=True))
                     rows.append([str(cells[0])] + ["-" if math.isnan(c) else f"{c:.0f}"
                                                    for c in cells[1:]])
                 widths = [max(len(r[i]) for r in [list(header), *rows])
