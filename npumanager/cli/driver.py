@@ -247,6 +247,11 @@ def become(spec: str) -> None:
     only, before anything else runs); and check there is no way back."""
     uid_s, _, gid_s = spec.partition(":")
     uid, gid = int(uid_s), int(gid_s or uid_s)
+    # While root: the host's lowered threads and compile child may return to nice 0, and
+    # no further (the starvation bounds; drivers/compile_starve.py).
+    from npumanager.drivers.compile_starve import allow_nice_0
+
+    allow_nice_0()
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)

@@ -49,15 +49,23 @@ import faulthandler
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
+from npumanager.drivers.compile_starve import (
+    CompileStarve,
+    can_raise,
+    process_cpu_s,
+    set_process_sched,
+)
 from npumanager.errors import GeneralFailure, InvalidArgument
 
 log = logging.getLogger("npumanager.drivers.compile_worker")
@@ -109,10 +117,17 @@ class CompileWorker:
     ``sched``/``nice``: how the child lowers itself (:func:`~.steps.lower_this_thread`'s
     meanings, for the whole process)."""
 
-    def __init__(self, name: str, sched: str, nice: int) -> None:
+    def __init__(self, name: str, sched: str, nice: int, starve_ms: int = 0) -> None:
         self.name = name
         self.sched = sched
         self.nice = nice
+        #: The starvation bound of a compile at SCHED_IDLE (:mod:`.compile_starve`): off
+        #: when 0, when the child is not lowered to idle, or when the rlimit forbids it.
+        self.starve = CompileStarve(starve_ms / 1000.0 if sched == "idle" else 0.0)
+        if self.starve.starve_s > 0 and not can_raise():
+            log.info("%s: RLIMIT_NICE keeps the compile child at SCHED_IDLE (no starvation "
+                     "bound for background prepares)", name)
+            self.starve.starve_s = 0.0
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -228,9 +243,42 @@ class CompileWorker:
                 raise GeneralFailure(f"the compile worker cannot be reached: {err}")
         raise AssertionError("unreachable")
 
+    def _wait_reply(self, sock: socket.socket) -> None:
+        """Until the reply is there: the starvation bound's watch of the child (raised to
+        normal priority when starved, lowered again after; compile_starve.py)."""
+        guard, proc = self.starve, self._proc
+        if guard.starve_s <= 0 or proc is None:
+            return
+        pid, clock = proc.pid, time.monotonic
+        guard.begin(clock(), process_cpu_s(pid) or 0.0)
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        try:
+            while not poller.poll(max(1, int(guard.starve_s * 500))):
+                cpu = process_cpu_s(pid)
+                if cpu is None:
+                    return  # gone: the recv below tells
+                if self.stopped:  # held by the quiet window: not starvation
+                    guard.rebase(clock(), cpu)
+                    continue
+                move = guard.tick(clock(), cpu)
+                if move is not None:
+                    self._set_sched(pid, raised=move)
+        finally:
+            if guard.end():
+                self._set_sched(pid, raised=False)
+
+    def _set_sched(self, pid: int, *, raised: bool) -> None:
+        try:
+            set_process_sched(pid, "normal" if raised else self.sched, self.nice)
+        except PermissionError as exc:
+            log.warning("%s: the compile child stays at SCHED_IDLE: %s", self.name, exc)
+            self.starve.starve_s = 0.0
+
     def _call(self, req: bytes, fd: int) -> tuple[list[bytes], list[memoryview]]:
         sock = self._send(req, fd)
         try:
+            self._wait_reply(sock)
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 1)
         except OSError as exc:
             data, fds = b"", []
@@ -278,10 +326,10 @@ class CompileWorker:
 def _lower_process(sched: str, nice: int) -> None:
     """Lower every thread this process will have (ONNX Runtime's inherit it)."""
     try:
-        if sched == "idle":
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        elif sched == "nice":
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        # Every thread: a policy is per thread, and numpy's BLAS pool, started when this
+        # module was imported, was found at SCHED_OTHER in a child lowered only here.
+        if sched in ("idle", "nice"):
+            set_process_sched(os.getpid(), sched, nice)
     except (OSError, AttributeError) as exc:
         print(f"compile worker stays at normal priority: {exc}", file=sys.stderr)
 

@@ -83,7 +83,8 @@ class Preparer:
         self._worker_hook: Callable[..., PreparedModel | None] | None = getattr(
             driver, "compile_in_worker", None)
         if hc.background_compile == "process" and self._worker_hook is not None:
-            self.worker = CompileWorker(hc.name, sched, hc.background_nice)
+            self.worker = CompileWorker(hc.name, sched, hc.background_nice,
+                                        hc.background_starve_ms)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first
