@@ -183,10 +183,7 @@ class DriverState(ModelRules, FastAdmission, LoadHoldRules):
             self.epoch += 1  # what a fast admission found may not hold any more
         try:
             self._handlers[kind](event)
-            if self._debounce.next_deadline() is not None:
-                self._sync_timer()
-            if self.load_hold is not None:
-                self._sync_load_hold(event.now)
+            self._after_event(event.now)
         finally:
             self._ev = None
         return out
@@ -572,6 +569,13 @@ class DriverState(ModelRules, FastAdmission, LoadHoldRules):
         return WorkInfo(info.id, info.group_id, info.uid, info.debug_pid, info.original_uid,
                         info.debug_feature_id, info.job_priority, info.effective_priority,
                         int(e.now * 1000), info.device_number)
+
+    def _after_event(self, now: float) -> None:
+        """How every event ends (``handle``, the fast paths): debounce timer, load hold."""
+        if self._debounce.next_deadline() is not None:
+            self._sync_timer()
+        if self.load_hold is not None:
+            self._sync_load_hold(now)
 
     def _sync_timer(self) -> None:
         """Keep one timer at or before the earliest debounce deadline. A timer armed no

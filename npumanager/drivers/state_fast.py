@@ -102,13 +102,12 @@ class FastAdmission:
                    feature_id: int | None, group_id: bytes | None, exec_id: int,
                    now: float) -> Job: ...
 
-        def _sync_timer(self) -> None: ...
+        def _after_event(self, now: float) -> None: ...
         def _inline(self, job: Job) -> bool: ...
         def _dispatch(self, yielding: Job | None = None) -> None: ...
         def _on_step_finished(self, e: ev.StepFinished) -> None: ...
         def _decide(self, kind: str, key: int | str, what: str, **details: object
                     ) -> None: ...
-        def _sync_load_hold(self, now: float) -> None: ...
 
         load_hold: LoadHold | None
 
@@ -149,10 +148,7 @@ class FastAdmission:
         try:
             self._admit(key.client, key.model, ticket, key.steps, key.eff, key.job_priority,
                         key.original_uid, key.feature_id, key.group_id, key.exec_id, now)
-            if self._debounce.next_deadline() is not None:
-                self._sync_timer()
-            if self.load_hold is not None:
-                self._sync_load_hold(now)
+            self._after_event(now)
         finally:
             self._ev = None
         return out
@@ -231,10 +227,7 @@ class FastAdmission:
         try:
             # As ``handle`` (a StepFinished leaves the epoch alone).
             self._on_step_finished(e)
-            if self._debounce.next_deadline() is not None:
-                self._sync_timer()
-            if self.load_hold is not None:
-                self._sync_load_hold(now)
+            self._after_event(now)
         finally:
             self._ev = None
         return out
