@@ -20,7 +20,13 @@ serving driver host's (user + system), over the paced loop.
 
 Usage: python bench/burst_stages.py [--models tiny,gru] [--hz 30[,100,1000]]
 [--calls 200] [--rounds 2] [--anticipate 300] [--configs inproc,plain,burst,ant]
-[--against DIR] [--json FILE]
+[--against DIR] [--json FILE] [--cpu-marks]
+
+``--cpu-marks`` starts the hosts with ``$NPU_BURST_CPU_MARKS`` (drivers/burst_counters.py
+``CpuMarks``: ~1.6 µs more per mark) and adds, per burst configuration, each stage's
+wall / on-CPU / run-queue / blocked µs (p50 each, over the same requests; blocked =
+wall - CPU - run-queue per request: a futex such as the GIL or the host's lock, or a
+system call that slept).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -41,11 +48,13 @@ from burst_paced import driver_recent, model, paced_loop  # (bench/ is on sys.pa
 from execute_overhead import pct, process_cpu, start_host
 
 from npumanager.drivers.base import CompileOptions
-from npumanager.drivers.burst_counters import STAGES
+from npumanager.drivers.burst_counters import CPU_MARKS_ENV, HOW, STAGES
 from npumanager.drivers.reference import ReferenceDriver
 
 US = 1e6
 _FIRST = 11  # where a recent entry's stages begin (drivers/burst_counters.py)
+_CPU = _FIRST + len(STAGES)  # their CPU µs, then their run-queue µs (--cpu-marks)
+_RUNQ = _CPU + len(STAGES)
 
 
 def p(xs: list[float], q: float) -> float:
@@ -64,7 +73,10 @@ def main() -> int:
     ap.add_argument("--against", type=Path)
     ap.add_argument("--configs", default="inproc,burst,ant")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--cpu-marks", action="store_true")
     args = ap.parse_args()
+    if args.cpu_marks:
+        os.environ[CPU_MARKS_ENV] = "1"  # (the hosts inherit it)
     fg = "foreground_priority = 1000\n"
     ant = fg + f"burst_anticipate_us = {args.anticipate:g}\n"
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -91,8 +103,11 @@ def main() -> int:
                 remotes = {label: dev.prepare_model(onnx) for label, (dev, _) in devs.items()}
                 labels = (["inproc"] if "inproc" in wanted else []) + list(devs)
                 got: dict[str, dict[str, list[float]]] = {
-                    label: {"lat": [], "ccpu": [], "dcpu": [], "served": [], "run": [],
-                            **{s: [] for s in STAGES}} for label in labels}
+                    label: {"lat": [], "ccpu": [], "dcpu": [], "served": [], "run_us": [],
+                            **{s: [] for s in STAGES},
+                            **{f"{k}:{s}": [] for s in STAGES
+                               for k in ("wall", "cpu", "runq", "blocked", "how")}}
+                    for label in labels}
                 for _ in range(args.rounds):
                     for label in labels:
                         g = got[label]
@@ -131,10 +146,18 @@ def main() -> int:
                             for r in recent:
                                 if r[7] is not None:
                                     g["served"].append(r[7] - r[0])
-                                g["run"].append(r[8] / US)
+                                g["run_us"].append(r[8] / US)
                                 for i, s in enumerate(STAGES):
                                     v = r[_FIRST + i] if len(r) > _FIRST + i else None
                                     g[s].append(math.nan if v is None else v / US)
+                                    if len(r) > _RUNQ + i:
+                                        c, q = r[_CPU + i], r[_RUNQ + i]
+                                        g[f"cpu:{s}"].append(math.nan if c is None else c / US)
+                                        g[f"runq:{s}"].append(math.nan if q is None else q / US)
+                                        g[f"blocked:{s}"].append(
+                                            math.nan if None in (v, c, q) else (v - c - q) / US)
+                                        g[f"how:{s}"].append(r[1])
+                                        g[f"wall:{s}"].append(math.nan if v is None else v / US)
                         g["lat"] += [e - s for s, e in calls[args.skip:]]
                 base = p(got["inproc"]["lat"], 0.5) if "inproc" in got else math.nan
                 print(f"\n{name} at {hz:g} Hz, {args.rounds} x {args.calls} calls per "
@@ -147,7 +170,7 @@ def main() -> int:
                     g = got[label]
                     p50 = p(g["lat"], 0.5)
                     cells = [label, p50 * US, p(g["lat"], 0.99) * US, (p50 - base) * US,
-                             p(g["served"], 0.5) * US, p(g["run"], 0.5) * US,
+                             p(g["served"], 0.5) * US, p(g["run_us"], 0.5) * US,
                              *(p(g[s], 0.5) * US for s in STAGES),
                              sum(g["ccpu"]) / max(1, len(g["ccpu"])) * US,
                              sum(g["dcpu"]) / len(g["dcpu"]) * US if g["dcpu"] else math.nan]
@@ -159,6 +182,34 @@ def main() -> int:
                 for r in [list(header), *rows]:
                     print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)),
                           flush=True)
+                if args.cpu_marks:
+                    print("  per stage, wall / on-CPU / run-queue / blocked (µs, p50 each)")
+                    for label in labels:
+                        g = got[label]
+                        if not g["cpu:run"]:
+                            continue
+                        hows = g["how:run"]
+                        for how in [None, *sorted(set(hows))]:
+                            n = len(hows) if how is None else hows.count(how)
+                            if n < 5:
+                                continue
+
+                            def sel(k: str, how: float | None = how,
+                                    g: dict[str, list[float]] = g) -> list[float]:
+                                return [v for v, h in zip(g[k], g[f"how:{k.split(':')[-1]}"],
+                                                          strict=True)
+                                        if how is None or h == how]
+                            what = "all" if how is None else HOW[int(how)]
+                            print(f"  {label:>12} {what:>6} (n {n}): " + "  ".join(
+                                f"{s} " + "/".join(
+                                    "-" if math.isnan(v := p(sel(k), 0.5) * US) else f"{v:.0f}"
+                                    for k in (f"wall:{s}", f"cpu:{s}", f"runq:{s}",
+                                              f"blocked:{s}"))
+                                for s in STAGES), flush=True)
+                        doc[f"{name}/{hz:g}/{label}"]["split"] = {
+                            s: [p(g[k], 0.5) * US for k in (f"wall:{s}", f"cpu:{s}", f"runq:{s}",
+                                                              f"blocked:{s}")]
+                            for s in STAGES}
                 for r in remotes.values():
                     r.release()
                 local.release()

@@ -176,7 +176,7 @@ class BurstServer:
             low_timer_slack()  # (its timed sleep before the window: drivers/anticipate.py)
         try:
             pace, counters, ns = self.pace, self.counters, time.perf_counter_ns
-            marks = self.marks
+            self.marks = marks = bc.new_marks()  # (on this thread: see bc.CpuMarks)
             while not self.closing:
                 # The header first, then the wait: a drain below can take the ring of a
                 # request written after the header was last read (a client that rang more
@@ -236,6 +236,8 @@ class BurstServer:
             # views first (a mapping with views cannot close).
             self.fixed = self.sent = self.spare = None
             self.pool.close()
+            if isinstance(self.marks, bc.CpuMarks):
+                self.marks.close()
             # Its last act, once every fd of its own is closed (tests wait for this line);
             # a burst that ended on its own logs it once the loop forgot it too.
             if self.stopped or not self._ended(self):

@@ -16,11 +16,22 @@ burst's thread takes on its way (a list store and one C call each, always on), e
 request's kept in ``recent`` as the µs of each stage (NaN: the request did not pass
 that mark, e.g. a full reply has no ``answered`` before its end is recorded), with
 their medians in the snapshot: where a served request's time goes, request by request.
+
+A stage's wall time does not say whether the thread ran slowly (cold caches, a slow
+vCPU) or did not run (waiting for the GIL, the host's lock, a CPU). With
+``$NPU_BURST_CPU_MARKS`` set in the host's environment (a diagnostic: ~1.6 µs per mark)
+each mark also takes the thread's CPU time (``time.thread_time_ns``) and its run-queue
+wait (``/proc/thread-self/schedstat``'s second field: runnable but not running), and
+``recent`` entries carry each stage's CPU µs and run-queue µs after its wall µs
+(``stages_cpu_p50_us``, ``stages_runq_p50_us``). Wall - CPU - run-queue is the time the
+thread was blocked: a futex (the GIL, the host's lock) or a system call that slept.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -99,9 +110,12 @@ class BurstCounters:
         self.found[how] += 1
         if marks is None:
             marks = _CLEAR
+        extra: list[float] = []
+        if isinstance(marks, CpuMarks):
+            extra = [*stages(marks.cpu, marks), *stages(marks.runq, marks)]
         self.recent.append((seen, float(how), self.due, self.woke, self.warm0, self.warm1,
                             self.poll0, answered, run_us, self.wake_at, float(seq),
-                            *stages(marks)))
+                            *stages(marks), *extra))
         marks[:] = _CLEAR
 
     def snapshot(self, recent: bool) -> dict[str, Any]:
@@ -116,30 +130,78 @@ class BurstCounters:
             "busy": self.busy, "rehearsed": self.rehearsed, "offsets_n": len(offsets),
             "offset_p50_us": _pct(offsets, 0.5), "offset_p90_us": _pct(offsets, 0.9),
         }
-        if kept:
-            out["stages_p50_us"] = {
-                name: _pct(sorted(v for r in kept if not math.isnan(v := r[_FIRST + i])), 0.5)
-                for i, name in enumerate(STAGES)}
+        for key, first in (("stages_p50_us", _FIRST), ("stages_cpu_p50_us", _FIRST_CPU),
+                           ("stages_runq_p50_us", _FIRST_RUNQ)):
+            if kept and len(kept[-1]) > first:
+                out[key] = {name: _pct(sorted(v for r in kept if len(r) > first + i
+                                              and not math.isnan(v := r[first + i])), 0.5)
+                            for i, name in enumerate(STAGES)}
         if recent:
             out["recent"] = [[None if math.isnan(x) else x for x in r] for r in kept]
         return out
 
 
 _CLEAR = [0] * MARKS
-#: Where the stages begin in a ``recent`` entry.
+#: Where the stages begin in a ``recent`` entry: wall µs, then (``CpuMarks``) CPU µs and
+#: run-queue µs.
 _FIRST = 11
+_FIRST_CPU = _FIRST + len(STAGES)
+_FIRST_RUNQ = _FIRST_CPU + len(STAGES)
+#: The environment variable that turns ``CpuMarks`` on in a driver host.
+CPU_MARKS_ENV = "NPU_BURST_CPU_MARKS"
 
 
-def stages(marks: list[int]) -> list[float]:
+def new_marks() -> list[int]:
+    """A burst thread's marks: ``CpuMarks`` where ``$NPU_BURST_CPU_MARKS`` is set (call
+    it on that thread: it opens the thread's own schedstat), else a plain list."""
+    if os.environ.get(CPU_MARKS_ENV):
+        return CpuMarks()
+    return [0] * MARKS
+
+
+class CpuMarks(list[int]):
+    """Marks that also note, at each, the thread's CPU time and run-queue wait (ns)."""
+
+    def __init__(self) -> None:
+        super().__init__([0] * MARKS)
+        self.cpu = [0] * MARKS
+        self.runq = [0] * MARKS
+        try:
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = -1
+
+    def __setitem__(self, i: Any, v: Any) -> None:
+        super().__setitem__(i, v)
+        if isinstance(i, slice):
+            self.cpu[:] = self.runq[:] = _CLEAR
+            return
+        self.cpu[i] = time.thread_time_ns()
+        if self._fd >= 0:
+            try:
+                self.runq[i] = int(os.pread(self._fd, 64, 0).split()[1])
+            except (OSError, IndexError, ValueError):
+                self.runq[i] = 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def stages(marks: list[int], order: list[int] | None = None) -> list[float]:
     """Each stage's µs from ``marks``: from the mark passed just before its own, in
     time, to its own (NaN where its own was not passed). In time, not in index order:
     a full reply is written after its end is recorded, so its ``answer`` stage is the
-    writing of the reply after ``end``."""
+    writing of the reply after ``end``. ``order``: the wall-clock marks that give the
+    order (and say which were passed) when ``marks`` are another clock's."""
+    if order is None:
+        order = marks
     out = [_NAN] * (MARKS - 1)
-    passed = sorted((t, i) for i, t in enumerate(marks) if t)
-    for (t0, _), (t1, i) in pairwise(passed):
+    passed = sorted((t, i) for i, t in enumerate(order) if t)
+    for (_, i0), (_, i) in pairwise(passed):
         if i:
-            out[i - 1] = (t1 - t0) / 1e3
+            out[i - 1] = (marks[i] - marks[i0]) / 1e3
     return out
 
 

@@ -272,6 +272,45 @@ def test_a_bursts_counters_tell_how_each_request_was_found(
     run(runtime_dir, state_dir, body)
 
 
+def test_cpu_marks_split_each_stage_into_cpu_and_run_queue_time(
+        runtime_dir: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``$NPU_BURST_CPU_MARKS`` (a diagnostic) each request's stages carry, after
+    their wall µs, the burst thread's CPU µs and run-queue µs of each: never more than
+    the stage's wall time (within the marks' own clock reads), both None where the wall
+    is; without it the entries are as before (the test above)."""
+    monkeypatch.setenv(bc.CPU_MARKS_ENV, "1")
+
+    async def body(s: Stack) -> None:
+        await s.grant("g1", uid())
+        dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        burst: Burst | None = None
+        try:
+            model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+            burst = await asyncio.to_thread(model.burst)
+            for _ in range(3):
+                got = await asyncio.to_thread(burst.execute, {"x": X})
+                np.testing.assert_array_equal(got["y"], X + 1)
+            await served(s, 3)
+            [stats] = s.host.bursts.stats(recent=True)
+            n = len(bc.STAGES)
+            for t in stats["recent"]:
+                assert len(t) == 11 + 3 * n
+                wall, cpu, runq = t[11:11 + n], t[11 + n:11 + 2 * n], t[11 + 2 * n:]
+                for w, c, q in zip(wall, cpu, runq, strict=True):
+                    assert (w is None) == (c is None) == (q is None), (wall, cpu, runq)
+                    if w is not None:
+                        # (thread CPU time is counted in the scheduler's ticks of
+                        # accounting: allow a little over the wall time it lies in)
+                        assert 0 <= c <= w + 50 and 0 <= q <= w + 50, (w, c, q)
+                assert cpu[bc.STAGES.index("admit")] is not None
+            assert set(stats["stages_cpu_p50_us"]) == set(bc.STAGES)
+            assert set(stats["stages_runq_p50_us"]) == set(bc.STAGES)
+        finally:
+            await close(burst, dev)
+
+    run(runtime_dir, state_dir, body)
+
+
 def test_a_rehearsal_changes_nothing_and_the_next_repeat_takes_one_pass(
         runtime_dir: Path, state_dir: Path) -> None:
     """Anticipation's warm-up rehearses the serve (drivers/burst_exec.py ``rehearse``):
