@@ -121,6 +121,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated runs: unmanaged, managed, "
                     + ", ".join(VARIANTS))
     ap.add_argument("--json", default="", help="also write every run's numbers to this file")
+    ap.add_argument("--device-time", action="store_true",
+                    help="managed runs: poll the driver's step records (device time per app)")
     args = ap.parse_args()
     timing = Timing.quick() if args.quick else Timing()
     names = ["unmanaged", "managed"]
@@ -143,6 +145,7 @@ def main() -> int:
         cfg = driver_config(**knobs) if managed else None
         run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
                             batch_bursts=batch_bursts, embedder_inflight=inflight,
+                            device_probe=args.device_time,
                             log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                                 file=sys.stderr, flush=True))
         results.append(run.run())

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npumanager.constants import Importance, ModelPriority, ModelSize
-from npumanager.demo import contention_cpu
+from npumanager.demo import contention_cpu, contention_probe
 from npumanager.demo.contention_apps import BenchApp, bench_app_main
 from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.observe import Event, EventLog
@@ -123,6 +123,14 @@ class RunResult:
     worst: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: CPU in each phase: this run's processes, everyone else's, the hypervisor's steal.
     cpu: dict[str, contention_cpu.CpuUse] = field(default_factory=dict)
+    #: Per phase: cores per app process, npud, driver host, other (.contention_probe).
+    cpu_roles: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Per phase: cores per driver-host thread group (kernel names; managed runs).
+    host_threads: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Contended phase, managed runs with the probe: device use per app.
+    device: dict[str, contention_probe.DeviceUse] = field(default_factory=dict)
+    #: Its driver's device.stats at the contended phase's end (bursts' recent requests).
+    device_stats: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
@@ -213,8 +221,15 @@ class ContentionRun:
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
                  log: Any = None, bursts: bool = True, batch_bursts: bool = True,
-                 embedder_inflight: int = 1) -> None:
+                 embedder_inflight: int = 1, device_probe: bool = False) -> None:
         self.name = name
+        #: Poll the driver's step records during the contended phase (device time per
+        #: app; .contention_probe): off by default, since the polls cost the host a little.
+        self.device_probe = device_probe and managed
+        self.poller: contention_probe.TracePoller | None = None
+        self.daemon_pid: int | None = None
+        self.cpu_roles: dict[str, dict[str, float]] = {}
+        self.host_threads: dict[str, dict[str, float]] = {}
         #: The managed embedder's executions in flight at once (BenchApp.inflight: above
         #: one, through the SDK's pipeline; bench row embedder-pipeline); unmanaged, the
         #: embedder is one loop of session.run (ONNX Runtime's own two intra-op threads
@@ -293,6 +308,7 @@ class ContentionRun:
         daemon = DaemonProcess(self.rt, self.config, drivers=True,
                                env={**os.environ, "NPU_STATE_DIR": state})
         daemon.start()
+        self.daemon_pid = daemon.pid
         try:
             admin = NpuManager(self.rt, client_name="contention-admin")
             try:
@@ -310,12 +326,20 @@ class ContentionRun:
     def phase(self, name: str, seconds: float) -> None:
         if name in self.phases:
             me = os.getpid()
+            threads = contention_probe.HostThreads(self.rt if self.managed else "")
             a = contention_cpu.mark(descendants(me))
             t0 = time.monotonic()
             time.sleep(seconds)
             t1 = time.monotonic()
-            self.cpu[name] = contention_cpu.between(a, contention_cpu.mark(descendants(me)),
-                                                    t1 - t0)
+            kids = descendants(me)
+            b = contention_cpu.mark(kids)
+            self.cpu[name] = contention_cpu.between(a, b, t1 - t0)
+            roles = contention_probe.roles_of({n: p.pid for n, p in self.procs.items()},
+                                              self.daemon_pid, threads.hosts, kids)
+            self.cpu_roles[name] = contention_probe.cpu_by_role(a, b, roles, t1 - t0)
+            self.host_threads[name] = threads.between(t1 - t0)
+            if name == "contended" and self.poller is not None:
+                self.poller.snapshot_stats()
             self.windows[name] = (t0, t1)
 
     def run(self) -> RunResult:
@@ -341,7 +365,12 @@ class ContentionRun:
                 self.wait_for("embedder", "batch", t0)
                 self.wait_for("voice", "infer", t0)
                 time.sleep(t.settle_s)
+                if self.device_probe:
+                    self.poller = contention_probe.TracePoller(
+                        contention_probe.driver_socket(self.rt))
                 self.phase("contended", t.contended_s)
+                if self.poller is not None:
+                    self.poller.stop()
                 if "loading" in self.phases:
                     self.say(f"{self.name}: a background model is being loaded")
                     t0 = time.monotonic()
@@ -370,6 +399,13 @@ class ContentionRun:
         ev = self.events
         r.errors = [f"{e['app']}: {e['what']}: {e['error']}" for e in ev.find(ev="error")]
         r.cpu = dict(self.cpu)
+        r.cpu_roles, r.host_threads = dict(self.cpu_roles), dict(self.host_threads)
+        if self.poller is not None and "contended" in self.windows:
+            names = {uid: n for n, uid in UIDS.items()} if self.root else {}
+            r.device = self.poller.use(*self.windows["contended"], names, self.poller.stats)
+            r.device_stats = self.poller.stats
+            if self.poller.error:
+                r.errors.append(f"probe: {self.poller.error}")
         frames = ev.find("camera", "frame")
         r.work_done = {"decode": len(ev.find("llm", "decode")),
                        "batch": len(ev.find("embedder", "batch"))}
@@ -466,6 +502,7 @@ def side_by_side(results: list[RunResult]) -> list[tuple[str, ...]]:
     for phase in ("alone", "contended", "loading"):
         rows.append((f"CPU {phase}: run / foreign / steal (cores)",
                      *[r.cpu[phase].cell() if phase in r.cpu else "-" for r in results]))
+    rows += contention_probe.rows(results)
     return rows
 
 
@@ -480,6 +517,9 @@ def summary(r: RunResult) -> dict[str, Any]:
             "embedder_batch": stats(r.embedder_batch), "load_pos": r.load_pos,
             "mem_peak_mib": r.mem_peak_mib, "rss_peak_mib": r.rss_peak_mib,
             "cpu": {k: vars(v) for k, v in r.cpu.items()}, "worst": r.worst,
+            "cpu_roles": r.cpu_roles, "host_threads": r.host_threads,
+            "device": {k: vars(v) for k, v in r.device.items()},
+            "device_stats": r.device_stats,
             "errors": r.errors}
 
 

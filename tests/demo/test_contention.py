@@ -42,9 +42,17 @@ def check(r: RunResult) -> None:
 @pytest.mark.parametrize("managed", [False, True], ids=["unmanaged", "managed"])
 def test_a_run_measures_every_phase(models: dict[str, object], managed: bool) -> None:
     cfg = driver_config(reserved_channels=1, background_sched="nice") if managed else None
-    r = ContentionRun("m" if managed else "u", managed, TINY, models, cfg).run()  # type: ignore[arg-type]
+    r = ContentionRun("m" if managed else "u", managed, TINY, models, cfg,  # type: ignore[arg-type]
+                      device_probe=True).run()
     check(r)
     assert r.streams == 1  # one batch in flight by default
+    # Each app's CPU, and (managed) the driver host's by thread and the device per app.
+    assert r.cpu_roles["contended"]["embedder"] > 0
+    assert ("driver" in r.cpu_roles["contended"]) == managed
+    if managed:
+        assert r.host_threads["contended"]
+        assert ({"llm", "embedder"} <= set(r.device) if os.getuid() == 0
+                else len(r.device) == 1), r.device  # (one uid for every app)
     assert descendants(os.getpid()) == []  # apps, npud and its driver are gone
 
 
