@@ -109,6 +109,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
                            "quiet_window_us": 2000},
     # Background steps pinned away from CPU 0 (drivers/steps.py: background_cpus).
     "bg-spare-cpus": {"background_cpus": "spare"},
+    # Background lanes (drivers/runqueue.py): background steps running at once each on a
+    # SCHED_IDLE thread kept on a CPU of its own, never two on one CPU.
+    "bg-lanes": {"background_cpus": "lanes"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
 }

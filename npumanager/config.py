@@ -91,7 +91,7 @@ _ALSO: dict[tuple[str, str], tuple[type, ...]] = {
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("driver", "background_sched"): ("idle", "nice", "normal", "share"),
     ("driver", "background_compile"): ("process", "thread"),
-    ("driver", "background_cpus"): ("all", "spare"),
+    ("driver", "background_cpus"): ("all", "spare", "lanes"),
 }
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           dict: "a table", list: "a list"}

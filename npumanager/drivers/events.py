@@ -242,6 +242,9 @@ class RunStep(Instruction):
     #: A background step of a uid that used more than its share of the background's
     #: time (.share): the shell runs it where the other background steps preempt it.
     yields: bool = field(default=False, compare=False)
+    #: A BACKGROUND step's lane (.runqueue; None: none): the shell runs it on lane's
+    #: own thread, kept on a CPU of its own, apart from the other background steps.
+    lane: int | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)

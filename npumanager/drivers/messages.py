@@ -16,7 +16,7 @@ from npumanager.drivers import events as ev
 from npumanager.drivers.bounds import Limits
 from npumanager.drivers.prepare import Prepared
 from npumanager.drivers.records import DriverParams
-from npumanager.drivers.steps import Execution
+from npumanager.drivers.steps import Execution, lane_cpus
 from npumanager.errors import (
     ExecutionFailed,
     GrantRevoked,
@@ -71,7 +71,9 @@ def params_from(hc: HostConfig) -> DriverParams:
                         background_threads=hc.background_sched != "normal",
                         quiet_window_us=hc.quiet_window_us, hold_loads=hc.hold_loads,
                         quiet_tail_us=hc.quiet_tail_us,
-                        background_share=hc.background_sched == "share")
+                        background_share=hc.background_sched == "share",
+                        background_lanes=len(lane_cpus()) if hc.background_cpus == "lanes"
+                        else 0)
 
 
 def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:

@@ -43,6 +43,9 @@ class DriverParams:
     #: Fair share among background uids (:mod:`.share`): steps of a uid over its share
     #: are marked ``RunStep.yields`` (the shell's background_sched = "share").
     background_share: bool = False
+    #: Background lanes (:mod:`.runqueue`; 0: none): background steps running at once
+    #: get distinct ``RunStep.lane``\ s (the shell's background_cpus = "lanes").
+    background_lanes: int = 0
     #: Ended grants and released models remembered to say why a later call fails.
     tombstones: int = 4096
     decision_log_size: int = 4096

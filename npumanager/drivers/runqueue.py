@@ -5,6 +5,19 @@ its ``seq`` when it goes back into the queue between steps, so it resumes
 ahead of equal-priority work that arrived after it (FIFO among equals). Jobs
 whose effective priority lies above the thermal hold-back cutoff stay queued
 while the device is hot; the rest of the queue is not blocked behind them.
+
+Background lanes (``lanes``, 0: none): BACKGROUND steps running at once each
+get a lane of their own, ``0..lanes-1``; a job keeps the lane it last had when
+that one is free (its next step runs where its data is). The shell runs lane
+k's steps on a thread of its own kept on a CPU of its own (:mod:`.steps`,
+``background_cpus = "lanes"``). Why: background threads are SCHED_IDLE, and the
+kernel never lets a waking SCHED_IDLE thread preempt a running one, while it
+counts a CPU running only SCHED_IDLE threads as idle when it places a waking
+thread; so an embedder's short step woken next to an LLM's long one waited on
+that CPU for the scheduler's tick (4 ms at HZ=250) while the other CPU idled:
+21 % of its batches over 2 ms in the driver, the machine 1.57 of 2 cores busy
+(bench/contention.py --device-time). Steps beyond ``lanes`` get none (the
+shell's shared background threads).
 """
 
 from __future__ import annotations
@@ -39,6 +52,8 @@ class Job:
     revoked: str | None = None
     #: Its execution class (a pure function of its effective priority: .classes).
     cls: ExecClass = ExecClass.FOREGROUND
+    #: The background lane its running step has, or last had (None: none yet).
+    lane: int | None = None
 
     @property
     def id(self) -> int:
@@ -54,13 +69,16 @@ class RunQueue:
     ``reserved`` of them are kept free for FOREGROUND jobs (background work runs on at
     most ``channels - reserved`` at once)."""
 
-    def __init__(self, channels: int, reserved: int = 0) -> None:
+    def __init__(self, channels: int, reserved: int = 0, lanes: int = 0) -> None:
         if channels < 1:
             raise ValueError("a device needs at least one channel")
         if not 0 <= reserved < channels:
             raise ValueError("reserved channels must leave background work one channel")
         self.channels = channels
         self.reserved = reserved
+        if lanes < 0:
+            raise ValueError("background lanes cannot be negative")
+        self.lanes = lanes
         self._heap: list[tuple[int, int, Job]] = []
         self._free = list(range(channels))
         self.running: dict[int, Job] = {}  # channel -> job
@@ -128,12 +146,23 @@ class RunQueue:
         for entry in held:
             heapq.heappush(heap, entry)
         out: list[tuple[Job, JobState]] = []
+        lanes = self.lanes
+        if lanes and background:
+            # (the lanes of the background steps running now; the chosen ones' own lanes
+            # are about to be given out again)
+            taken = {j.lane for j in self.running.values() if j.cls is ExecClass.BACKGROUND}
         for job in chosen:
             channel = free.pop(0)
             out.append((job, job.state))
             job.state = JobState.RUNNING
             job.channel = channel
             self.running[channel] = job
+            if lanes and job.cls is ExecClass.BACKGROUND:
+                lane = job.lane
+                if lane is None or lane in taken:
+                    lane = next((k for k in range(lanes) if k not in taken), None)
+                job.lane = lane
+                taken.add(lane)
         return out
 
     def starts_now(self) -> bool:
@@ -168,8 +197,13 @@ class RunQueue:
         assert set(self.running).isdisjoint(self._free), "a channel both free and busy"
         for channel, job in self.running.items():
             assert job.channel == channel and job.state is JobState.RUNNING, job
-        background = sum(1 for j in self.running.values() if j.cls is ExecClass.BACKGROUND)
-        assert background <= self.channels - self.reserved, "background work on a reserved channel"
+        background = [j for j in self.running.values() if j.cls is ExecClass.BACKGROUND]
+        assert len(background) <= self.channels - self.reserved, \
+            "background work on a reserved channel"
+        if self.lanes:
+            lanes = [j.lane for j in background if j.lane is not None]
+            assert len(set(lanes)) == len(lanes), "two background steps in one lane"
+            assert all(0 <= k < self.lanes for k in lanes), "a lane out of range"
         for _, _, job in self._heap:
             assert job.state in (JobState.QUEUED, JobState.PAUSED), job
             assert job.channel is None, job

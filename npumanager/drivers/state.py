@@ -113,7 +113,7 @@ class DriverState(ModelRules, FastAdmission, LoadHoldRules):
         self.scheduling = SchedulingConfigs()
         self.stats = WorkStats()
         self.protection = Protection(p.foreground_priority, p.reserved_channels)
-        self._queue = RunQueue(p.channels, self.protection.reserved(p.channels))
+        self._queue = RunQueue(p.channels, self.protection.reserved(p.channels), p.background_lanes)
         self._debounce = Debouncer(DEBOUNCE_DURATION_MS)
         self._clients: dict[int, ClientRecord] = {}
         self._models: dict[int, ModelRecord] = {}
@@ -498,7 +498,7 @@ class DriverState(ModelRules, FastAdmission, LoadHoldRules):
                                   job.info.effective_priority,
                                   bg and self.share is not None and self.share.yields(
                                       job.info.uid, self._ev.now,  # type: ignore[union-attr]
-                                      self._queue.background_uids())))
+                                      self._queue.background_uids()), job.lane if bg else None))
 
     def _quiet_gate(self, quiet: QuietWindow) -> Callable[[Job], bool]:
         """The run queue's predicate: must this background job wait for a paced

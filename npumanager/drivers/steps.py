@@ -35,7 +35,7 @@ Reply = tuple[pb.ExecuteResult, list[int]]
 log = logging.getLogger("npumanager.drivers.steps")
 
 BACKGROUND_SCHED = ("idle", "nice", "normal", "share")
-BACKGROUND_CPUS = ("all", "spare")
+BACKGROUND_CPUS = ("all", "spare", "lanes")
 
 
 def spare_cpus() -> set[int] | None:
@@ -46,6 +46,16 @@ def spare_cpus() -> set[int] | None:
     except (OSError, AttributeError):
         return None
     return set(cpus[1:]) if len(cpus) >= 2 else None
+
+
+def lane_cpus() -> list[int]:
+    """The CPUs of ``background_cpus = "lanes"``: lane k's thread runs on the k-th CPU
+    this process may use ([] with fewer than two: no lanes)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return []
+    return cpus if len(cpus) >= 2 else []
 
 
 def name_this_thread() -> None:
@@ -198,6 +208,7 @@ class StepRunner:
             raise ValueError(f"background_cpus must be one of {', '.join(BACKGROUND_CPUS)}, "
                              f"not {background_cpus!r}")
         cpus = spare_cpus() if background_cpus == "spare" else None
+        lanes = lane_cpus() if background_cpus == "lanes" else []
         if background_sched not in BACKGROUND_SCHED:
             raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
                              f"not {background_sched!r}")
@@ -212,10 +223,15 @@ class StepRunner:
         if share:
             self._bg_yield = background_pool(channels, f"npu-{name}-bgy", "idle",
                                              background_nice, cpus)
+        #: Background lanes (.runqueue, ``RunStep.lane``): lane k's steps on a thread of
+        #: its own kept on the k-th CPU, lowered as the other background threads are.
+        self._lanes = [background_pool(1, f"npu-{name}-bgl{k}",
+                                       "nice" if share else background_sched,
+                                       background_nice, {cpu}) for k, cpu in enumerate(lanes)]
         #: The pools whose threads are SCHED_IDLE, and the normal-priority threads their
         #: starved steps move to (created on first use, as every pool's threads are).
-        self._idle_pools = ({self._bg_workers} if background_sched == "idle" else set()) | (
-            {self._bg_yield} if share else set())
+        self._idle_pools = ({self._bg_workers, *self._lanes} if background_sched == "idle"
+                            else set()) | ({self._bg_yield} if share else set())
         self._bg_boost = (background_pool(channels, f"npu-{name}-bgb", "normal",
                                           background_nice, cpus) if self._idle_pools
                           else self._workers)
@@ -227,7 +243,8 @@ class StepRunner:
 
     def close(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
-        for pool in {self._bg_workers, self._bg_yield, self._bg_boost} - {self._workers}:
+        for pool in {self._bg_workers, self._bg_yield, self._bg_boost,
+                     *self._lanes} - {self._workers}:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def start(self, ex: Execution, step: RunStep,
@@ -236,7 +253,9 @@ class StepRunner:
         if self._unstarted:
             self._rescue()
         if step.background:
-            pool = self._bg_yield if step.yields else self._bg_workers
+            lane = step.lane
+            pool = (self._bg_yield if step.yields else self._lanes[lane]
+                    if lane is not None and lane < len(self._lanes) else self._bg_workers)
             if pool in self._idle_pools:
                 self._start_idle(pool, ex, step, done)
                 return

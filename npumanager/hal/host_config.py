@@ -72,7 +72,8 @@ class HostConfig:
     hold_loads: bool = False
     #: A burst's poll for its paced stream's next request, µs (drivers/anticipate.py; 0: off).
     burst_anticipate_us: int = 0
-    #: Where background steps run: "all" CPUs, or "spare" (every CPU but the lowest).
+    #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
+    #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py).
     background_cpus: str = "all"
     #: A background step that waited longer than this for the CPU at SCHED_IDLE makes the
     #: next one run at normal priority, ms (drivers/starve.py; 0: no bound).
