@@ -11,7 +11,10 @@ configuration alike); every row pools its rounds.
 
 Configurations per model and pace (``--configs``): ``inproc`` (ONNX Runtime
 in-process, paced the same way: the baseline), ``plain`` (``model.execute``),
-``burst``, ``ant`` (a burst, ``burst_anticipate_us = --anticipate``); with
+``burst``, ``ant`` (a burst, ``burst_anticipate_us = --anticipate``), ``burst-view`` and
+``ant-view`` (the same with ``copy_outputs=False``: the outputs are views of the burst's
+memory, valid until its next execution; every other row returns arrays of its own, as
+in-process ONNX Runtime's run does: fresh arrays it allocated); with
 ``--against DIR`` (another source tree, e.g. a worktree of main) also ``plain@DIR``,
 ``burst@DIR`` and ``ant@DIR``, served by a host run from that tree in the same run
 (the client side is this tree's). The work is FOREGROUND (``foreground_priority =
@@ -80,8 +83,8 @@ def main() -> int:
     fg = "foreground_priority = 1000\n"
     ant = fg + f"burst_anticipate_us = {args.anticipate:g}\n"
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
-    hosts_wanted = [(c, None, ant if c == "ant" else fg) for c in wanted
-                    if c in ("plain", "burst", "ant")]
+    hosts_wanted = [(c, None, ant if c.startswith("ant") else fg) for c in wanted
+                    if c in ("plain", "burst", "ant", "burst-view", "ant-view")]
     if args.against is not None:
         tag = args.against.name
         hosts_wanted += [(f"{c}@{tag}", args.against, cfg) for c, _, cfg in list(hosts_wanted)]
@@ -129,12 +132,14 @@ def main() -> int:
                             g["dcpu"].append((process_cpu(pid) - d0) / args.calls)
                         else:
                             pid = devs[label][1]
+                            copy = not label.split("@")[0].endswith("-view")
                             with remotes[label].burst() as b:
                                 for _ in range(5):
-                                    b.execute(x)
+                                    b.execute(x, copy_outputs=copy)
                                 c0, d0 = process_cpu(), process_cpu(pid)
-                                calls = paced_loop(lambda b=b, x=x: b.execute(x), args.calls,
-                                                   hz)
+                                calls = paced_loop(
+                                    lambda b=b, x=x, c=copy: b.execute(x, copy_outputs=c),
+                                    args.calls, hz)
                                 g["ccpu"].append((process_cpu() - c0) / args.calls)
                                 g["dcpu"].append((process_cpu(pid) - d0) / args.calls)
                                 rec = driver_recent(rts[label], b.burst_id)
@@ -150,7 +155,7 @@ def main() -> int:
                                 for i, s in enumerate(STAGES):
                                     v = r[_FIRST + i] if len(r) > _FIRST + i else None
                                     g[s].append(math.nan if v is None else v / US)
-                                    if len(r) > _RUNQ + i:
+                                    if len(r) - 4 > _RUNQ + i:  # (4: the window, the stamps)
                                         c, q = r[_CPU + i], r[_RUNQ + i]
                                         g[f"cpu:{s}"].append(math.nan if c is None else c / US)
                                         g[f"runq:{s}"].append(math.nan if q is None else q / US)

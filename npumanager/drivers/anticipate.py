@@ -30,6 +30,21 @@ Bounds, because the poll is CPU nobody asked for:
   late on top of the slack (33 µs at 30 Hz);
 * a window that ends without a request (a late or stopped stream) falls back to
   blocking on the doorbell, as without anticipation.
+
+Where the window lies comes from the client's clock, not this thread's: the client
+stamps each request with when it rang (the header's ``RUNG_AT``; CLOCK_MONOTONIC, this
+clock). The time this thread *saw* a request carries its own lateness (a wake-up 70-200
+µs late, or a poll that began after the request landed), so a pace learnt from it
+places the next window by this thread's jitter as well as the stream's. From the stamps
+the due time is the earliest phase of the last ``PHASES`` requests one period on
+(a stream paced by ticks arrives on time or late, never early), and the window is the
+stretch of at most ``burst_anticipate_us`` that held the most of the last
+``KEPT_RESIDUALS`` arrivals around their due times, ending after the last of them it
+holds (a stream that arrives within 20 µs of its due time polls for little more than
+that). A stamp is a hint from the client about its own requests: one after the request
+was seen, more than ``MAX_LAG_S`` before it, or not after the previous one is not
+believed (the time it was seen stands in), and whatever the stamps say, the poll is
+never longer than the configured window nor more often than once per request.
 """
 
 from __future__ import annotations
@@ -76,6 +91,18 @@ MAX_OVERSLEEP_S = 0.0005
 COARSE_S = 0.002
 #: The most a warm-up is planned for (a longer one is the caller's to skip).
 MAX_WARM_S = 0.001
+#: A client's stamp is believed when it lies at most this long before the request was seen.
+MAX_LAG_S = 0.1
+#: The due time is the earliest of the last PHASES arrivals' phases, one period on each.
+PHASES = 4
+#: Arrivals' offsets from their due times kept; the window is placed by them once there
+#: are MIN_RESIDUALS (before: around the due time, ``BEFORE``). Offsets beyond half a
+#: period (a skipped frame) are not kept.
+KEPT_RESIDUALS = 20
+MIN_RESIDUALS = 8
+#: The window opens this share of it before the earliest arrival it is placed to hold, and
+#: ends this share after the last (the poll's own start is not instant).
+MARGIN = 0.1
 
 
 @dataclass(slots=True)
@@ -96,6 +123,13 @@ class Anticipation:
 
     window_s: float
     last: float | None = None
+    #: The last PHASES arrivals (the newest last), and how far the arrivals came from
+    #: their due times (arrival - due, s) while a pace was known.
+    recent: list[float] = field(default_factory=list)
+    residuals: list[float] = field(default_factory=list)
+    #: Arrivals whose client stamp was believed / not (the time seen stood in).
+    stamped: int = 0
+    unstamped: int = 0
     intervals: list[float] = field(default_factory=list)
     #: The median interval while every kept interval agrees with it, else None.
     period: float | None = None
@@ -105,13 +139,33 @@ class Anticipation:
     warms: list[float] = field(default_factory=list)
     warm_s: float = 0.0
 
-    def arrived(self, now: float) -> None:
-        """A new request was seen at ``now``."""
-        last, self.last = self.last, now
+    def arrived(self, now: float, stamp: float | None = None) -> None:
+        """A new request was seen at ``now``; its client stamped it ``stamp`` (None: no
+        stamp; one that cannot be true is not believed: the time seen stands in)."""
+        last = self.last
+        if (stamp is not None and now - MAX_LAG_S <= stamp <= now
+                and (last is None or stamp > last)):
+            t = stamp
+            self.stamped += 1
+        else:
+            t = now
+            self.unstamped += 1
+        due = self.due()
+        if due is not None:
+            period = self.period
+            assert period is not None
+            off = t - due
+            if -0.5 * period < off < 0.5 * period:
+                _kept_quantile(self.residuals, off, KEPT_RESIDUALS, 0.5)
+        self.last = t
+        recent = self.recent
+        recent.append(t)
+        if len(recent) > PHASES:
+            del recent[0]
         if last is None:
             return
         iv = self.intervals
-        iv.append(now - last)
+        iv.append(t - last)
         if len(iv) > KEPT:
             del iv[0]
         self.period = None
@@ -134,19 +188,45 @@ class Anticipation:
         earlier (at most ``MAX_WARM_S``)."""
         self.warm_s = _kept_median(self.warms, min(max(took_s, 0.0), MAX_WARM_S))
 
+    def due(self) -> float | None:
+        """When the next request is due (None: no pace): the earliest phase of the last
+        ``PHASES`` arrivals, each one period on per request since."""
+        period, recent = self.period, self.recent
+        if period is None or not recent:
+            return None
+        n = len(recent)
+        return min(t + (n - i) * period for i, t in enumerate(recent))
+
     def plan(self, now: float) -> Plan | None:
         """When to wake and how long to poll for the next request, or None: block on the
         doorbell (no pace, or its window is already over)."""
-        period, last = self.period, self.last
-        if period is None or last is None or self.window_s <= 0:
+        period, due = self.period, self.due()
+        if period is None or due is None or self.window_s <= 0:
             return None
         window = min(self.window_s, MAX_SHARE * period)
-        due = last + period
-        start = due - BEFORE * window
-        end = start + window
+        if len(self.residuals) >= MIN_RESIDUALS:
+            first, last = _densest(sorted(self.residuals), (1 - 2 * MARGIN) * window)
+            start = due + first - MARGIN * window
+            end = min(start + window, due + last + MARGIN * window)
+        else:
+            start = due - BEFORE * window
+            end = start + window
         if now >= end:
             return None  # the request is late: the doorbell wakes the thread
         return Plan(max(now, start - self.oversleep - self.warm_s), start, end, due)
+
+
+def _densest(xs: list[float], width: float) -> tuple[float, float]:
+    """The stretch at most ``width`` long that holds the most of ``xs`` (sorted; the
+    earliest such): its first and last value."""
+    best, at, j = 0, 0, 0
+    for i, x in enumerate(xs):
+        j = max(j, i)
+        while j + 1 < len(xs) and xs[j + 1] - x <= width:
+            j += 1
+        if j - i + 1 > best:
+            best, at = j - i + 1, i
+    return xs[at], xs[at + best - 1]
 
 
 def _kept_median(kept: list[float], x: float) -> float:
@@ -211,6 +291,7 @@ def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
         counters.unplanned += 1
         return bc.RUNG
     counters.due, counters.wake_at = plan.due, plan.wake_at
+    counters.opens, counters.until = plan.opens, plan.spin_until
     wait = plan.wake_at - clock()
     if wait > COARSE_S:
         # Most of the sleep first; its end may be late by a thousandth of it.

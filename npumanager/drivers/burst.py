@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -80,6 +82,7 @@ MAX_BURSTS_PER_CONN = 8
 #: Open bursts per uid over all its connections (else 64 connections x 8 threads each).
 MAX_BURSTS_PER_UID = 32
 _yield = os.sched_yield
+_read_stamps = struct.Struct("<QQ").unpack_from
 #: Doorbell rings drained at once when a wake-up found no new request.
 _DRAIN_MAX = 256
 
@@ -201,6 +204,8 @@ class BurstServer:
                     last = seq
                     marks[bc.M_SEEN] = seen_ns = ns()
                     seen = seen_ns / 1e9  # (perf_counter's clock)
+                    # (read now: once answered, the client may stamp its next request)
+                    called, rung = _read_stamps(self.pool.buf, layout.CALLED_AT)
                     self._answer(seq, length)
                     # The answer's ring wakes the client synchronously: it may be queued
                     # on this CPU (or spin here, yielding), behind what this thread does
@@ -208,7 +213,8 @@ class BurstServer:
                     # preparation). It goes first (the host's lock is not held here).
                     _yield()
                     if pace is not None:
-                        pace.arrived(seen)  # (after the answer: only the next wait reads it)
+                        # (after the answer: only the next wait reads it)
+                        pace.arrived(seen, rung / 1e9 if rung else None)
                     self._answered()
                     # Its ring is taken once the reply is out, off the client's wait (an
                     # honest client rings again only after reading this reply; if the ring
@@ -216,7 +222,9 @@ class BurstServer:
                     gone = self._drain()
                     self._prepare_next(self)
                     marks[bc.M_DONE] = ns()
-                    counters.served_one(how, seen, self.answered_at, self.run_us, seq, marks)
+                    counters.served_one(how, seen, self.answered_at, self.run_us, seq, marks,
+                                        (called / 1e9 if called else math.nan,
+                                         rung / 1e9 if rung else math.nan))
                 else:
                     gone = self._drain(_DRAIN_MAX)  # rings with no new request, a hang-up
                 if gone:

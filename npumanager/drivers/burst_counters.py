@@ -91,21 +91,28 @@ class BurstCounters:
     warm0: float = _NAN
     warm1: float = _NAN
     poll0: float = _NAN
+    #: The window planned: when it opened and when it was to end.
+    opens: float = _NAN
+    until: float = _NAN
     #: (seen, how, due, woke, warm0, warm1, poll0, answered, run_us, wake_at, seq,
-    #: *stage µs) per request (``seq``: the request's sequence number, so a bench pairs
-    #: each with the client's call that rang it even when a request was skipped or
-    #: answered twice; the stages as ``STAGES``).
+    #: *stage µs, [*their CPU µs, *run-queue µs,] opens, until, called, rung) per
+    #: request (``seq``: the request's sequence number, so a bench pairs each with the
+    #: client's call that rang it even when a request was skipped or answered twice; the
+    #: stages as ``STAGES``; the window; the client's stamps, s, as it wrote them: NaN for
+    #: none).
     recent: deque[tuple[float, ...]] = field(
         default_factory=lambda: deque(maxlen=KEPT_RECENT))
 
     def waiting(self) -> None:
         """The thread begins to wait for the next request."""
         self.due = self.wake_at = self.woke = self.warm0 = self.warm1 = self.poll0 = _NAN
+        self.opens = self.until = _NAN
 
     def served_one(self, how: int, seen: float, answered: float, run_us: float,
-                   seq: int = 0, marks: list[int] | None = None) -> None:
+                   seq: int = 0, marks: list[int] | None = None,
+                   stamps: tuple[float, float] = (_NAN, _NAN)) -> None:
         """One request served; ``marks`` (``perf_counter_ns``, 0: not passed) are read
-        and cleared."""
+        and cleared; ``stamps``: the client's (called, rung), s."""
         self.served += 1
         self.found[how] += 1
         if marks is None:
@@ -115,7 +122,7 @@ class BurstCounters:
             extra = [*stages(marks.cpu, marks), *stages(marks.runq, marks)]
         self.recent.append((seen, float(how), self.due, self.woke, self.warm0, self.warm1,
                             self.poll0, answered, run_us, self.wake_at, float(seq),
-                            *stages(marks), *extra))
+                            *stages(marks), *extra, self.opens, self.until, *stamps))
         marks[:] = _CLEAR
 
     def snapshot(self, recent: bool) -> dict[str, Any]:
@@ -124,16 +131,18 @@ class BurstCounters:
         request's times."""
         kept = list(self.recent)  # (one C call: the burst's thread may append meanwhile)
         offsets = sorted((r[0] - r[2]) * 1e6 for r in kept if not math.isnan(r[2]))
+        stamped = sorted((r[0] - r[-1]) * 1e6 for r in kept if not math.isnan(r[-1]))
         out: dict[str, Any] = {
             "served": self.served, **dict(zip(HOW, self.found, strict=True)),
             "warms": self.warms, "expired": self.expired, "unplanned": self.unplanned,
             "busy": self.busy, "rehearsed": self.rehearsed, "offsets_n": len(offsets),
             "offset_p50_us": _pct(offsets, 0.5), "offset_p90_us": _pct(offsets, 0.9),
+            "rung_seen_p50_us": _pct(stamped, 0.5), "rung_seen_p90_us": _pct(stamped, 0.9),
         }
         for key, first in (("stages_p50_us", _FIRST), ("stages_cpu_p50_us", _FIRST_CPU),
                            ("stages_runq_p50_us", _FIRST_RUNQ)):
-            if kept and len(kept[-1]) > first:
-                out[key] = {name: _pct(sorted(v for r in kept if len(r) > first + i
+            if kept and len(kept[-1]) - _TAIL > first:
+                out[key] = {name: _pct(sorted(v for r in kept if len(r) - _TAIL > first + i
                                               and not math.isnan(v := r[first + i])), 0.5)
                             for i, name in enumerate(STAGES)}
         if recent:
@@ -147,6 +156,9 @@ _CLEAR = [0] * MARKS
 _FIRST = 11
 _FIRST_CPU = _FIRST + len(STAGES)
 _FIRST_RUNQ = _FIRST_CPU + len(STAGES)
+#: Every entry ends in (opens, until, called, rung), after the stages (and their CPU and
+#: run-queue splits, when on).
+_TAIL = 4
 #: The environment variable that turns ``CpuMarks`` on in a driver host.
 CPU_MARKS_ENV = "NPU_BURST_CPU_MARKS"
 

@@ -69,6 +69,9 @@ _GROW_TRIES = 4
 _SPIN_MISSES = 3
 _SPIN_RETRY = 32
 _put_seq = struct.Struct("<Q").pack_into
+_put_stamps = struct.Struct("<QQ").pack_into
+#: The client's clock for the header's stamps (CLOCK_MONOTONIC, as the driver's).
+_now_ns = time.monotonic_ns
 #: How long one blocking wait for the driver's ring lasts (SO_RCVTIMEO) before the
 #: execution's timeout is looked at again.
 _RING_WAIT = 1.0
@@ -219,6 +222,7 @@ class Burst:
         """As :meth:`Model.execute`, through the burst's channel. With
         ``copy_outputs=False`` large outputs are views of the burst's memory, valid
         until its next execution."""
+        called = _now_ns()
         if steps < 1:
             raise InvalidArgument(f"steps must be >= 1, got {steps}")
         if group_id is not None and len(group_id) != 16:
@@ -232,20 +236,20 @@ class Burst:
                     and fixed.put(inputs, (job_priority, feature_id, original_uid),
                                   self.model)):
                 try:
-                    return self._again(fixed, copy_outputs)
+                    return self._again(fixed, copy_outputs, called)
                 except _Grow as g:
                     self._grow(g)
             for _ in range(_GROW_TRIES):
                 try:
                     return self._execute(inputs, job_priority, feature_id, original_uid,
-                                         steps, feedback, group_id, copy_outputs)
+                                         steps, feedback, group_id, copy_outputs, called)
                 except _Grow as g:
                     self._grow(g)
             raise LimitExceeded("the outputs kept outgrowing the burst's shared memory")
 
     def _execute(self, inputs: Mapping[str, Any], job_priority: int, feature_id: int | None,
                  original_uid: int | None, steps: int, feedback: Mapping[str, str] | None,
-                 group_id: bytes | None, copy: bool) -> dict[str, Any]:
+                 group_id: bytes | None, copy: bool, called: int = 0) -> dict[str, Any]:
         pool, sock = self._pool, self._sock
         if pool is None or sock is None:
             raise DeviceUnavailable("the burst's channel is gone")
@@ -254,7 +258,7 @@ class Burst:
                 and fixed.place(inputs, (job_priority, feature_id, original_uid),
                                 self.model)):
             # The request in the memory is already the right one: ring.
-            return self._round_trip(pool, sock, fixed, copy)
+            return self._round_trip(pool, sock, fixed, copy, called=called)
         msg = pb.Execute(
             model_id=self.model.model_id, job_priority=int(job_priority),
             has_feature_id=feature_id is not None, feature_id=feature_id or 0,
@@ -280,7 +284,7 @@ class Burst:
                 if need + _MIN_DATA > pool.size - self._data_start:
                     raise _Grow(data=need + _MIN_DATA)
                 return self._execute(inputs, job_priority, feature_id, original_uid, steps,
-                                     feedback, group_id, copy)
+                                     feedback, group_id, copy, called)
             # Strings and maps travel inline only: as a plain execute, which takes what
             # a frame to the driver holds.
             return self.model.execute(inputs, job_priority, feature_id, original_uid,
@@ -288,15 +292,18 @@ class Burst:
                                       copy_outputs=copy)
         start = layout.HEADER
         pool.buf[start:start + len(data)] = data
-        return self._round_trip(pool, sock, None, copy, len(data))
+        return self._round_trip(pool, sock, None, copy, len(data), called)
 
-    def _again(self, fixed: FixedLayout, copy: bool) -> dict[str, Any]:
+    def _again(self, fixed: FixedLayout, copy: bool, called: int) -> dict[str, Any]:
         """The fixed request again, its inputs in place (``FixedLayout.put``): the request
-        and its length are in the memory already, so only the sequence number is new."""
+        and its length are in the memory already, so only the stamps (when the call began
+        and now: the driver learns the stream's pace from them, drivers/anticipate.py)
+        and the sequence number are new."""
         pool, sock = self._pool, self._sock
         assert pool is not None and sock is not None  # (the fixed layout goes with them)
         buf = pool.buf
         self._seq = seq = self._seq + 1
+        _put_stamps(buf, layout.CALLED_AT, called, _now_ns())
         _put_seq(buf, layout.REQ_AT, seq)
         try:
             sock.send(b"\1")
@@ -311,8 +318,8 @@ class Burst:
         return self._answered(pool, fixed, copy, status, length)
 
     def _round_trip(self, pool: tensorio.ClientPool, sock: socket.socket,
-                    fixed: FixedLayout | None, copy: bool, length: int = 0
-                    ) -> dict[str, Any]:
+                    fixed: FixedLayout | None, copy: bool, length: int = 0,
+                    called: int = 0) -> dict[str, Any]:
         """Ring for the request in the memory (``fixed``'s, else ``length`` bytes) and
         read the answer."""
         buf = pool.buf
@@ -321,6 +328,7 @@ class Burst:
         if self._fixed is not None:
             # Whether the request area and its length hold the fixed request now.
             self._fixed.written = fixed is not None
+        _put_stamps(buf, layout.CALLED_AT, called, _now_ns())
         layout.write_request_header(buf, seq, len(fixed.data) if fixed is not None else length)
         try:
             sock.send(b"\1")

@@ -12,7 +12,12 @@ Header (little-endian): magic, version, then the client's ``req_seq`` and
 ``req_len``, then the driver's ``resp_seq``, ``resp_status`` and ``resp_len``, then
 (at 40) the client's flags, written before it opens the burst: ``FLAG_SAME`` says it
 takes a ``SAME`` response (no payload: the outputs lie where its last ``OK`` response
-for the same request said; :mod:`npumanager.drivers.burst_fixed`).
+for the same request said; :mod:`npumanager.drivers.burst_fixed`). At 44 and 52 the
+client's clock (``CLOCK_MONOTONIC`` ns, the clock the driver's ``time.perf_counter``
+reads on Linux) on each request: when the call began and when the request was rung
+(written just before ``req_seq``; 0: not stamped). The driver uses them only to
+learn the stream's pace (:mod:`npumanager.drivers.anticipate`): a stamp is a hint
+about the client's own requests, clamped there, never trusted for anything else.
 A side writes its payload first and its sequence number last; the other side
 reads the number first. The doorbell (one byte on a socketpair) is a system
 call, a full barrier on every architecture; a client that spins on ``resp_seq``
@@ -40,6 +45,9 @@ REQ_AT = 8
 RESP_AT = 24
 FLAGS_AT = 40
 _FLAGS = struct.Struct("<I")
+CALLED_AT = 44
+RUNG_AT = 52
+_STAMPS = struct.Struct("<QQ")  # called, rung (CLOCK_MONOTONIC ns; 0: none)
 
 #: Response statuses.
 OK = 0
@@ -98,3 +106,14 @@ def write_client_flags(buf: object, flags: int) -> None:
 
 def read_client_flags(buf: object) -> int:
     return int(_FLAGS.unpack_from(buf, FLAGS_AT)[0])  # type: ignore[arg-type]
+
+
+def write_stamps(buf: object, called_ns: int, rung_ns: int) -> None:
+    """The client's clock for the request about to be rung (before its ``req_seq``)."""
+    _STAMPS.pack_into(buf, CALLED_AT, called_ns, rung_ns)  # type: ignore[arg-type]
+
+
+def read_stamps(buf: object) -> tuple[int, int]:
+    """(called, rung) as the client wrote them: any two numbers (check before use)."""
+    called, rung = _STAMPS.unpack_from(buf, CALLED_AT)  # type: ignore[arg-type]
+    return int(called), int(rung)

@@ -214,6 +214,7 @@ def open_window(a: Anticipation, ahead: float, length: float) -> None:
     a.intervals = [period] * KEPT
     a.period = period
     a.last = time.perf_counter() + ahead - period
+    a.recent = [a.last]
 
 
 def test_a_request_written_in_the_window_is_seen_without_a_ring(b: Burstish) -> None:
@@ -249,6 +250,7 @@ def test_a_long_sleep_ends_in_two_parts_then_polls(b: Burstish) -> None:
     assert plan is not None
     a.warm_s = a.oversleep = 0.0
     a.last = time.perf_counter() + 4 * COARSE_S - a.period + 0.6 * a.window_s  # ...in 8 ms
+    a.recent = [a.last]
     layout.write_request_header(b.buf, 1, 10)
     assert await_request(a, b.fds(), b.buf, 0, b) == bc.POLLED
     c = b.counters
@@ -256,6 +258,7 @@ def test_a_long_sleep_ends_in_two_parts_then_polls(b: Burstish) -> None:
     assert len(a.oversleeps) == 1  # the sleep's lateness was learnt
     # Rung during the coarse part: EARLY, nothing learnt (it did not reach its end).
     a.last = time.perf_counter() + 60.0 - a.period
+    a.recent = [a.last]
     b.peer.send(b"\1")
     assert await_request(a, b.fds(), b.buf, 0, b) == bc.EARLY
     assert len(a.oversleeps) == 1 and b.warmed == 1

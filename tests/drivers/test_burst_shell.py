@@ -253,7 +253,7 @@ def test_a_bursts_counters_tell_how_each_request_was_found(
             # The serve's stages (burst_counters.STAGES), each request's: every one it
             # passed is a duration; they add up to the time from seen to ready again.
             for t in times:
-                stages = t[11:]
+                stages = t[11:11 + len(bc.STAGES)]
                 assert len(stages) == len(bc.STAGES)
                 assert all(v is None or v >= 0 for v in stages), stages
                 for name in ("copy", "lock", "admit", "answer", "ring"):
@@ -294,8 +294,8 @@ def test_cpu_marks_split_each_stage_into_cpu_and_run_queue_time(
             [stats] = s.host.bursts.stats(recent=True)
             n = len(bc.STAGES)
             for t in stats["recent"]:
-                assert len(t) == 11 + 3 * n
-                wall, cpu, runq = t[11:11 + n], t[11 + n:11 + 2 * n], t[11 + 2 * n:]
+                assert len(t) == 11 + 3 * n + 4  # (the window, the stamps)
+                wall, cpu, runq = t[11:11 + n], t[11 + n:11 + 2 * n], t[11 + 2 * n:11 + 3 * n]
                 for w, c, q in zip(wall, cpu, runq, strict=True):
                     assert (w is None) == (c is None) == (q is None), (wall, cpu, runq)
                     if w is not None:
@@ -358,3 +358,36 @@ def test_a_rehearsal_changes_nothing_and_the_next_repeat_takes_one_pass(
             await close(burst, dev)
 
     run(runtime_dir, state_dir, body, foreground_priority=1000)
+
+
+def test_the_burst_thread_learns_the_pace_from_the_clients_stamps(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """The real client stamps every request (when the call began, when it rang; the
+    header's spare bytes) and the anticipating burst thread learns from them: each kept
+    record has both, called <= rung <= seen, and the pace took every stamp (believed:
+    the same clock in both processes)."""
+
+    async def body(s: Stack) -> None:
+        await s.grant("g1", uid())
+        dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        burst: Burst | None = None
+        try:
+            model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+            burst = await asyncio.to_thread(model.burst)
+            for _ in range(5):
+                got = await asyncio.to_thread(burst.execute, {"x": X})
+                np.testing.assert_array_equal(got["y"], X + 1)
+            await served(s, 5)
+            [server] = list(s.host.bursts._servers.values())
+            assert server.pace is not None and server.foreground
+            records = list(server.counters.recent)
+            assert len(records) == 5
+            for r in records:
+                seen, called, rung = r[0], r[-2], r[-1]
+                assert called <= rung <= seen
+            # The first request came before the thread knew it FOREGROUND: learnt after.
+            assert server.pace.stamped >= 4 and server.pace.unstamped == 0
+        finally:
+            await close(burst, dev)
+
+    run(runtime_dir, state_dir, body, foreground_priority=1000, burst_anticipate_us=300.0)
