@@ -92,6 +92,7 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("driver", "background_sched"): ("idle", "nice", "normal", "share"),
     ("driver", "background_compile"): ("process", "thread"),
     ("driver", "background_cpus"): ("all", "spare", "lanes"),
+    ("driver", "background_cgroup"): ("auto", "off"),  # hal/idle_cgroup.py
 }
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           dict: "a table", list: "a list"}

@@ -67,6 +67,7 @@ from npumanager.drivers.compile_starve import (
     set_process_sched,
 )
 from npumanager.errors import GeneralFailure, InvalidArgument
+from npumanager.hal.idle_cgroup import IdleGroup
 
 log = logging.getLogger("npumanager.drivers.compile_worker")
 
@@ -117,8 +118,11 @@ class CompileWorker:
     ``sched``/``nice``: how the child lowers itself (:func:`~.steps.lower_this_thread`'s
     meanings, for the whole process)."""
 
-    def __init__(self, name: str, sched: str, nice: int, starve_ms: int = 0) -> None:
+    def __init__(self, name: str, sched: str, nice: int, starve_ms: int = 0,
+                 idle_group: IdleGroup | None = None) -> None:
         self.name = name
+        #: The host's cpu.idle cgroup: the child joins it where its bound is off.
+        self.idle_group = idle_group
         self.sched = sched
         self.nice = nice
         #: The starvation bound of a compile at SCHED_IDLE (:mod:`.compile_starve`): off
@@ -168,6 +172,10 @@ class CompileWorker:
                     str(self.nice)]
             proc = subprocess.Popen(argv, pass_fds=[child.fileno()],
                                     stdin=subprocess.DEVNULL, close_fds=True)
+            if self.idle_group is not None:
+                # Every thread it has (its own, numpy's): it cannot be taken out again,
+                # so only where the starvation bound can never raise it.
+                self.idle_group.join_process(proc.pid, can_raise=self.starve.starve_s > 0)
             with self._hold_lock:
                 self._proc = proc
                 if self.stopped:  # started during a hold: it waits for the continue too

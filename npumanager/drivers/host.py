@@ -103,7 +103,8 @@ class DriverHost:
                                  background_sched=hc.background_sched,
                                  background_nice=hc.background_nice,
                                  background_cpus=hc.background_cpus,
-                                 background_starve_ms=hc.background_starve_ms)
+                                 background_starve_ms=hc.background_starve_ms,
+                                 idle_group=self.preparer.idle_group)
         self.server: RpcServer | None = None
         self._clients: dict[RpcConnection, ClientConn] = {}
         self._cids = itertools.count(1)

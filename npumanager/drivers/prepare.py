@@ -29,6 +29,7 @@ from npumanager.drivers.staged import CacheRewriter
 from npumanager.drivers.steps import background_pool
 from npumanager.errors import DriverRefused, GeneralFailure, InvalidArgument
 from npumanager.hal.host_config import HostConfig
+from npumanager.hal.idle_cgroup import COMPILE, IdleGroup
 from npumanager.proto.v1 import driver_pb2 as pb
 
 log = logging.getLogger("npumanager.drivers.prepare")
@@ -74,9 +75,12 @@ class Preparer:
         self.bg_compile_pool = self.compile_pool
         # (fair share among background apps is for their steps: compiles stay idle)
         sched = "idle" if hc.background_sched == "share" else hc.background_sched
+        #: The cpu.idle cgroup npud made for this host's background threads (none: "").
+        self.idle_group = IdleGroup(hc.background_cgroup_dir, hc.background_sched)
         if sched != "normal":
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
-                                                   sched, hc.background_nice)
+                                                   sched, hc.background_nice,
+                                                   group=self.idle_group, kind=COMPILE)
         #: BACKGROUND models a driver can compile elsewhere (``compile_in_worker``) compile
         #: in a lowered child process, off this process's GIL (drivers/compile_worker.py).
         self.worker: CompileWorker | None = None
@@ -84,7 +88,7 @@ class Preparer:
             driver, "compile_in_worker", None)
         if hc.background_compile == "process" and self._worker_hook is not None:
             self.worker = CompileWorker(hc.name, sched, hc.background_nice,
-                                        hc.background_starve_ms)
+                                        hc.background_starve_ms, self.idle_group)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first

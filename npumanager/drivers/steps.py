@@ -28,6 +28,7 @@ from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.events import RunStep
 from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.starve import StarveGuard
+from npumanager.hal.idle_cgroup import BOOST, STEP, IdleGroup
 from npumanager.proto.v1 import driver_pb2 as pb
 
 Reply = tuple[pb.ExecuteResult, list[int]]
@@ -73,7 +74,8 @@ def name_this_thread() -> None:
         pass
 
 
-def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None) -> None:
+def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
+                      group: IdleGroup | None = None, kind: str = STEP) -> None:
     """Lower the calling thread (Linux schedules threads, not processes: the tid).
 
     ``idle``: SCHED_IDLE, the kernel runs the thread only when no normal thread wants
@@ -81,8 +83,12 @@ def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None) -> No
     rather than sharing the core 50/50 as CFS does between nice-0 threads. ``nice``: a
     CFS weight of about 1.5 % at 19, for kernels or sandboxes without SCHED_IDLE.
     Threads ONNX Runtime creates later from this one inherit the policy. ``cpus``: the
-    CPUs the thread may run on (None: all it may now)."""
+    CPUs the thread may run on (None: all it may now). ``group``: the host's cpu.idle
+    cgroup, which a thread of ``kind`` joins if it stays background for good
+    (hal/idle_cgroup.py)."""
     name_this_thread()
+    if group is not None:
+        group.join_this_thread(kind)
     tid = threading.get_native_id()
     if cpus:
         try:
@@ -99,12 +105,14 @@ def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None) -> No
 
 
 def background_pool(workers: int, prefix: str, sched: str, nice: int,
-                    cpus: set[int] | None = None) -> ThreadPoolExecutor:
+                    cpus: set[int] | None = None, group: IdleGroup | None = None,
+                    kind: str = STEP) -> ThreadPoolExecutor:
     if sched not in BACKGROUND_SCHED:
         raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
                          f"not {sched!r}")
     return ThreadPoolExecutor(workers, thread_name_prefix=prefix,
-                              initializer=lower_this_thread, initargs=(sched, nice, cpus))
+                              initializer=lower_this_thread,
+                              initargs=(sched, nice, cpus, group, kind))
 
 
 class Done:
@@ -196,7 +204,7 @@ class StepRunner:
     def __init__(self, name: str, channels: int, *, inline_limit: int, max_frame: int,
                  stats: ExecStats | None = None, background_sched: str = "normal",
                  background_nice: int = 19, background_cpus: str = "all",
-                 background_starve_ms: int = 0) -> None:
+                 background_starve_ms: int = 0, idle_group: IdleGroup | None = None) -> None:
         self.inline_limit = inline_limit
         self.max_frame = max_frame
         self.stats = stats if stats is not None else ExecStats()
@@ -218,7 +226,7 @@ class StepRunner:
         if background_sched != "normal" or cpus:
             self._bg_workers = background_pool(channels, f"npu-{name}-bg",
                                                "nice" if share else background_sched,
-                                               background_nice, cpus)
+                                               background_nice, cpus, idle_group)
             self._bg_yield = self._bg_workers
         if share:
             self._bg_yield = background_pool(channels, f"npu-{name}-bgy", "idle",
@@ -233,7 +241,8 @@ class StepRunner:
         self._idle_pools = ({self._bg_workers, *self._lanes} if background_sched == "idle"
                             else set()) | ({self._bg_yield} if share else set())
         self._bg_boost = (background_pool(channels, f"npu-{name}-bgb", "normal",
-                                          background_nice, cpus) if self._idle_pools
+                                          background_nice, cpus, idle_group, BOOST)
+                          if self._idle_pools
                           else self._workers)
         self.guard = StarveGuard(background_starve_ms / 1e3)
         self._guard_lock = threading.Lock()

@@ -75,6 +75,10 @@ class HostConfig:
     #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
     #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py).
     background_cpus: str = "all"
+    #: Background threads in a cpu.idle cgroup: "auto" or "off" (hal/idle_cgroup.py).
+    background_cgroup: str = "auto"
+    #: The group npud made for this host ("" = none): set by npud, never from a client.
+    background_cgroup_dir: str = ""
     #: A background step that waited longer than this for the CPU at SCHED_IDLE makes the
     #: next one run at normal priority, ms (drivers/starve.py; 0: no bound).
     background_starve_ms: int = 200
@@ -133,6 +137,7 @@ class HostConfig:
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
+            background_cgroup=str(d.get("background_cgroup", "auto")),
             background_starve_ms=int(d.get("background_starve_ms", 200)),
             options=dict(d.get("options", {})),
             device_number=number,

@@ -14,6 +14,10 @@ owned by whom it must be:
   ``RT/drivers/NAME.sock`` itself (mode ``socket_mode``) and passes the
   listening socket to the host (``--listen-fd``); its own copy is closed once
   the host has it, so a dead host refuses connections as before.
+* ``npumanager-bg.PID.NAME`` in the cgroup-v1 cpu hierarchy (``background_cgroup =
+  "auto"``, as root): the cpu.idle group of the host's background threads, root's, its
+  ``tasks`` and ``cgroup.procs`` handed to the driver's user (hal/idle_cgroup.py); its
+  path reaches the host in its host config. Removed when the host is gone.
 * ``STATE/drivers/NAME`` is the host's private state (its cache map, its empty
   working directory): owned by the driver's user, 0700, made by npud. npud lets
   others pass through ``STATE`` and ``STATE/drivers`` (``--x`` only) to reach it.
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npumanager.errors import UnsafePath
+from npumanager.hal import idle_cgroup
 from npumanager.paths import (
     driver_state_dir,
     ensure_owned_dir,
@@ -93,6 +98,8 @@ class DriverLaunch:
     #: Every device's listening socket and path, the first included.
     socks: list[socket.socket] = field(default_factory=list)
     paths: list[Path] = field(default_factory=list)
+    #: The cpu.idle cgroup of the host's background threads (None: none).
+    bg_group: Path | None = None
 
     def args(self) -> list[str]:
         """What ``npu driver`` is told: the sockets, its manager, and (as root) the user to
@@ -121,7 +128,9 @@ class DriverLaunch:
 
     def remove_socket(self) -> None:
         """The host is gone: remove the socket files, unless another has been bound there
-        since (compared by inode)."""
+        since (compared by inode), and its background group (once empty)."""
+        if self.bg_group is not None:
+            idle_cgroup.remove(self.bg_group)
         for path, bound in zip(self.paths, self._bound, strict=True):
             try:
                 st = os.lstat(path)
@@ -139,8 +148,33 @@ class DriverLaunch:
             self._bound.append((st.st_dev, st.st_ino))
 
 
+#: Why a background group could not be made, each logged once per npud.
+_CGROUP_WARNED: set[str] = set()
+
+
+def background_group(host: str, user: DriverUser, *, wanted: bool) -> Path | None:
+    """The cpu.idle group of ``host``'s background threads (hal/idle_cgroup.py), when
+    ``wanted`` and npud may make one (root, a cgroup-v1 cpu hierarchy with cpu.idle);
+    else None, and the reason logged once: the threads stay at SCHED_IDLE only."""
+    if not wanted:
+        return None
+    if os.geteuid() != 0:
+        reason = "npud is not root"
+    else:
+        try:
+            return idle_cgroup.create(host, user.uid, user.gid)
+        except OSError as exc:
+            reason = str(exc)
+    if reason not in _CGROUP_WARNED:
+        _CGROUP_WARNED.add(reason)
+        log.info("background threads stay at SCHED_IDLE only, without a cpu.idle cgroup: %s",
+                 reason)
+    return None
+
+
 def prepare_launch(name: str | list[str], user: DriverUser, state_root: Path,
-                   runtime_dir: Path, socket_mode: int) -> DriverLaunch:
+                   runtime_dir: Path, socket_mode: int, *,
+                   background_cgroup: bool = False) -> DriverLaunch:
     """The directories and the sockets a driver host starts with (see the module
     docstring): ``name``, or each device name of a host serving several (each its own
     state dir and socket; the host works in the first's); UnsafePath/OSError if they
@@ -168,7 +202,9 @@ def prepare_launch(name: str | list[str], user: DriverUser, state_root: Path,
     env["HOME"] = str(states[0])
     for key in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"):
         env.pop(key, None)  # npud's own (root's) directories
-    return DriverLaunch(user, states[0], socks[0], paths[0], env, socks, paths)
+    host = names[0].split(":", 1)[0] if len(names) > 1 else names[0]
+    group = background_group(host, user, wanted=background_cgroup)
+    return DriverLaunch(user, states[0], socks[0], paths[0], env, socks, paths, group)
 
 
 __all__ = ["DEFAULT_USERS", "DriverLaunch", "DriverUser", "UnsafePath", "driver_user",

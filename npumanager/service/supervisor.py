@@ -190,6 +190,7 @@ class DriverSupervisor(DriverFeed):
         hcs = [HostConfig.from_config(self.cfg, s.name) for s in slot.group]
         for hc in hcs:
             hc.enforce_admission = self.enforce_admission
+            hc.background_cgroup_dir = str(launch.bg_group or "")
         # One device: its config; several: the list, in the order of the sockets.
         encoded = (json.dumps(dataclasses.asdict(hcs[0])) if len(hcs) == 1
                    else json.dumps([dataclasses.asdict(hc) for hc in hcs]))
@@ -203,6 +204,14 @@ class DriverSupervisor(DriverFeed):
     def _state_root(self) -> Path:
         return Path(self.state_dir) if self.state_dir is not None else default_state_dir()
 
+    def _wants_cgroup(self, slot: DriverSlot) -> bool:
+        """Whether the host's background threads get a cpu.idle group (hal/idle_cgroup.py):
+        ``background_cgroup = "auto"`` with ``background_sched = "idle"``."""
+        from npumanager.hal.host_config import HostConfig
+
+        hc = HostConfig.from_config(self.cfg, slot.group[0].name)
+        return hc.background_cgroup == "auto" and hc.background_sched == "idle"
+
     def _launch(self, slot: DriverSlot) -> DriverLaunch:
         """The user, directories and listening socket of the host's next start
         (service/driver_launch.py); RuntimeError with the reason if they cannot be had."""
@@ -212,7 +221,8 @@ class DriverSupervisor(DriverFeed):
             names: str | list[str] = (slot.name if len(slot.group) == 1
                                       else [s.name for s in slot.group])
             return prepare_launch(names, user, self._state_root(), self.runtime_dir,
-                                  int(mgr.get("socket_mode", 0o666)))
+                                  int(mgr.get("socket_mode", 0o666)),
+                                  background_cgroup=self._wants_cgroup(slot))
         except LookupError as exc:
             slot.last_exit = str(exc)
             raise RuntimeError(slot.last_exit) from None

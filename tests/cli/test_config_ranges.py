@@ -121,7 +121,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
 #: check's), or a table its owner parses (service/config_check.py runs those owners).
 FREE = {("manager", "enforce_admission"), ("manager", "drivers"),
         ("driver", "background_sched"), ("driver", "background_compile"),
-        ("driver", "background_cpus"), ("driver", "options"), ("driver", "hold_loads"),
+        ("driver", "background_cpus"), ("driver", "background_cgroup"), ("driver", "options"),
+        ("driver", "hold_loads"),
         ("thermal", "trip_points"), ("thermal", "nvml_thresholds"), ("thermal", "devices"),
         ("importance", "from_process"), ("importance", "nice"), ("importance", "cgroup"),
         ("fleet", "signing_key"), ("fleet", "key_prefix")}

@@ -58,6 +58,7 @@ def test_every_driver_key_of_the_wrong_type_is_named(tmp_path: Path, key: str) -
 @pytest.mark.parametrize("key,value", [("channels", True), ("quiet_window_us", 1.5),
                                        ("background_sched", "bogus"),
                                        ("background_cpus", "some"),
+                                       ("background_cgroup", "on"),
                                        ("background_compile", "fork")])
 def test_driver_values_of_the_right_type_but_no_meaning_are_named(
         tmp_path: Path, key: str, value: Any) -> None:
