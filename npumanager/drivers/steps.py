@@ -235,7 +235,8 @@ class StepRunner:
         #: its own kept on the k-th CPU, lowered as the other background threads are.
         self._lanes = [background_pool(1, f"npu-{name}-bgl{k}",
                                        "nice" if share else background_sched,
-                                       background_nice, {cpu}) for k, cpu in enumerate(lanes)]
+                                       background_nice, {cpu}, idle_group)
+                       for k, cpu in enumerate(lanes)]
         #: The pools whose threads are SCHED_IDLE, and the normal-priority threads their
         #: starved steps move to (created on first use, as every pool's threads are).
         self._idle_pools = ({self._bg_workers, *self._lanes} if background_sched == "idle"
