@@ -110,7 +110,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Background steps pinned away from CPU 0 (drivers/steps.py: background_cpus).
     "bg-spare-cpus": {"background_cpus": "spare"},
     # Background lanes (drivers/runqueue.py): background steps running at once each on a
-    # SCHED_IDLE thread kept on a CPU of its own, never two on one CPU.
+    # SCHED_IDLE thread kept on a CPU of its own, never two on one CPU. Not the default:
+    # the embedder +13-25 % but the camera's contended p99 +1-1.6 ms in two full runs.
     "bg-lanes": {"background_cpus": "lanes"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},

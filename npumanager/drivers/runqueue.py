@@ -17,7 +17,8 @@ thread; so an embedder's short step woken next to an LLM's long one waited on
 that CPU for the scheduler's tick (4 ms at HZ=250) while the other CPU idled:
 21 % of its batches over 2 ms in the driver, the machine 1.57 of 2 cores busy
 (bench/contention.py --device-time). Steps beyond ``lanes`` get none (the
-shell's shared background threads).
+shell's shared background threads). With one channel open to background work
+there are no lanes.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ class RunQueue:
         self.reserved = reserved
         if lanes < 0:
             raise ValueError("background lanes cannot be negative")
-        self.lanes = lanes
+        #: (with one background channel no two background steps run at once: a lane
+        #: would only keep the one that runs off the other CPUs)
+        self.lanes = lanes if channels - reserved >= 2 else 0
         self._heap: list[tuple[int, int, Job]] = []
         self._free = list(range(channels))
         self.running: dict[int, Job] = {}  # channel -> job

@@ -70,6 +70,15 @@ def test_a_lane_freed_goes_to_the_next_background_step() -> None:
     assert step_of(out, td).lane == 0  # lane 0 free again
 
 
+@pytest.mark.parametrize(("channels", "reserved"), [(1, 0), (2, 1)])
+def test_one_background_channel_has_no_lanes(channels: int, reserved: int) -> None:
+    """One background step at a time: a lane would only pin it to one CPU."""
+    h = Harness(channels=channels, reserved_channels=reserved, background_lanes=2)
+    h.priorities(u2=300)
+    ticket, out = h.execute(2, h.prepare(2), steps=3)
+    assert step_of(out, ticket).lane is None
+
+
 def run_mix(seed: int, lanes: int, events: int = 400) -> list[tuple[int | None, int]]:
     """Random work from three background uids and a foreground one on three channels
     (one reserved): executes of 1-4 steps, step ends, cancels, priority swaps. After
