@@ -111,7 +111,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "bg-spare-cpus": {"background_cpus": "spare"},
     # Background lanes (drivers/runqueue.py): background steps running at once each on a
     # SCHED_IDLE thread kept on a CPU of its own, never two on one CPU. Not the default:
-    # the embedder +13-25 % but the camera's contended p99 +1-1.6 ms in two full runs.
+    # the embedder +13-25 % but the camera's p99 +0.2-1.6 ms contended and +1.1-2.2 ms
+    # while a model loads in three full runs.
     "bg-lanes": {"background_cpus": "lanes"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
