@@ -114,6 +114,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the embedder +13-25 % but the camera's p99 +0.2-1.6 ms contended and +1.1-2.2 ms
     # while a model loads in three full runs.
     "bg-lanes": {"background_cpus": "lanes"},
+    # Background threads at SCHED_IDLE only, not also in the host's top-level cpu.idle
+    # cgroup (hal/idle_cgroup.py; the default where npud is root on a cgroup-v1 cpu
+    # hierarchy with cpu.idle).
+    "no-cgroup": {"background_cgroup": "off"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
 }

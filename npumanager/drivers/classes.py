@@ -228,7 +228,9 @@ kernel 6.18 with EEVDF, HZ 250, no kernel preemption):
   the host's lock, from the SCHED_IDLE worker that ran it (host._burst_step_done), so
   that no loop wake-up is needed. Handing that end to the event loop instead was tried
   and not kept this session: it changes the burst path's design (test_burst_shell's
-  "no loop wake-up" tests) and was not measured.
+  "no loop wake-up" tests) and was not measured. Session 10 hands it to a thread of its
+  own at normal priority instead (:mod:`.bg_ends`): no loop wake-up, and no lowered
+  thread ever holds the host's lock for a step's end.
 * The compile child built its throwaway session with ONNX Runtime's weight prepacking:
   now off (the blobs are byte for byte the same), half the child's CPU per load of the
   32 MiB LLM (156 -> 77 ms, 119 -> 54 ms). The host's own load keeps prepacking: without
@@ -243,8 +245,25 @@ between that group and the waking thread (or its own top-level group): an idle e
 is preempted at once (check_preempt_wakeup_fair: cse_is_idle && !pse_is_idle) and weighs
 the minimum. The group must sit at the top: nested in a normal group it is idle only
 against its siblings, and measured that way it is worse than SCHED_IDLE alone
-(bench/cgroup_idle.py, row "nested": 9-52 of 454 frames over 1 ms against 0-1). The micro-test's
-table and the contention runs are in the commit messages and the session's closing note.
+(bench/cgroup_idle.py, row "nested"). The micro-test (one spinner per CPU beside a camera
+process waking every 33 ms; three rounds each, cpu-exclusive, foreign CPU 0.04-0.09 cores;
+p99 / max in ms):
+
+========================  ==========================  ==============================
+spinners                  wake-up lateness (15 s)     wait after a driver's answer
+                                                      (--pingpong, 12 s)
+========================  ==========================  ==============================
+none                      0.28-0.62 / 0.41-3.5        0.10-0.14 / 0.13-0.19
+SCHED_IDLE, root group    0.10-0.13 / 0.15-0.85       0.07-0.12 / 0.10-1.55
+normal, cpu.idle group    0.10-0.11 / 0.12-8.7        0.05-0.08 / 0.09-2.4
+SCHED_IDLE + cpu.idle     0.11-0.14 / 0.13-0.26       0.03-0.07 / 0.07-0.16
+nested cpu.idle group     2.4-4.3 / 3.5-7.5           0.06-3.5 / 2.4-3.5
+========================  ==========================  ==============================
+
+On a quiet machine the stall is rare either way (the p99s are alike); the idle group
+with SCHED_IDLE kept the worst frame under 0.3 ms in all six rounds, SCHED_IDLE alone
+had 0.85 and 1.55 ms, and on a loaded machine (an earlier run, 0.1-0.9 cores of others)
+SCHED_IDLE alone reached 6.8 ms p99 where the group stayed at 1.05.
 
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a

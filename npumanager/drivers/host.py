@@ -41,6 +41,7 @@ from npumanager import tensorio
 from npumanager.clock import LoopClock, MonotonicClock
 from npumanager.drivers import events as ev
 from npumanager.drivers.base import Driver
+from npumanager.drivers.bg_ends import StepEnds
 from npumanager.drivers.burst import Bursts
 from npumanager.drivers.classes import ExecClass
 from npumanager.drivers.exec_stats import ExecStats
@@ -117,7 +118,9 @@ class DriverHost:
                              lambda: self.runner.busy_s, lock=self.lock)
         self.res = HostResources(self.runner, self.exec_stats, self.clock, self.npud,
                                  self._step_finished, self._on_timer, self.lock)
-        self.res.burst_step_done = self._burst_step_done
+        #: The ends of BACKGROUND burst steps, submitted at normal priority (.bg_ends).
+        self.bg_ends = StepEnds(hc.name, self._burst_step_end)
+        self.res.burst_step_done = self.bg_ends.put
         if self.preparer.worker is not None:
             self.res.hold_loads = self.preparer.worker.hold
         self.bursts = Bursts(self)
@@ -172,6 +175,7 @@ class DriverHost:
             await self.server.close(goodbye=f"driver {self.hc.name} is shutting down")
         self.bursts.close_all()
         self.runner.close()
+        self.bg_ends.close()
         self.preparer.close()
         self.res.close()
         self.driver.close()
@@ -555,10 +559,14 @@ class DriverHost:
             raise
         return res.carry_out_here(out, ex)
 
-    def _burst_step_done(self, ex: Execution, error: str | None, run_us: float) -> None:
-        """On the worker thread that ran a step of a burst execution (a BACKGROUND one):
-        submit its end from here as the burst's thread would, and run the next step of it
-        the state starts here too; the job's end wakes the burst's thread directly."""
+    def _burst_step_end(self, ex: Execution, error: str | None, run_us: float) -> None:
+        """The end of a step of a burst execution that ran on a lowered worker (a
+        BACKGROUND one), on the normal-priority thread of .bg_ends (never the lowered
+        worker: a preempted SCHED_IDLE thread holding the lock would keep the foreground
+        burst threads waiting): submit it as the burst's thread would, and run the next
+        step the state starts here if it may run here (inline, or FOREGROUND now; a
+        BACKGROUND one goes to the lowered workers); the job's end wakes the burst's
+        thread directly."""
         try:
             while True:
                 with self.lock:

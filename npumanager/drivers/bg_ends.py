@@ -1,0 +1,69 @@
+"""The ends of BACKGROUND burst steps, submitted on a normal-priority thread.
+
+A burst execution's step that runs on a lowered worker (``SCHED_IDLE``, the host's
+cpu.idle cgroup) used to submit its own end from that worker: the host's lock taken, the
+driver state's Python run under the GIL, the next step started, all on a thread the
+kernel runs only when no normal thread wants the CPU. Preempted there, it held the lock
+(and the GIL) while the foreground burst thread serving the camera's next frame waited for
+them: bench/contention_trace.py found the burst thread blocked behind a runnable
+``SCHED_IDLE`` holder in 9 of 34 slow loading-phase frames (11.7 ms of their excess).
+
+So the worker only queues the end (a C-level put: no host lock, the GIL for a moment) and
+this thread, at normal priority, submits it under the lock as the worker did: no loop
+wake-up either (a burst's guarantee). It never runs a BACKGROUND step itself: a step of
+the job that the state starts goes to the lowered workers as before; only an inline one
+(cheap by the state's measure, which the loop would run at the same priority) or one the
+job's class made FOREGROUND runs here. The cost: one futex wake-up of a normal thread per
+background burst step's end, and its ~50-100 µs of Python at normal priority.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from npumanager.drivers.steps import Execution, name_this_thread
+
+log = logging.getLogger("npumanager.drivers.bg_ends")
+
+End = tuple[Execution, str | None, float]
+
+
+class StepEnds:
+    """One normal-priority thread per host; started (from a normal thread) on creation."""
+
+    def __init__(self, name: str, submit: Callable[[Execution, str | None, float], None]
+                 ) -> None:
+        self._submit = submit
+        self._q: queue.SimpleQueue[End | None] = queue.SimpleQueue()
+        self.ended = 0  # ends submitted (tests)
+        # Created here, on the host's own (normal) thread: a thread inherits its creator's
+        # policy and cgroup, and one started from a lowered worker would be lowered too.
+        self._thread = threading.Thread(target=self._run, name=f"npu-{name}-bgend",
+                                        daemon=True)
+        self._thread.start()
+
+    def put(self, ex: Execution, error: str | None, run_us: float) -> None:
+        """From the lowered worker that ran the step: queue its end."""
+        self._q.put((ex, error, run_us))
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(10.0)
+
+    def _run(self) -> None:
+        name_this_thread()
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            try:
+                self._submit(*item)
+            except Exception:  # the host logs its own; this thread must go on
+                log.exception("a background step's end failed")
+            # Not kept while waiting for the next: the execution holds the client's pool
+            # (a mapping, an fd) until the last reference goes.
+            del item
+            self.ended += 1
