@@ -111,9 +111,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "bg-spare-cpus": {"background_cpus": "spare"},
     # Background lanes (drivers/runqueue.py): background steps running at once each on a
     # SCHED_IDLE thread kept on a CPU of its own, never two on one CPU. Not the default:
-    # the embedder +13-25 % but the camera's p99 +0.2-1.6 ms contended and +1.1-2.2 ms
-    # while a model loads in three full runs.
+    # the embedder +7-28 % but the camera's p99 +0.2-1.6 ms contended and +0.9-3.3 ms
+    # while a model loads in five full runs (README: background_cpus).
     "bg-lanes": {"background_cpus": "lanes"},
+    # Lanes with a 2 ms quiet window: the camera's frames kept clearer of background steps
+    # to buy back what the lanes cost it. One full run: the embedder's gain is gone (4576
+    # vs 4530 items/s without lanes), the camera's p99 2.8 / 4.9 ms vs 2.6 / 4.2.
+    "bg-lanes+quiet-2ms": {"background_cpus": "lanes", "quiet_window_us": 2000},
     # Background threads at SCHED_IDLE only, not also in the host's top-level cpu.idle
     # cgroup (hal/idle_cgroup.py; the default where npud is root on a cgroup-v1 cpu
     # hierarchy with cpu.idle).
