@@ -265,6 +265,26 @@ with SCHED_IDLE kept the worst frame under 0.3 ms in all six rounds, SCHED_IDLE 
 had 0.85 and 1.55 ms, and on a loaded machine (an earlier run, 0.1-0.9 cores of others)
 SCHED_IDLE alone reached 6.8 ms p99 where the group stayed at 1.05.
 
+In bench/contention.py (the group is the default where npud is root; ablation row
+``no-cgroup``). One quick run, six configurations in one invocation (cpu-exclusive, no
+foreign CPU; camera p99 contended / loading, ms; LLM tokens/s, embedder items/s):
+managed 2.3 / 3.9 and 1.7 / 5.8, 181 and 181, 3571 and 3687; no-cgroup 1.5 / 4.6 and
+1.2 / 5.6, 168 and 208, 3787 and 3651; background_cpus = "spare" 2.4 / 5.8, 181, 2175
+(still harmful: the embedder -40 %); unmanaged 0.5 / 0.7, 117, 5701. Within a quick run's
+noise the group neither helps nor harms the contended camera; it stays on because the
+micro-test's worst frames are lower with it and it costs nothing measurable.
+Full runs of the defaults (group + :mod:`.bg_ends`; unmanaged / managed, same run):
+two runs, F1 / F2: camera contended p99 0.6 / 1.6 and 3.3 / 2.3 ms (1.26x and 1.88x the
+managed camera alone; 2.74x and 0.70x unmanaged, whose p99 again followed its few stalls),
+while a model loads 0.5 / 3.4 and 0.6 / 3.5 ms (2.63x, 2.86x alone), LLM 117 / 222 and 95 /
+201 tokens/s, embedder 6345 / 3647 and 5004 / 3498 items/s (57 %, 70 %). That is session 9's
+range (contended 0.41-1.33x, loading 1.84-3.35x): neither mechanism moved the camera's tail
+measurably, and the loading phase's 3.4-3.5 ms p99 is where it was.
+The end of a BACKGROUND burst step now runs on a normal thread (:mod:`.bg_ends`): 0.07-0.08
+cores at normal priority in these runs (the LLM's steps' ends), which the SCHED_IDLE worker
+used to do while holding the host's lock; no same-run ablation of it yet (it has no
+switch), and no trace of the loading phase's causes after it.
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context, the quiet window: there a background step started
