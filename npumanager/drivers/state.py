@@ -67,8 +67,8 @@ from npumanager.drivers.records import (
 )
 from npumanager.drivers.runqueue import Job, RunQueue
 from npumanager.drivers.share import BackgroundShare
-from npumanager.drivers.state_fast import FastAdmission
 from npumanager.drivers.state_models import ORPHAN_TIMER, ModelRules
+from npumanager.drivers.state_repeat import RepeatPath
 from npumanager.errors import GrantRevoked, InvalidArgument, NpuError
 from npumanager.hal.types import (
     DEBOUNCE_DURATION_MS,
@@ -98,7 +98,7 @@ _NEUTRAL = frozenset({ev.ExecuteRequested, ev.StepFinished, ev.PoolRegistered,
                       ev.ClientConnected, ev.ModelPrepared, ev.GrantIssued})
 
 
-class DriverState(ModelRules, FastAdmission, LoadHoldRules):
+class DriverState(ModelRules, RepeatPath, LoadHoldRules):
     """The driver host's whole state; see the module docstring for the rules (grants,
     prepares, models and the manager link: :class:`~.state_models.ModelRules`)."""
 

@@ -316,7 +316,7 @@ def test_a_rehearsal_changes_nothing_and_the_next_repeat_takes_one_pass(
     """Anticipation's warm-up rehearses the serve (drivers/burst_exec.py ``rehearse``):
     with the host's lock held it walks the repeat's path and writes nothing: the state's
     decisions, counts, jobs and epoch, the host's executions and latency records are as
-    before; and the next repeat is admitted in one pass (state_fast.repeat_begin)."""
+    before; and the next repeat is admitted in one pass (state_repeat.repeat_begin)."""
 
     async def body(s: Stack) -> None:
         await s.grant("g1", uid())

@@ -1,4 +1,4 @@
-"""The one-pass path of a repeated request (drivers/state_fast.py ``repeat_begin`` and
+"""The one-pass path of a repeated request (drivers/state_repeat.py ``repeat_begin`` and
 ``repeat_end``), on virtual time: its short-cut decides and records exactly what the
 fast admission and a ``StepFinished`` decide and record, and every rule that can move
 between two repeats (revocation, thermal hold-back, preemption by more important work,
@@ -67,7 +67,9 @@ class Stream:
             if self.one_pass:
                 # Anticipation's rehearsal first: it changes nothing (the twin test holds
                 # it to that) and says whether the one pass will be taken.
+                before = written(h.state)
                 rehearsed = h.state.rehearse(self.key, h.now)
+                assert written(h.state) == before  # (the straight line ran dry)
                 step = h.state.repeat_begin(self.key, ticket, sid, h.now)
                 assert rehearsed == (step is not None), (rehearsed, step)
                 if step is not None:
@@ -103,6 +105,17 @@ class Stream:
             h.log.append((event, out))
             return out
         return h.step_done(ticket, run_us=run_us)
+
+
+def written(st: Any) -> tuple[Any, ...]:
+    """Everything the one pass writes: the rehearsal, which runs its straight line dry
+    (state_repeat ``_repeat_commit``), must leave all of it as it was."""
+    return (st.decisions(), repr(st.stats), st.epoch, repr(st._work_ids), repr(st._seq),
+            [(j.ticket, j.state, j.channel, j.reported) for j in st.jobs()],
+            {c.conn: sorted(j.ticket for j in c.jobs) for c in st._clients.values()},
+            {m.model_id: sorted(j.ticket for j in m.jobs) for m in st._models.values()},
+            repr(st._debounce._bursts), st.ledger.held(), sorted(st._queue.running),
+            None if st.quiet is None else repr(vars(st.quiet)), st._ev)
 
 
 def started(out: list[ev.Instruction], ticket: int) -> bool:
