@@ -8,7 +8,9 @@ burst's memfd (:mod:`npumanager.tensorio.burst`) and rings; the burst's own
 thread here wakes, submits the execution to :class:`DriverState` under the
 host's lock exactly as a plain one (admission, effective priority, thermal
 hold-back, revocation, debouncing; :mod:`.burst_exec`), runs the step itself
-when the state starts it at once, writes the response and rings back. The
+when the state starts it at once, writes the response and rings back (a short
+repeat the state admits at once is run and answered first, the lock held, and
+recorded after the ring: ``_run_first``). The
 event loop is not woken on the way: what the state asks of it (lifecycle
 reports, the debounce timer) is handed over once the reply is out, one wake-up
 for the lot and none when there is nothing (a stream inside its debounce

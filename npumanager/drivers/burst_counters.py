@@ -62,6 +62,8 @@ M_LOCKED2 = 6  # the host's lock taken again for the step's end
 M_ANSWERED = 7  # the answer written (SAME: before the end is recorded)
 M_RUNG = 8  # the doorbell rung back
 M_ENDED = 9  # the step's end recorded in the state (lock let go)
+#: (A short repeat run first, burst_exec ``_run_first``: ``admit`` is the one pass's check
+#: only, ``lock2`` is 0, and ``end`` records the admission and the end, after the ring.)
 M_DONE = 10  # the loop woken, the ring drained, the next execution made: ready again
 STAGES = ("copy", "lock", "admit", "to_run", "run", "lock2", "answer", "ring", "end",
           "after")

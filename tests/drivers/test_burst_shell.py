@@ -272,6 +272,78 @@ def test_a_bursts_counters_tell_how_each_request_was_found(
     run(runtime_dir, state_dir, body)
 
 
+@pytest.mark.parametrize("repeats", [8])
+def test_a_short_repeat_answered_before_its_bookkeeping_records_what_the_one_pass_does(
+        runtime_dir: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        repeats: int) -> None:
+    """A repeat of a short bound run is run first, the host's lock held, answered SAME,
+    then its admission and end recorded (burst_exec ``_run_first``): the client gets the
+    same outputs, and the state, the work reports and the host's records are those of
+    the same stream served without the short-cut (the one pass with its run between),
+    decision for decision on the same virtual clock. A short-cut that skipped a
+    decision, a report, a count or a latency record fails here."""
+    from npumanager.drivers import burst_exec
+
+    from .test_host_shell import GatedModel
+
+    def bind(self: GatedModel, inputs: dict[str, Any], outputs: dict[str, Any]) -> Any:
+        x, y = inputs["x"], outputs["y"]
+
+        def bound() -> dict[str, Any]:
+            np.add(x, 1, out=y)
+            return outputs
+        return bound
+
+    monkeypatch.setattr(GatedModel, "bind", bind, raising=False)
+    taken: list[bool | None] = []
+    real = burst_exec.BurstExecutions._run_first
+
+    def spy(self: Any, *args: Any) -> Any:
+        got = real(self, *args)
+        taken.append(got)
+        return got
+
+    monkeypatch.setattr(burst_exec.BurstExecutions, "_run_first", spy)
+
+    def served_with(first_max_us: float) -> tuple[Any, ...]:
+        monkeypatch.setattr(burst_exec, "RUN_FIRST_MAX_US", first_max_us)
+        got: list[Any] = []
+
+        async def body(s: Stack) -> None:
+            await s.grant("g1", uid())
+            dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+            burst: Burst | None = None
+            try:
+                model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+                burst = await asyncio.to_thread(model.burst)
+                for i in range(repeats):
+                    out = await asyncio.to_thread(burst.execute, {"x": X + i})
+                    np.testing.assert_array_equal(out["y"], X + i + 1)
+                await served(s, repeats)
+                host, state = s.host, s.host.state
+                with host.lock:
+                    got.append((
+                        [(d.at, d.subject, d.what, d.details) for d in state.decisions()],
+                        repr(state.stats), [(j.ticket, j.state) for j in state.jobs()],
+                        state.ledger.held(), sorted(host.res.executions),
+                        {u: e["executions"]
+                         for u, e in host.res.stats.snapshot(0.0)["uids"].items()},
+                        sorted(k for k, _ in s.pushes), len(s.pushes)))
+            finally:
+                await close(burst, dev)
+
+        run(runtime_dir, state_dir, body, foreground_priority=1000)
+        return got[0]
+
+    taken.clear()
+    first = served_with(1e12)
+    assert True in taken, taken  # (the short-cut was taken)
+    taken.clear()
+    plain = served_with(0.0)
+    assert True not in taken, taken
+    assert first == plain
+
+
 def test_cpu_marks_split_each_stage_into_cpu_and_run_queue_time(
         runtime_dir: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``$NPU_BURST_CPU_MARKS`` (a diagnostic) each request's stages carry, after
