@@ -373,7 +373,9 @@ def test_cpu_marks_split_each_stage_into_cpu_and_run_queue_time(
                     if w is not None:
                         # (thread CPU time is counted in the scheduler's ticks of
                         # accounting: allow a little over the wall time it lies in)
-                        assert 0 <= c <= w + 50 and 0 <= q <= w + 50, (w, c, q)
+                        # (run-queue time is read just after the stage's clock mark: a
+                        # preemption between the two counts in it, not in the wall time)
+                        assert 0 <= c <= w + 50 and q >= 0, (w, c, q)
                 assert cpu[bc.STAGES.index("admit")] is not None
             assert set(stats["stages_cpu_p50_us"]) == set(bc.STAGES)
             assert set(stats["stages_runq_p50_us"]) == set(bc.STAGES)
