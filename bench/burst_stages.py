@@ -14,7 +14,8 @@ in-process, paced the same way: the baseline), ``plain`` (``model.execute``),
 ``burst``, ``ant`` (a burst, ``burst_anticipate_us = --anticipate``), ``burst-view`` and
 ``ant-view`` (the same with ``copy_outputs=False``: the outputs are views of the burst's
 memory, valid until its next execution; every other row returns arrays of its own, as
-in-process ONNX Runtime's run does: fresh arrays it allocated); with
+in-process ONNX Runtime's run does: fresh arrays it allocated), ``burst-spin`` and
+``ant-spin`` (the client spins ``--spin`` µs for the answer before blocking); with
 ``--against DIR`` (another source tree, e.g. a worktree of main) also ``plain@DIR``,
 ``burst@DIR`` and ``ant@DIR``, served by a host run from that tree in the same run
 (the client side is this tree's). The work is FOREGROUND (``foreground_priority =
@@ -73,6 +74,7 @@ def main() -> int:
     ap.add_argument("--skip", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--anticipate", type=float, default=300.0)
+    ap.add_argument("--spin", type=float, default=300.0, help="the -spin rows' spin_us")
     ap.add_argument("--against", type=Path)
     ap.add_argument("--configs", default="inproc,burst,ant")
     ap.add_argument("--json", type=Path)
@@ -84,7 +86,8 @@ def main() -> int:
     ant = fg + f"burst_anticipate_us = {args.anticipate:g}\n"
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
     hosts_wanted = [(c, None, ant if c.startswith("ant") else fg) for c in wanted
-                    if c in ("plain", "burst", "ant", "burst-view", "ant-view")]
+                    if c in ("plain", "burst", "ant", "burst-view", "ant-view", "burst-spin",
+                             "ant-spin")]
     if args.against is not None:
         tag = args.against.name
         hosts_wanted += [(f"{c}@{tag}", args.against, cfg) for c, _, cfg in list(hosts_wanted)]
@@ -133,7 +136,8 @@ def main() -> int:
                         else:
                             pid = devs[label][1]
                             copy = not label.split("@")[0].endswith("-view")
-                            with remotes[label].burst() as b:
+                            spin = args.spin if label.split("@")[0].endswith("-spin") else 0
+                            with remotes[label].burst(spin_us=spin) as b:
                                 for _ in range(5):
                                     b.execute(x, copy_outputs=copy)
                                 c0, d0 = process_cpu(), process_cpu(pid)
@@ -147,7 +151,8 @@ def main() -> int:
                             print(f"  {name} {label}: " + " ".join(
                                 f"{k} {rec.get(k)}" for k in (
                                     "served", "polled", "rung", "early", "late", "warms",
-                                    "rehearsed", "expired")), flush=True)
+                                    "rehearsed", "expired",
+                                    "rung_seen_p50_us")), flush=True)
                             for r in recent:
                                 if r[7] is not None:
                                     g["served"].append(r[7] - r[0])
