@@ -118,10 +118,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # to buy back what the lanes cost it. One full run: the embedder's gain is gone (4576
     # vs 4530 items/s without lanes), the camera's p99 2.8 / 4.9 ms vs 2.6 / 4.2.
     "bg-lanes+quiet-2ms": {"background_cpus": "lanes", "quiet_window_us": 2000},
-    # Background threads at SCHED_IDLE only, not also in the host's top-level cpu.idle
-    # cgroup (hal/idle_cgroup.py; the default where npud is root on a cgroup-v1 cpu
-    # hierarchy with cpu.idle).
-    "no-cgroup": {"background_cgroup": "off"},
+    # Background threads also in the host's top-level cpu.idle cgroup (hal/idle_cgroup.py;
+    # opt-in: in four quick same-run pairs the contended camera p99 was worse with it,
+    # 2.3/1.7/2.6/3.4 ms vs 1.5/1.2/1.6/1.5 without).
+    "cgroup": {"background_cgroup": "auto"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
 }

@@ -265,14 +265,19 @@ with SCHED_IDLE kept the worst frame under 0.3 ms in all six rounds, SCHED_IDLE 
 had 0.85 and 1.55 ms, and on a loaded machine (an earlier run, 0.1-0.9 cores of others)
 SCHED_IDLE alone reached 6.8 ms p99 where the group stayed at 1.05.
 
-In bench/contention.py (the group is the default where npud is root; ablation row
-``no-cgroup``). One quick run, six configurations in one invocation (cpu-exclusive, no
+In bench/contention.py (variant ``cgroup``; ``no-cgroup`` while it was the default).
+One quick run, six configurations in one invocation (cpu-exclusive, no
 foreign CPU; camera p99 contended / loading, ms; LLM tokens/s, embedder items/s):
 managed 2.3 / 3.9 and 1.7 / 5.8, 181 and 181, 3571 and 3687; no-cgroup 1.5 / 4.6 and
 1.2 / 5.6, 168 and 208, 3787 and 3651; background_cpus = "spare" 2.4 / 5.8, 181, 2175
 (still harmful: the embedder -40 %); unmanaged 0.5 / 0.7, 117, 5701. Within a quick run's
-noise the group neither helps nor harms the contended camera; it stays on because the
+noise the group neither helps nor harms the contended camera; it stayed on at first: the
 micro-test's worst frames are lower with it and it costs nothing measurable.
+Two more quick pairs (the coordinator, after the full runs below; same invocation each):
+camera contended p99 2.6 and 3.4 ms with the group vs 1.6 and 1.5 without (loading 3.9 and
+6.1 vs 5.0 and 4.7). Four pairs of four had the contended camera worse with the group, so it
+is now off by default (``background_cgroup = "off"``), an opt-in until a trace says why the
+whole system's tail rises where the micro-test's falls.
 Full runs of the defaults (group + :mod:`.bg_ends`; unmanaged / managed, same run):
 two runs, F1 / F2: camera contended p99 0.6 / 1.6 and 3.3 / 2.3 ms (1.26x and 1.88x the
 managed camera alone; 2.74x and 0.70x unmanaged, whose p99 again followed its few stalls),

@@ -76,7 +76,8 @@ class HostConfig:
     #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py).
     background_cpus: str = "all"
     #: Background threads in a cpu.idle cgroup: "auto" or "off" (hal/idle_cgroup.py).
-    background_cgroup: str = "auto"
+    #: Off: measured to cost the contended camera (drivers/classes.py).
+    background_cgroup: str = "off"
     #: The group npud made for this host ("" = none): set by npud, never from a client.
     background_cgroup_dir: str = ""
     #: A background step that waited longer than this for the CPU at SCHED_IDLE makes the
@@ -137,7 +138,7 @@ class HostConfig:
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
-            background_cgroup=str(d.get("background_cgroup", "auto")),
+            background_cgroup=str(d.get("background_cgroup", "off")),
             background_starve_ms=int(d.get("background_starve_ms", 200)),
             options=dict(d.get("options", {})),
             device_number=number,

@@ -175,7 +175,8 @@ def _children(pid: int) -> list[int]:
 def test_npuds_host_puts_its_background_threads_in_the_group_and_nothing_else(
         start_npud: StartDaemon, runtime_dir: Path) -> None:
     npud = start_npud(drivers=True, driver=[{"name": "reference", "plugin": "reference",
-                                             "background_sched": "idle"}])
+                                             "background_sched": "idle",
+                                             "background_cgroup": "auto"}])
     root = idle_cgroup.v1_cpu_root(Path("/proc/self/mounts").read_text())
     assert root is not None
     group = root / idle_cgroup.group_name("reference", npud.pid)
