@@ -195,8 +195,8 @@ class BurstExecutions:
         # (what the run reads of its step; the one pass makes the same but for the trace's
         # fields, unused while no trace is recorded)
         marks[bc.M_RUN0] = ns()
-        error, run_us = host.runner.run(ex, ev.RunStep(ticket, 0, True, False, 0, 0, False,
-                                                        key.eff, False))
+        error, run_us = host.runner.run(ex, ev.RunStep(ticket, step=0, last=True,
+                                                        inline=False, priority=key.eff))
         marks[bc.M_RUN1] = marks[bc.M_LOCKED2] = ns()
         ended = clock.now()
         server.run_us = run_us
