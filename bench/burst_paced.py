@@ -64,6 +64,11 @@ US = 1e6
 def model(name: str) -> tuple[bytes, dict[str, np.ndarray]]:
     if name == "tiny":
         return add_model(4), {"x": np.ones((1, 4), np.float32)}
+    if name == "camera":  # the contention bench's camera (bench/contention.py)
+        from npumanager.demo.models import camera_model
+
+        cam = camera_model()
+        return cam.onnx, dict(cam.inputs)
     rng = np.random.default_rng(0)
     return gru_step_model(), {"frame": rng.standard_normal((1, 512)).astype(np.float32),
                               "h": np.zeros((1, 1, 128), np.float32)}

@@ -124,6 +124,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cgroup": {"background_cgroup": "auto"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
+    # The camera's own path (#15, cam15g). Driver anticipation (drivers/anticipate.py):
+    # the camera's burst thread wakes before its frame is due, warms up and polls for it,
+    # so no doorbell wake-up has to get past a background step.
+    "anticipate-150": {"burst_anticipate_us": 150},
+    "anticipate-300": {"burst_anticipate_us": 300},
+    "anticipate-500": {"burst_anticipate_us": 500},
+    # The camera app opens its burst with a client spin (model.burst(spin_us=N)): its
+    # thread stays on the CPU for the answer instead of waking up after it.
+    "camera-spin": {"camera_spin_us": 1500},
+    "camera-spin-3000": {"camera_spin_us": 3000},
+    "anticipate-300+spin": {"burst_anticipate_us": 300, "camera_spin_us": 1500},
 }
 
 
@@ -155,10 +166,12 @@ def main() -> int:
         bursts = bool(knobs.pop("bursts", True))
         batch_bursts = bool(knobs.pop("batch_bursts", True))
         inflight = int(knobs.pop("embedder_inflight", 1))
+        spin = float(knobs.pop("camera_spin_us", 0))
         cfg = driver_config(**knobs) if managed else None
         run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
                             batch_bursts=batch_bursts, embedder_inflight=inflight,
                             device_probe=args.device_time,
+                            app_knobs={"camera": {"spin_us": spin}} if spin else None,
                             log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                                 file=sys.stderr, flush=True))
         results.append(run.run())

@@ -221,8 +221,12 @@ class ContentionRun:
                  models: dict[str, DemoModel], config: dict[str, Any] | None = None,
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
                  log: Any = None, bursts: bool = True, batch_bursts: bool = True,
-                 embedder_inflight: int = 1, device_probe: bool = False) -> None:
+                 embedder_inflight: int = 1, device_probe: bool = False,
+                 app_knobs: dict[str, dict[str, Any]] | None = None) -> None:
         self.name = name
+        #: Per app, BenchApp fields to change in this run (managed only: e.g. the camera's
+        #: burst spin, ``{"camera": {"spin_us": 1000}}``).
+        self.app_knobs = (app_knobs or {}) if managed else {}
         #: Poll the driver's step records during the contended phase (device time per
         #: app; .contention_probe): off by default, since the polls cost the host a little.
         self.device_probe = device_probe and managed
@@ -264,16 +268,16 @@ class ContentionRun:
         return UIDS[name] if self.root else None
 
     def spawn(self, name: str) -> None:
+        from dataclasses import replace
+
         app = self.apps[name]
         if name == "embedder" and self.embedder_inflight != 1:
-            from dataclasses import replace
-
             app = replace(app, inflight=self.embedder_inflight)
+        if name in self.app_knobs:
+            app = replace(app, **self.app_knobs[name])
         if not self.root:
             # One uid for every app: job priorities alone order the work in the driver.
             offset = {"camera": 0, "voice": 100, "embedder": 300, "llm": 300, "loader": 300}
-            from dataclasses import replace
-
             app = replace(app, job_priority=offset[name] + app.job_priority)
         model, managed, rt, bursts = self.models[app.model], self.managed, self.rt, self.bursts
         first_id = 1 + 100 * list(UIDS).index(name)

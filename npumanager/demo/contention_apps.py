@@ -60,6 +60,9 @@ class BenchApp:
     #: driver while one runs: managed, through the SDK's pipeline (model.pipeline());
     #: unmanaged, threads of the app sharing its session.
     inflight: int = 1
+    #: Managed, a streaming app opens its burst with this client spin
+    #: (``model.burst(spin_us=...)``; 0: it blocks for the answer at once).
+    spin_us: float = 0.0
 
 
 class Engine(Protocol):
@@ -146,7 +149,7 @@ class NpuEngine:
         listener = got[0]
         prepared = self.dev.prepare_model(model.onnx, grant=listener)
         listener.notify_model_loaded(req)
-        burst = prepared.burst() if self.stream else None
+        burst = prepared.burst(spin_us=self.app.spin_us) if self.stream else None
         return req, listener, prepared, burst
 
     def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
@@ -171,7 +174,8 @@ class NpuEngine:
     def another(self, handle: Any) -> Any:
         """The same model with a stream of its own (a burst, when the app streams)."""
         req, listener, prepared, _ = handle
-        return req, listener, prepared, prepared.burst() if self.stream else None
+        return (req, listener, prepared,
+                prepared.burst(spin_us=self.app.spin_us) if self.stream else None)
 
     def release_another(self, handle: Any) -> None:
         if handle[3] is not None:
