@@ -67,6 +67,17 @@ def test_an_embedder_with_two_batches_in_flight_uses_the_pipeline(
     assert descendants(os.getpid()) == []
 
 
+def test_the_camera_can_spin_and_its_driver_anticipate(models: dict[str, object]) -> None:
+    """The rows anticipate-300+spin: the camera's burst opened with a client spin (an app
+    override), the driver anticipating its frames; the camera still gets every frame."""
+    r = ContentionRun("as", True, TINY, models,  # type: ignore[arg-type]
+                      driver_config(burst_anticipate_us=300), phases=("alone",),
+                      app_knobs={"camera": {"spin_us": 1500.0}}).run()
+    assert r.errors == []
+    assert r.camera["alone"].ms
+    assert descendants(os.getpid()) == []
+
+
 def test_the_table_puts_runs_side_by_side() -> None:
     a, b = RunResult("unmanaged"), RunResult("managed")
     a.camera = {"alone": Stats([1.0, 2.0]), "contended": Stats([10.0, 40.0])}
