@@ -79,6 +79,9 @@ def main() -> int:
     ap.add_argument("--configs", default="inproc,burst,ant")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--cpu-marks", action="store_true")
+    ap.add_argument("--tail", type=float, default=0.0,
+                    help="also: per burst configuration, the slowest calls' split (median "
+                    "over the calls at or above this latency quantile, e.g. 0.95)")
     args = ap.parse_args()
     if args.cpu_marks:
         os.environ[CPU_MARKS_ENV] = "1"  # (the hosts inherit it)
@@ -148,6 +151,10 @@ def main() -> int:
                                 g["dcpu"].append((process_cpu(pid) - d0) / args.calls)
                                 rec = driver_recent(rts[label], b.burst_id)
                             recent = rec["recent"][-args.calls:][args.skip:]
+                            if args.tail and len(recent) == len(calls[args.skip:]):
+                                g.setdefault("tail", []).extend(  # type: ignore[arg-type]
+                                    _split(c, r) for c, r in zip(calls[args.skip:], recent,
+                                                                  strict=True))
                             print(f"  {name} {label}: " + " ".join(
                                 f"{k} {rec.get(k)}" for k in (
                                     "served", "polled", "rung", "early", "late", "warms",
@@ -220,6 +227,8 @@ def main() -> int:
                             s: [p(g[k], 0.5) * US for k in (f"wall:{s}", f"cpu:{s}", f"runq:{s}",
                                                               f"blocked:{s}")]
                             for s in STAGES}
+                if args.tail:
+                    _print_tail(got, args.tail)
                 for r in remotes.values():
                     r.release()
                 local.release()
@@ -228,6 +237,41 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
     return 0
+
+
+def _split(call: tuple[float, float], r: list[Any]) -> list[float]:
+    """One paced call against its request's record: latency, call -> rung (the client's
+    stamp), rung -> seen, seen -> answered (served), answered -> the call's return, then
+    each stage's wall µs (and run-queue µs, with --cpu-marks); s."""
+    def f(x: Any) -> float:
+        return math.nan if x is None else float(x)
+
+    t, e = call
+    seen, answered, rung = f(r[0]), f(r[7]), f(r[-1])
+    walls = [f(r[_FIRST + i]) / US if len(r) > _FIRST + i + 4 else math.nan
+             for i in range(len(STAGES))]
+    runq = [f(r[_RUNQ + i]) / US if len(r) - 4 > _RUNQ + i else math.nan
+            for i in range(len(STAGES))]
+    return [e - t, rung - t, seen - rung, answered - seen, e - answered, *walls, *runq]
+
+
+def _print_tail(got: dict[str, dict[str, list[Any]]], q: float) -> None:
+    """Where the slowest calls' time went, next to the median call's (µs)."""
+    names = ["lat", "call>rung", "rung>seen", "served", "ans>back",
+             *STAGES, *(f"q:{s}" for s in STAGES)]
+    print(f"  the calls at or above p{q * 100:g} latency vs all calls: median of each "
+          "(q:STAGE = its run-queue wait, with --cpu-marks)")
+    for label, g in got.items():
+        rows = g.get("tail")
+        if not rows:
+            continue
+        cut = p([r[0] for r in rows], q)
+        slow = [r for r in rows if r[0] >= cut]
+        for what, sel in (("all", rows), ("slow", slow)):
+            cells = [p([r[i] for r in sel], 0.5) * US for i in range(len(names))]
+            print(f"  {label:>12} {what:>4} (n {len(sel)}): " + "  ".join(
+                f"{n} {'-' if math.isnan(c) else f'{c:.0f}'}"
+                for n, c in zip(names, cells, strict=True)), flush=True)
 
 
 if __name__ == "__main__":
