@@ -122,6 +122,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # opt-in: in four quick same-run pairs the contended camera p99 was worse with it,
     # 2.3/1.7/2.6/3.4 ms vs 1.5/1.2/1.6/1.5 without).
     "cgroup": {"background_cgroup": "auto"},
+    # A background burst step's end submitted on the lowered worker that ran it, as before
+    # drivers/bg_ends.py (the default: a normal-priority thread, npu-bgend).
+    "bg-ends-worker": {"background_ends": "worker"},
+    # The host builds a background model's session from the compile child's artifacts on
+    # a normal-priority thread (npu-bgload) instead of a lowered one.
+    "bg-load-normal": {"background_load": "normal"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
     # The camera's own path (#15, cam15g). Driver anticipation (drivers/anticipate.py):

@@ -253,7 +253,52 @@ def saved(run: TraceRun, alone_p99: float) -> dict[str, Any]:
     return {"windows": run.windows, "alone_p99": alone_p99, "recent": run.recent,
             "threads": {str(t): v for t, v in run.threads.items()},
             "frames": [(e["t"] - e["ms"] / 1000, e["t"], e["ms"])
-                       for e in run.events.find("camera", "frame")]}
+                       for e in run.events.find("camera", "frame")],
+            "loads": load_spans(run.events.find("loader"))}
+
+
+def load_spans(events: list[Any]) -> list[tuple[float, float]]:
+    """(asked, loaded) of each of the loader app's loads."""
+    spans, start = [], None
+    for e in events:
+        if e["ev"] == "loading":
+            start = e["t"]
+        elif e["ev"] == "loaded" and start is not None:
+            spans.append((start, e["t"]))
+            start = None
+    return spans
+
+
+def load_stages(tl: Timeline, spans: list[tuple[float, float]], child: set[int],
+                host_load: set[int]) -> list[tuple[float, float, float, float, float]]:
+    """Per load: (asked, child's first CPU, child's last CPU, host loader's last CPU,
+    loaded). Before the child: the app's memfd write, npud's grant, the host's receipt;
+    between its first and last CPU: the child's compile; after: the host reads the
+    artifacts and builds its own ONNX Runtime session (a bgcompile thread)."""
+    out = []
+    for a, b in spans:
+        cr = sorted((t0, t1) for cpu in tl.runs for t0, t1, tid in tl.runs[cpu]
+                    if tid in child and t1 > a and t0 < b)
+        hr = sorted((t0, t1) for cpu in tl.runs for t0, t1, tid in tl.runs[cpu]
+                    if tid in host_load and t1 > a and t0 < b)
+        first = cr[0][0] if cr else a
+        last = cr[-1][1] if cr else a
+        host_end = max([t1 for _, t1 in hr if t1 > last] or [last])
+        out.append((a, max(a, first), max(a, last), min(b, host_end), b))
+    return out
+
+
+def stage_of(t: float, stages: list[tuple[float, float, float, float, float]]) -> str:
+    for a, first, last, host_end, b in stages:
+        if a <= t <= b + 0.034:
+            if t < first:
+                return "1 request (memfd, grant)"
+            if t <= last:
+                return "2 child compile"
+            if t <= host_end:
+                return "3 host session"
+            return "4 after the host (loaded)" if t <= b else "5 release"
+    return "0 no load"
 
 
 def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
@@ -291,6 +336,8 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
             return "outside"
         kind, pol = v[1], v[2]
         if kind == "host":
+            if "bgcompile" in (v[4] if len(v) > 4 else "") or "bgload" in str(v[4]):
+                return f"host-bgcompile-{pol}"
             return f"host-{pol}"
         if kind == "compile":
             return f"compile-{pol}"
@@ -313,6 +360,21 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
     rings = sorted(t for t, tid, waker in wakes if tid == burst_tid and waker == cam_tid)
     ins = sorted((w0, w1) for w0, w1, _ in tl.waits.get(burst_tid or -1, ()))
     ins_at = [w[0] for w in ins]
+    child = {t for t, v in threads.items() if v[1] == "compile"}
+    host_load = {t for t in host_tids if "bgcompile" in str(threads[t][4])
+                 or "bgload" in str(threads[t][4])}
+    stages = load_stages(tl, [tuple(x) for x in data.get("loads", [])], child, host_load) \
+        if phase == "loading" else []
+    if stages:
+        def med(xs: list[float]) -> float:
+            return sorted(xs)[len(xs) // 2] * 1e3 if xs else float("nan")
+        print(f"loads: {len(stages)}; stage medians (ms): request "
+              f"{med([f - a for a, f, _, _, _ in stages]):.1f}, child compile "
+              f"{med([la - f for _, f, la, _, _ in stages]):.1f}, host session "
+              f"{med([h - la for _, _, la, h, _ in stages]):.1f}, after the host "
+              f"{med([b - h for _, _, _, h, b in stages]):.1f}, whole "
+              f"{med([b - a for a, _, _, _, b in stages]):.1f}")
+    slow_stage: list[str] = []
     holders: dict[str, float] = {}  # runnable-wait of host threads while the burst was blocked
     classes: set[str] = set()
     table: dict[str, list[dict[str, float]]] = {}
@@ -322,6 +384,8 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
         blockers: list[dict[tuple[str, int], float]] = []
         for s, e, ms in sel:
             row: dict[str, float] = {"ms": ms}
+            if g == "slow" and stages:
+                slow_stage.append(stage_of(e, stages))
             who: dict[tuple[str, int], float] = {}
             blockers.append(who)
             i = bisect.bisect_left(seen, s)
@@ -378,7 +442,7 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
         print(f"{g:8} {len(rows):4d} " + " ".join(f"{v:13.2f}" for v in vals))
     for label, tid in (("frame thread", cam_tid), ("burst thread", burst_tid)):
         print(f"  {label} {tid}: {threads.get(tid) if tid else None}")
-    causes(worst, table.get("typical", []))
+    causes(worst, table.get("typical", []), slow_stage)
     if holders:
         print("while the burst thread was blocked (GIL or lock), host threads waited "
               "runnable (a holder preempted?): " + ", ".join(
@@ -395,7 +459,7 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
 
 
 def causes(worst: list[tuple[dict[str, float], dict[tuple[str, int], float]]],
-           typical: list[dict[str, float]]) -> None:
+           typical: list[dict[str, float]], stage: list[str] | None = None) -> None:
     """Each slow frame's excess over a typical frame, put down to one cause: the class
     of thread the camera's thread and its burst thread waited behind longest, a slow
     ORT run (its excess over the typical run), or, when neither explains half of the
@@ -406,7 +470,8 @@ def causes(worst: list[tuple[dict[str, float], dict[tuple[str, int], float]]],
     ort = sorted(r.get("ort", 0.0) for r in typical)[len(typical) // 2]
     count: dict[str, int] = defaultdict(int)
     excess: dict[str, float] = defaultdict(float)
-    for r, _ in worst:
+    by_stage: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for n, (r, _) in enumerate(worst):
         over = r["ms"] - base
         parts = {k[4:]: v for k, v in r.items() if k.startswith("blk:")}
         parts["slow ORT run"] = max(0.0, r.get("ort", ort) - ort)
@@ -416,9 +481,15 @@ def causes(worst: list[tuple[dict[str, float], dict[tuple[str, int], float]]],
         cause = top if parts[top] >= over / 2 else "unexplained"
         count[cause] += 1
         excess[cause] += over
+        if stage:
+            by_stage[(stage[n], cause)].append(over)
     print(f"slow frames by cause (excess over the typical {base:.2f} ms frame):")
     for c in sorted(count, key=lambda c: -excess[c]):
         print(f"  {c:16} {count[c]:4d} frames, {excess[c]:7.1f} ms excess in all")
+    if by_stage:
+        print("slow frames by the load's stage at the frame's end, and cause:")
+        for (st, c), xs in sorted(by_stage.items(), key=lambda x: (x[0][0], -sum(x[1]))):
+            print(f"  {st:26} {c:28} {len(xs):4d} frames, {sum(xs):7.1f} ms excess")
 
 
 def main() -> int:

@@ -91,6 +91,8 @@ _ALSO: dict[tuple[str, str], tuple[type, ...]] = {
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("driver", "background_sched"): ("idle", "nice", "normal", "share"),
     ("driver", "background_compile"): ("process", "thread"),
+    ("driver", "background_ends"): ("thread", "worker"),  # drivers/bg_ends.py
+    ("driver", "background_load"): ("lowered", "normal"),  # drivers/prepare.py
     ("driver", "background_cpus"): ("all", "spare", "lanes"),
     ("driver", "background_cgroup"): ("auto", "off"),  # hal/idle_cgroup.py
 }

@@ -301,6 +301,8 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "background_sched"): _ANY,  # config.CHOICES
     ("driver", "background_nice"): between(0, 19),
     ("driver", "background_compile"): _ANY,  # config.CHOICES
+    ("driver", "background_ends"): _ANY,  # config.CHOICES
+    ("driver", "background_load"): _ANY,  # config.CHOICES
     ("driver", "switch_interval_us"): at_least(0, " (0 = Python's 5000)"),
     ("driver", "quiet_window_us"): at_least(0, " (0 = off)"),
     ("driver", "quiet_tail_us"): at_least(0, " (0 = none)"),

@@ -45,6 +45,15 @@ class StepEnds:
                                         daemon=True)
         self._thread.start()
 
+    @classmethod
+    def for_host(cls, name: str, where: str,
+                 submit: Callable[[Execution, str | None, float], None]) -> StepEnds | None:
+        """The host's thread for ``background_ends = "thread"``; None for ``"worker"``
+        (each end submitted by the worker that ran the step, as before this module)."""
+        if where not in ("thread", "worker"):
+            raise ValueError(f"background_ends must be 'thread' or 'worker', not {where!r}")
+        return cls(name, submit) if where == "thread" else None
+
     def put(self, ex: Execution, error: str | None, run_us: float) -> None:
         """From the lowered worker that ran the step: queue its end."""
         self._q.put((ex, error, run_us))

@@ -118,9 +118,11 @@ class DriverHost:
                              lambda: self.runner.busy_s, lock=self.lock)
         self.res = HostResources(self.runner, self.exec_stats, self.clock, self.npud,
                                  self._step_finished, self._on_timer, self.lock)
-        #: The ends of BACKGROUND burst steps, submitted at normal priority (.bg_ends).
-        self.bg_ends = StepEnds(hc.name, self._burst_step_end)
-        self.res.burst_step_done = self.bg_ends.put
+        #: The ends of BACKGROUND burst steps, submitted at normal priority (.bg_ends), or
+        #: on the lowered worker that ran the step (``background_ends = "worker"``).
+        self.bg_ends = StepEnds.for_host(hc.name, hc.background_ends, self._burst_step_end)
+        self.res.burst_step_done = (self._burst_step_end if self.bg_ends is None
+                                    else self.bg_ends.put)
         if self.preparer.worker is not None:
             self.res.hold_loads = self.preparer.worker.hold
         self.bursts = Bursts(self)
@@ -175,7 +177,8 @@ class DriverHost:
             await self.server.close(goodbye=f"driver {self.hc.name} is shutting down")
         self.bursts.close_all()
         self.runner.close()
-        self.bg_ends.close()
+        if self.bg_ends is not None:
+            self.bg_ends.close()
         self.preparer.close()
         self.res.close()
         self.driver.close()

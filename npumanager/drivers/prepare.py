@@ -64,6 +64,9 @@ class Preparer:
         if hc.background_compile not in ("process", "thread"):
             raise ValueError(f"background_compile must be 'process' or 'thread', not "
                              f"{hc.background_compile!r}")
+        if hc.background_load not in ("lowered", "normal"):
+            raise ValueError(f"background_load must be 'lowered' or 'normal', not "
+                             f"{hc.background_load!r}")
         self.hc = hc
         self.driver = driver
         self.cache_counts = cache_counts
@@ -81,6 +84,12 @@ class Preparer:
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
                                                    sched, hc.background_nice,
                                                    group=self.idle_group, kind=COMPILE)
+        #: Where the host builds a BACKGROUND model's session from compiled artifacts (the
+        #: compile child's, the cache's): the lowered pool, or (``background_load =
+        #: "normal"``) threads of its own at normal priority.
+        self.bg_load_pool = self.bg_compile_pool
+        if hc.background_load == "normal":
+            self.bg_load_pool = ThreadPoolExecutor(2, thread_name_prefix=f"npu-{hc.name}-bgload")
         #: BACKGROUND models a driver can compile elsewhere (``compile_in_worker``) compile
         #: in a lowered child process, off this process's GIL (drivers/compile_worker.py).
         self.worker: CompileWorker | None = None
@@ -99,6 +108,8 @@ class Preparer:
         self.compile_pool.shutdown(wait=True, cancel_futures=True)
         if self.bg_compile_pool is not self.compile_pool:
             self.bg_compile_pool.shutdown(wait=True, cancel_futures=True)
+        if self.bg_load_pool is not self.bg_compile_pool:
+            self.bg_load_pool.shutdown(wait=True, cancel_futures=True)
         if self.worker is not None:
             self.worker.close()
         if self.fleet is not None:
@@ -168,8 +179,10 @@ class Preparer:
                                   background=True)
             worker, hook = self.worker, self._worker_hook
             assert hook is not None
+            # (The thread waits for the child, then builds the session from its artifacts.)
             prepared = await loop.run_in_executor(
-                pool, lambda: hook(worker, source, opts, caching, self.hc.max_model_bytes))
+                self.bg_load_pool,
+                lambda: hook(worker, source, opts, caching, self.hc.max_model_bytes))
             if prepared is not None:
                 return await self._finish(prepared, msg, fds, uid, caching)
         if msg.onnx_in_memfd:
@@ -231,7 +244,7 @@ class Preparer:
             self.cache_pool, self._load, bytes(msg.token), model_fds, data_fds, uid)
         opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
                               background=background)
-        pool = self.bg_compile_pool if background else self.compile_pool
+        pool = self.bg_load_pool if background else self.compile_pool
         try:
             prepared = await loop.run_in_executor(
                 pool, self.driver.load_artifacts, model_bufs, data_bufs, opts)

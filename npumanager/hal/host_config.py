@@ -57,6 +57,13 @@ class HostConfig:
     #: (drivers/compile_worker.py): "process" (a lowered child process, off the driver's
     #: GIL) or "thread" (a lowered thread of the driver host).
     background_compile: str = "process"
+    #: Where a BACKGROUND burst step's end is submitted (drivers/bg_ends.py): "thread" (a
+    #: normal-priority thread of the host) or "worker" (the lowered worker that ran it).
+    background_ends: str = "thread"
+    #: The thread on which the host builds a BACKGROUND model's ONNX Runtime session from
+    #: compiled artifacts (the compile child's, or the cache's): "lowered" (as
+    #: background_sched says) or "normal" (drivers/prepare.py says what each measured).
+    background_load: str = "lowered"
     #: The host process's GIL switch interval in microseconds (sys.setswitchinterval;
     #: 0 or less: Python's own, 5000): how long a thread that wants the GIL waits before it asks
     #: the holder to drop it (drivers/classes.py says what it bought).
@@ -132,6 +139,8 @@ class HostConfig:
             background_sched=str(d.get("background_sched", "idle")),
             background_nice=int(d.get("background_nice", 10)),
             background_compile=str(d.get("background_compile", "process")),
+            background_ends=str(d.get("background_ends", "thread")),
+            background_load=str(d.get("background_load", "lowered")),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
             quiet_tail_us=int(d.get("quiet_tail_us", 0)),

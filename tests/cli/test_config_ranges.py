@@ -122,6 +122,7 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
 FREE = {("manager", "enforce_admission"), ("manager", "drivers"),
         ("driver", "background_sched"), ("driver", "background_compile"),
         ("driver", "background_cpus"), ("driver", "background_cgroup"), ("driver", "options"),
+        ("driver", "background_ends"), ("driver", "background_load"),
         ("driver", "hold_loads"),
         ("thermal", "trip_points"), ("thermal", "nvml_thresholds"), ("thermal", "devices"),
         ("importance", "from_process"), ("importance", "nice"), ("importance", "cgroup"),
