@@ -114,6 +114,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the embedder +7-28 % but the camera's p99 +0.2-1.6 ms contended and +0.9-3.3 ms
     # while a model loads in five full runs (README: background_cpus).
     "bg-lanes": {"background_cpus": "lanes"},
+    # Lanes steered instead of pinned (drivers/bg_place.py): lane k's thread is given, as
+    # its step is handed over, every CPU but those the other background steps run on.
+    "bg-steer": {"background_cpus": "steer"},
     # Lanes with a 2 ms quiet window: the camera's frames kept clearer of background steps
     # to buy back what the lanes cost it. One full run: the embedder's gain is gone (4576
     # vs 4530 items/s without lanes), the camera's p99 2.8 / 4.9 ms vs 2.6 / 4.2.
@@ -128,6 +131,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The host builds a background model's session from the compile child's artifacts on
     # a normal-priority thread (npu-bgload) instead of a lowered one.
     "bg-load-normal": {"background_load": "normal"},
+    # A BACKGROUND burst step's end through the bg_ends thread, as before the handback
+    # (drivers/bg_handback.py: the lowered worker hands the run back to the burst's thread).
+    "no-handback": {"background_handback": False},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
     # The camera's own path (#15, cam15g). Driver anticipation (drivers/anticipate.py):

@@ -21,6 +21,7 @@ from npumanager import tensorio
 from npumanager.drivers import burst_counters as bc
 from npumanager.drivers import events as ev
 from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.bg_handback import Handback, Ran
 from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
 from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
 from npumanager.drivers.state_fast import FastKey
@@ -95,6 +96,7 @@ class BurstExecutions:
                     ex.t0 = t0
                 else:
                     ex = fixed.execution(next(host._tickets), t0, Done())
+                self._hand_back(ex)
                 first = self._run_first(server, fixed, ex, key)
                 if first is not None:
                     marks[bc.M_ENDED] = ns()
@@ -109,50 +111,94 @@ class BurstExecutions:
                                              early)
                 fixed = server.fixed  # (a new one: its next repeat is answered SAME)
         marks[bc.M_ADMITTED] = ns()
-        done = ex.done
-        assert done is not None
         answered = False
         # Anticipation serves FOREGROUND streams only: those whose steps run here.
         server.foreground = step is not None and not step.background
-        while step is not None:
-            marks[bc.M_RUN0] = ns()
-            error, run_us = host.runner.run(ex, step)
-            marks[bc.M_RUN1] = ns()
-            server.run_us = run_us
-            with host.lock:
-                marks[bc.M_LOCKED2] = ns()
-                # (read before the answer: the end is recorded as of when the run was
-                # over, whenever the client goes on)
-                now = host.clock.now()
-                ticket = ex.ticket
-                if error is None and host.state.completes(ticket):
-                    if (fixed is not None and server.sent is fixed and ex.result is not None
-                            and ex.result[0] is fixed.result):
-                        server.answer_same()
-                        answered = True
-                    # (its end in one call: drivers/state_repeat.py, one pass)
-                    out = host.state.repeat_end(ticket, run_us, f"step-{ticket}", now)
-                    assert out is not None  # (completes: the lock held since)
-                    step = host.res.carry_out_here(out, ex)
+        hb = ex.handback
+        ran: Ran | None = None
+        while True:
+            while step is not None or ran is not None:
+                if ran is None:
+                    assert step is not None
+                    marks[bc.M_RUN0] = ns()
+                    error, run_us = host.runner.run(ex, step)
+                    marks[bc.M_RUN1] = ns()
+                    server.run_us = run_us
                 else:
-                    step = host.submit_here(ex, ev.StepFinished(
-                        stimulus_id=host._stimulus("step"), now=now, ticket=ticket,
-                        run_us=run_us, error=error))
+                    # (a lowered worker ran it, .bg_handback: RUN0..RUN1 is the wait for it)
+                    (error, run_us), ran = ran, None
+                    server.run_us = run_us
+                with host.lock:
+                    marks[bc.M_LOCKED2] = ns()
+                    # (read before the answer: the end is recorded as of when the run was
+                    # over, whenever the client goes on)
+                    now = host.clock.now()
+                    ticket = ex.ticket
+                    if error is None and host.state.completes(ticket):
+                        if (fixed is not None and server.sent is fixed
+                                and ex.result is not None and ex.result[0] is fixed.result):
+                            server.answer_same()
+                            answered = True
+                        # (its end in one call: drivers/state_repeat.py, one pass)
+                        out = host.state.repeat_end(ticket, run_us, f"step-{ticket}", now)
+                        assert out is not None  # (completes: the lock held since)
+                        step = host.res.carry_out_here(out, ex)
+                    else:
+                        step = host.submit_here(ex, ev.StepFinished(
+                            stimulus_id=host._stimulus("step"), now=now, ticket=ticket,
+                            run_us=run_us, error=error))
+            if answered or ex.outcome is not None:
+                break
+            # Queued, paused or running on a lowered worker: another thread runs it; its
+            # end sets ``done`` (or, .bg_handback, the run's result comes back here). What
+            # the loop is to do (reports, timers, other work's inline steps) goes first.
+            host.res.wake_loop()
+            marks[bc.M_RUN0] = ns()
+            server.waiting = ex
+            try:
+                ran = self._await(server, ex, hb)
+            finally:
+                server.waiting = None
+            if ran is None:
+                break
+            marks[bc.M_RUN1] = ns()
         marks[bc.M_ENDED] = ns()
         if answered:
             return None
-        if ex.outcome is None:
-            # Queued or paused: another thread runs it; its end sets ``done``. What the
-            # loop is to do (reports, timers, other work's inline steps) goes first.
-            host.res.wake_loop()
-            server.waiting = ex
-            try:
-                while not done.wait(_WAIT_TICK_S):
-                    if server.closing:
-                        break
-            finally:
-                server.waiting = None
         return self._outcome(ex, fixed)
+
+    def _hand_back(self, ex: Execution) -> None:
+        """Before ``ex`` is submitted: its steps that run on lowered workers hand their
+        results back to this thread (.bg_handback), where the host does that."""
+        fallback = self.host.res.burst_step_done
+        if self.host.hc.background_handback and fallback is not None:
+            ex.handback = Handback(fallback)
+
+    @staticmethod
+    def _await(server: BurstServer, ex: Execution, hb: Handback | None) -> Ran | None:
+        """Wait for the execution's end (None: ``ex.outcome`` is set, or the burst closed
+        and nothing is being handed back) or, with ``hb``, for the result of its step that
+        a lowered worker ran (``done`` then set again for the next wake-up)."""
+        while True:
+            if hb is not None:
+                ran = hb.take()
+                if ran is not None:
+                    ex.done = Done()
+                    return ran
+            if ex.outcome is not None:
+                return None
+            if server.closing:
+                if hb is None or hb.left or hb.leave():
+                    return None
+                # A run is being handed over (its worker holds the claim): its result
+                # comes at once. (stop() set ``done``: armed again so as not to spin.)
+                ex.done = Done()
+                ran = hb.take()
+                if ran is not None:
+                    return ran
+            done = ex.done
+            assert done is not None
+            done.wait(_WAIT_TICK_S)
 
     @staticmethod
     def _outcome(ex: Execution, fixed: FixedRequest | None
@@ -294,6 +340,7 @@ class BurstExecutions:
             msg, inputs, _ = self._decode(server, data, client.pools)
         ex, event = host.new_execution(client, msg, inputs, t0)
         ex.done = done
+        self._hand_back(ex)
         if fixed is None:
             # Outputs: inline while they fit the response area, large ones into the
             # burst's data area unless the request named another area of its pools.

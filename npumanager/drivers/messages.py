@@ -72,8 +72,8 @@ def params_from(hc: HostConfig) -> DriverParams:
                         quiet_window_us=hc.quiet_window_us, hold_loads=hc.hold_loads,
                         quiet_tail_us=hc.quiet_tail_us,
                         background_share=hc.background_sched == "share",
-                        background_lanes=len(lane_cpus()) if hc.background_cpus == "lanes"
-                        else 0)
+                        background_lanes=len(lane_cpus())
+                        if hc.background_cpus in ("lanes", "steer") else 0)
 
 
 def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:

@@ -200,7 +200,11 @@ class HostResources:
             return
         if not ins.inline:
             burst_done = self.burst_step_done
-            if ex.done is not None and burst_done is not None:
+            hb = ex.handback
+            if hb is not None:
+                # A burst execution whose thread waits for the run (.bg_handback).
+                self.runner.start(ex, ins, lambda error, run_us: hb.ran(ex, error, run_us))
+            elif ex.done is not None and burst_done is not None:
                 # A burst execution: the worker submits its end itself (no loop wake-up).
                 self.runner.start(ex, ins, lambda error, run_us: burst_done(ex, error, run_us))
             else:

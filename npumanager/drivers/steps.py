@@ -25,6 +25,8 @@ import numpy as np
 
 from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.bg_handback import Handback
+from npumanager.drivers.bg_place import steer
 from npumanager.drivers.events import RunStep
 from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.starve import StarveGuard
@@ -36,7 +38,7 @@ Reply = tuple[pb.ExecuteResult, list[int]]
 log = logging.getLogger("npumanager.drivers.steps")
 
 BACKGROUND_SCHED = ("idle", "nice", "normal", "share")
-BACKGROUND_CPUS = ("all", "spare", "lanes")
+BACKGROUND_CPUS = ("all", "spare", "lanes", "steer")
 
 
 def spare_cpus() -> set[int] | None:
@@ -57,6 +59,17 @@ def lane_cpus() -> list[int]:
     except (OSError, AttributeError):
         return []
     return cpus if len(cpus) >= 2 else []
+
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread runs on now (sched_getcpu; None where libc lacks it)."""
+    import ctypes
+
+    try:
+        cpu = int(ctypes.CDLL(None).sched_getcpu())
+    except (OSError, AttributeError):
+        return None
+    return cpu if cpu >= 0 else None
 
 
 def name_this_thread() -> None:
@@ -173,6 +186,8 @@ class Execution:
     bound: dict[str, tuple[np.ndarray, int]] | None = None
     bound_run: Callable[[], dict[str, Any]] | None = None
     fixed_result: pb.ExecuteResult | None = None
+    #: A burst execution whose lowered runs go back to the burst's thread (.bg_handback).
+    handback: Handback | None = None
 
 
 def _all_bound(outs: dict[str, Any], bound: dict[str, tuple[np.ndarray, int]]) -> bool:
@@ -216,7 +231,16 @@ class StepRunner:
             raise ValueError(f"background_cpus must be one of {', '.join(BACKGROUND_CPUS)}, "
                              f"not {background_cpus!r}")
         cpus = spare_cpus() if background_cpus == "spare" else None
-        lanes = lane_cpus() if background_cpus == "lanes" else []
+        lanes = lane_cpus() if background_cpus in ("lanes", "steer") else []
+        #: "steer" (.bg_place): lanes with no pin; lane k's CPUs set as its step is handed
+        #: over, off those the other lanes' steps run on (None: lanes are pinned, or none).
+        self._steer: frozenset[int] | None = (frozenset(lanes) if background_cpus == "steer"
+                                              and lanes else None)
+        #: Per lane (steer): its thread's id once started, the CPUs it was last given, and
+        #: the CPU its running step started on.
+        self._lane_tid: dict[int, int] = {}
+        self._lane_mask: dict[int, frozenset[int]] = {}
+        self._lane_cpu: dict[int, int] = {}
         if background_sched not in BACKGROUND_SCHED:
             raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
                              f"not {background_sched!r}")
@@ -235,7 +259,9 @@ class StepRunner:
         #: its own kept on the k-th CPU, lowered as the other background threads are.
         self._lanes = [background_pool(1, f"npu-{name}-bgl{k}",
                                        "nice" if share else background_sched,
-                                       background_nice, {cpu}, idle_group)
+                                       background_nice,
+                                       None if self._steer is not None else {cpu},
+                                       idle_group)
                        for k, cpu in enumerate(lanes)]
         #: The pools whose threads are SCHED_IDLE, and the normal-priority threads their
         #: starved steps move to (created on first use, as every pool's threads are).
@@ -266,6 +292,8 @@ class StepRunner:
             lane = step.lane
             pool = (self._bg_yield if step.yields else self._lanes[lane]
                     if lane is not None and lane < len(self._lanes) else self._bg_workers)
+            if self._steer is not None and lane is not None and pool is not self._bg_yield:
+                self._steer_lane(lane)
             if pool in self._idle_pools:
                 self._start_idle(pool, ex, step, done)
                 return
@@ -273,6 +301,21 @@ class StepRunner:
             pool = self._workers
         fut = pool.submit(self.run, ex, step)
         fut.add_done_callback(lambda f: done(*f.result()))
+
+    def _steer_lane(self, lane: int) -> None:
+        """Before lane ``lane``'s step is handed over: its thread's CPUs (.bg_place)."""
+        assert self._steer is not None
+        mask = steer(self._steer, self._lane_cpu, lane)
+        if self._lane_mask.get(lane) == mask:
+            return
+        tid = self._lane_tid.get(lane)
+        if tid is None:
+            return  # (its thread starts with this step: it has every CPU)
+        try:
+            os.sched_setaffinity(tid, mask)
+        except OSError:
+            return
+        self._lane_mask[lane] = mask
 
     def background_stats(self) -> dict[str, float]:
         with self._guard_lock:
@@ -304,10 +347,18 @@ class StepRunner:
     def _run_idle(self, token: int, ex: Execution, step: RunStep) -> tuple[str | None, float]:
         with self._guard_lock:
             self._unstarted.pop(token, None)  # started: it can no longer be moved
+        lane = step.lane if self._steer is not None else None
+        if lane is not None and lane < len(self._lanes):
+            self._lane_tid.setdefault(lane, threading.get_native_id())
+            at = current_cpu()
+            if at is not None:
+                self._lane_cpu[lane] = at
         c0 = time.thread_time()
         try:
             return self.run(ex, step)
         finally:
+            if lane is not None and lane < len(self._lanes):
+                self._lane_cpu.pop(lane, None)
             cpu = time.thread_time() - c0
             with self._guard_lock:
                 self.guard.ended(token, time.monotonic(), cpu)

@@ -80,11 +80,16 @@ class HostConfig:
     #: A burst's poll for its paced stream's next request, µs (drivers/anticipate.py; 0: off).
     burst_anticipate_us: int = 0
     #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
-    #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py).
+    #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py),
+    #: or "steer" (lanes unpinned, each steered off the others' CPUs: drivers/bg_place.py).
     background_cpus: str = "all"
     #: Background threads in a cpu.idle cgroup: "auto" or "off" (hal/idle_cgroup.py).
     #: Off: measured to cost the contended camera (drivers/classes.py).
     background_cgroup: str = "off"
+    #: A BACKGROUND burst step's run handed back to the burst's own thread, which records
+    #: its end and answers (drivers/bg_handback.py), instead of its end going through the
+    #: bg_ends thread first.
+    background_handback: bool = True
     #: The group npud made for this host ("" = none): set by npud, never from a client.
     background_cgroup_dir: str = ""
     #: A background step that waited longer than this for the CPU at SCHED_IDLE makes the
@@ -148,6 +153,7 @@ class HostConfig:
             burst_anticipate_us=int(d.get("burst_anticipate_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
             background_cgroup=str(d.get("background_cgroup", "off")),
+            background_handback=bool(d.get("background_handback", True)),
             background_starve_ms=int(d.get("background_starve_ms", 200)),
             options=dict(d.get("options", {})),
             device_number=number,

@@ -124,6 +124,7 @@ FREE = {("manager", "enforce_admission"), ("manager", "drivers"),
         ("driver", "background_cpus"), ("driver", "background_cgroup"), ("driver", "options"),
         ("driver", "background_ends"), ("driver", "background_load"),
         ("driver", "hold_loads"),
+        ("driver", "background_handback"),
         ("thermal", "trip_points"), ("thermal", "nvml_thresholds"), ("thermal", "devices"),
         ("importance", "from_process"), ("importance", "nice"), ("importance", "cgroup"),
         ("fleet", "signing_key"), ("fleet", "key_prefix")}

@@ -258,7 +258,8 @@ def test_a_bursts_counters_tell_how_each_request_was_found(
                 assert all(v is None or v >= 0 for v in stages), stages
                 for name in ("copy", "lock", "admit", "answer", "ring"):
                     assert stages[bc.STAGES.index(name)] is not None, (name, stages)
-                # (a step that ran on a lowered worker passed no mark of this thread's)
+                # (a step that ran on a lowered worker passed no mark of this thread's,
+                # but for its run handed back: drivers/bg_handback.py)
                 assert (stages[bc.STAGES.index("run")] is not None) == (t[8] > 0), stages
                 assert sum(v for v in stages if v is not None) >= (t[7] - t[0]) * 1e6 - 1
             assert set(stats["stages_p50_us"]) == set(bc.STAGES)
