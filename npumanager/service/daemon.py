@@ -258,6 +258,7 @@ class Daemon:
             ev.IssueGrant: issue_grant,
             ev.SendComplete: complete,
             ev.RequestEnded: lambda ins: None,  # for observers (metrics): nothing to do
+            ev.RequestDropped: lambda ins: None,
             ev.EndGrant: end_grant,
             ev.RestartDriver: restart_driver,
             ev.AskUnload: ask_unload,

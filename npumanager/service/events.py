@@ -257,6 +257,17 @@ class RequestEnded(Instruction):
 
 
 @dataclass(frozen=True, slots=True)
+class RequestDropped(Instruction):
+    """A live request dropped without a terminal state: its client left before npud decided
+    its end (ClientGone). For observers (``npu_requests_dropped_total``), nothing to carry
+    out; emitted once, instead of a :class:`RequestEnded`."""
+
+    uid: int
+    request_id: int
+    device: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class EndGrant(Instruction):
     """The grant is over; ``revoked`` means the driver must release its models now.
     ``ack``: the state waits for the driver's ``GrantEndApplied`` before it answers the app

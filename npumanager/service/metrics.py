@@ -42,6 +42,8 @@ REQUEST_STATES = {"waiting": ("pending", "queued", "waiting"), "granted": ("gran
                   "loaded": ("loaded",), "unload_requested": ("unload_requested",)}
 COMPLETED = {RequestStatus.CANCELLED: "cancelled", RequestStatus.COMPLETE: "complete",
              RequestStatus.REVOKED: "revoked"}
+#: Why a request ended without a status (``npu_requests_dropped_total``'s ``reason``).
+DROPPED = ("client_gone", "malformed", "invalid", "over_limit", "error")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 WORK_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -71,6 +73,10 @@ class MetricsObserver(DaemonObserver):
                                ["device", "reason"], registry=r)
         self.completed = Counter("npu_requests_completed", "Requests that ended.",
                                  ["device", "status"], registry=r)
+        self.dropped = Counter(
+            "npu_requests_dropped", "Requests dropped before npud decided their end: the "
+            "client left (client_gone), or npud refused the load request (malformed, "
+            "invalid, over_limit, error).", ["device", "reason"], registry=r)
         self.grant_latency = Histogram(
             "npu_grant_latency_seconds", "From a load request to its CAN_LOAD_NOW.",
             buckets=LATENCY_BUCKETS, registry=r)
@@ -89,11 +95,13 @@ class MetricsObserver(DaemonObserver):
             self.completed.labels(device, status)
         for reason in UnloadReason:
             self.unloads.labels(device, reason.name.lower())
+        for why in DROPPED:
+            self.dropped.labels(device, why)
         self.daemon: Daemon | None = None
         self._asked: dict[tuple[int, int], float] = {}
         self._started: dict[tuple[str, int], float] = {}
         self._runners = {ev.SendCanLoad: self._can_load, ev.AskUnload: self._ask_unload,
-                         ev.RequestEnded: self._ended}
+                         ev.RequestEnded: self._ended, ev.RequestDropped: self._dropped}
 
     # --- DaemonObserver ------------------------------------------------------------
 
@@ -125,6 +133,13 @@ class MetricsObserver(DaemonObserver):
         self._asked.pop((ins.uid, ins.request_id), None)
         status = COMPLETED.get(RequestStatus(ins.status), str(int(ins.status)))
         self.completed.labels(self.device, status).inc()
+
+    def _dropped(self, ins: Any, now: float) -> None:
+        self._asked.pop((ins.uid, ins.request_id), None)  # never granted: no latency
+        self.dropped.labels(self.device, "client_gone").inc()
+
+    def on_request_refused(self, reason: str) -> None:
+        self.dropped.labels(self.device, reason).inc()
 
     def on_work_started(self, driver: str, info: WorkInfo) -> None:
         if self.daemon is not None:

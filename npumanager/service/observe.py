@@ -27,6 +27,10 @@ class DaemonObserver:
     def on_event(self, event: Event, instructions: list[Instruction]) -> None:
         """An event the state handled and the instructions npud carried out for it."""
 
+    def on_request_refused(self, reason: str) -> None:
+        """A load request refused before any decision (no status, no event): ``malformed``,
+        ``invalid``, ``over_limit`` or ``error``."""
+
     def on_work_started(self, driver: str, info: WorkInfo) -> None:
         """HAL on_work_started (a uid's burst of work began on ``driver``)."""
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError, Message
 
 from npumanager.constants import ModelPriority, ModelSize, ThermalStatus, UnloadReason
-from npumanager.errors import InvalidArgument, PermissionDenied
+from npumanager.errors import InvalidArgument, LimitExceeded, NpuError, PermissionDenied
 from npumanager.proto.v1.manager_pb2 import (
     DecisionsSince,
     DeviceList,
@@ -29,6 +29,7 @@ from npumanager.proto.v1.manager_pb2 import (
     ThermalReply,
 )
 from npumanager.service import events as ev
+from npumanager.service.observe import call as observe
 from npumanager.service.visibility import admin_view, own_view
 from npumanager.wire.conn import CallContext, Handler, HandlerResult
 
@@ -83,8 +84,31 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
     clients = d.clients
 
     def request(ctx: CallContext, payload: bytes) -> HandlerResult:
+        """A load request; one npud refuses before deciding anything is counted by reason
+        (``npu_requests_dropped_total``): it never gets a status."""
         m = LoadRequest()
-        _parse(m, payload)
+        try:
+            _parse(m, payload)
+        except NpuError:
+            refused("malformed")
+            raise
+        try:
+            return load(ctx, m)
+        except LimitExceeded:
+            refused("over_limit")
+            raise
+        except InvalidArgument:  # a bad size, priority or device; an id in use
+            refused("invalid")
+            raise
+        except NpuError:
+            refused("error")
+            raise
+
+    def refused(reason: str) -> None:
+        if d.observers:
+            observe(d.observers, "on_request_refused", reason)
+
+    def load(ctx: CallContext, m: LoadRequest) -> HandlerResult:
         client = clients[ctx.conn]
         if not client.seen:
             d.client_seen(client)

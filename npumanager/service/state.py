@@ -99,6 +99,7 @@ from npumanager.service.events import (
     ModelMemory,
     ModelUnloaded,
     PolicySet,
+    RequestDropped,
     RequestEnded,
     RequestKey,
     RequestLoad,
@@ -524,6 +525,8 @@ class ManagerState:
             self._emit(RequestEnded(uid, rid, status, dev.name))
             if not deferred:
                 self._emit(SendComplete(req.conn, uid, rid, status, dev.name))
+        else:  # its client left first: nobody to answer, but counted (metrics)
+            self._emit(RequestDropped(uid, rid, dev.name))
         self._table.remove(req)
         what = _ENDED[status] if status is not None else "dropped (client gone)"
         if deferred:  # the answer goes out once the driver applied the end (ending.py)

@@ -44,6 +44,8 @@ class Life:
     statuses: list[Any] = field(default_factory=list)
     #: The terminal state decided (RequestEnded): once, at or before the SendComplete.
     decided: RequestStatus | None = None
+    #: Dropped without a status (RequestDropped: its client left before any decision).
+    dropped: bool = False
 
 
 class StreamChecker:
@@ -80,6 +82,8 @@ class StreamChecker:
                                                                 "grant_ending"), (
                         f"{key}: client gone but its grant was not ended"
                     )
+                    assert (life.decided is None) == life.dropped, (
+                        f"{key}: client gone, decided {life.decided}, dropped {life.dropped}")
                     life.phase = "ended"
         if isinstance(event, ev.RequestLoad):
             life = self.lives[(event.uid, event.request_id)]
@@ -95,13 +99,20 @@ class StreamChecker:
             return
         assert isinstance(
             ins, ev.SendCanLoad | ev.IssueGrant | ev.AskUnload | ev.EndGrant | ev.SendComplete
-            | ev.RequestEnded
+            | ev.RequestEnded | ev.RequestDropped
         ), ins
         key = (ins.uid, ins.request_id)
+        if isinstance(ins, ev.RequestDropped):
+            life = self.lives.get(key)
+            assert life is not None and life.phase != "ended", f"{ins} for no live request"
+            assert life.decided is None and not life.dropped, f"{key}: {ins} after its end"
+            life.dropped = True
+            return
         if isinstance(ins, ev.RequestEnded):
             life = self.lives.get(key)
             assert life is not None and life.phase != "ended", f"{ins} for no live request"
             assert life.decided is None, f"{key}: its end decided twice ({ins})"
+            assert not life.dropped, f"{key}: {ins} after it was dropped"
             life.decided = ins.status
             return
         if isinstance(ins, ev.EndGrant) and ins.grant_id in self.held:

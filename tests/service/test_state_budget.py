@@ -246,7 +246,10 @@ def test_client_death_drops_requests_without_callbacks() -> None:
         ev.EndGrant,
         ev.IssueGrant,
         ev.SendCanLoad,
+        ev.RequestDropped,  # for metrics (npu_requests_dropped_total): no callback
     }
+    dropped = [i for i in out if isinstance(i, ev.RequestDropped)]
+    assert sorted((i.uid, i.request_id) for i in dropped) == [(BG, 1), (BG, 2), (BG, 3)]
     ended = [i for i in out if isinstance(i, ev.EndGrant)]
     assert {(i.uid, i.request_id, i.revoked) for i in ended} == {(BG, 1, False), (BG, 2, False)}
     assert not any(getattr(i, "conn", None) == BG for i in out)
