@@ -55,6 +55,11 @@ class CompileStarve:
         return (f"<CompileStarve {self.starve_s * 1e3:g} ms: "
                 f"{'raised' if self.raised else 'lowered'}, {self.boosts} boosts>")
 
+    def counts(self) -> dict[str, float]:
+        """For ``device.stats`` (``compile_child``): the bound in ms (0: off, as where the
+        host may not raise the child) and how many times it raised the child so far."""
+        return {"starve_ms": self.starve_s * 1e3, "raises": self.boosts}
+
     def begin(self, now: float, cpu_s: float) -> None:
         """A compile starts (the child lowered): its wait counts from here."""
         self.raised = False

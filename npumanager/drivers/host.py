@@ -279,6 +279,7 @@ class DriverHost:
             # importance is not its business), so an app can see why it runs as it does.
             mine = self.state.config(ctx.peer.uid)
             lh = self.state.load_hold
+            worker = self.preparer.worker
             # Background compiles stopped around foreground frames (.load_hold).
             hold = None if lh is None else {
                 "stops": lh.stops, "stopped_s": round(lh.stopped_s, 4),
@@ -308,6 +309,8 @@ class DriverHost:
                            "bursts": self.bursts.stats(bytes(payload[:6]) == b"recent"),
                            # Background steps run at normal priority against starvation.
                            "background": self.runner.background_stats(),
+                           # The compile child's starvation bound (compile_starve.py).
+                           "compile_child": None if worker is None else worker.starve.counts(),
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:

@@ -167,3 +167,22 @@ def test_unit_file_verifies(tmp_path: Path) -> None:
     proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "npud.service")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "LimitNICE" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_unit_gives_the_hosts_the_nice_limit_for_the_compile_bound(tmp_path: Path) -> None:
+    """LimitNICE=+0: RLIMIT_NICE 20, what lets a driver host raise its starved SCHED_IDLE
+    compile child to nice 0 (drivers/compile_starve.py) where root lacks CAP_SYS_RESOURCE.
+    systemd parses it without a warning, and would warn (ignoring it) on a value it cannot
+    parse: the check above would see that."""
+    unit = (ROOT / "packaging/systemd/npud.service").read_text()
+    limits = [ln for ln in unit.splitlines() if ln.startswith("LimitNICE=")]
+    assert limits == ["LimitNICE=+0"], limits
+    npu = Path(sys.executable).with_name("npu")
+    bad = unit.replace("/usr/local/bin/npu", str(npu)).replace("LimitNICE=+0", "LimitNICE=+99")
+    (tmp_path / "npud.service").write_text(bad)
+    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "npud.service")],
+                          capture_output=True, text=True, timeout=60)
+    assert "Failed to parse resource value" in proc.stderr and "+99" in proc.stderr, (
+        proc.stdout + proc.stderr)
