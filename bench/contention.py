@@ -39,6 +39,7 @@ from npumanager.demo.contention import (
     summary,
     verdicts,
 )
+from npumanager.demo.contention_split import SplitRun, format_split
 
 #: Managed driver configurations: name -> [[driver]] keys. "managed" is npud's default.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -159,6 +160,9 @@ def main() -> int:
     ap.add_argument("--json", default="", help="also write every run's numbers to this file")
     ap.add_argument("--device-time", action="store_true",
                     help="managed runs: poll the driver's step records (device time per app)")
+    ap.add_argument("--frame-split", action="store_true",
+                    help="managed runs: where the camera's frames went, each paired with "
+                    "the driver's record of its burst request (demo/contention_split.py)")
     args = ap.parse_args()
     timing = Timing.quick() if args.quick else Timing()
     names = ["unmanaged", "managed"]
@@ -171,6 +175,7 @@ def main() -> int:
             ap.error(f"unknown run(s) {', '.join(unknown)}")
     models = build_models()
     results: list[RunResult] = []
+    splits: dict[str, dict[str, Any]] = {}
     t_start = time.monotonic()
     for name in names:
         managed = name != "unmanaged"
@@ -180,22 +185,30 @@ def main() -> int:
         inflight = int(knobs.pop("embedder_inflight", 1))
         spin = float(knobs.pop("camera_spin_us", 0))
         cfg = driver_config(**knobs) if managed else None
-        run = ContentionRun(name, managed, timing, models, cfg, bursts=bursts,
-                            batch_bursts=batch_bursts, embedder_inflight=inflight,
-                            device_probe=args.device_time,
-                            app_knobs={"camera": {"spin_us": spin}} if spin else None,
-                            log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
-                                                file=sys.stderr, flush=True))
+        kind = SplitRun if args.frame_split else ContentionRun
+        run = kind(name, managed, timing, models, cfg, bursts=bursts,
+                   batch_bursts=batch_bursts, embedder_inflight=inflight,
+                   device_probe=args.device_time,
+                   app_knobs={"camera": {"spin_us": spin}} if spin else None,
+                   log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
+                                       file=sys.stderr, flush=True))
         results.append(run.run())
+        if isinstance(run, SplitRun):
+            splits[name] = run.frame_split
     print(f"\ncontention: {len(names)} runs ({'quick' if args.quick else 'full'} phases: alone "
           f"{timing.alone_s:g} s, contended {timing.contended_s:g} s, loading "
           f"{timing.loading_s:g} s; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
           f"{'one uid per app' if os.getuid() == 0 else 'one uid, job priorities'})")
     print(format_rows(side_by_side(results)))
+    for name, by_phase in splits.items():
+        print()
+        for phase, sp in by_phase.items():
+            print("\n".join(format_split(name, phase, sp)))
     if args.json:
         import json
 
-        Path(args.json).write_text(json.dumps([summary(r) for r in results], indent=1))
+        Path(args.json).write_text(json.dumps(
+            [{**summary(r), "frame_split": splits.get(r.name, {})} for r in results], indent=1))
     by = {r.name: r for r in results}
     if "unmanaged" in by and "managed" in by:
         print()
