@@ -19,9 +19,13 @@ Bounds, because the poll is CPU nobody asked for:
   median (a stream that stutters, a voice assistant's irregular requests, one-off
   executions: none);
 * only FOREGROUND work (the caller's check: a background stream waits as before);
-* the window is at most ``MAX_SHARE`` of the period (30 Hz and 100 Hz: the full
-  window; 1 kHz: 100 µs), so the poll costs at most that share of one core per
-  stream, and the host lets one burst poll at a time;
+* what it costs per request, the poll's window and the warm-up's run, is at most
+  ``MAX_SHARE`` of the period, so anticipation costs at most that share of one core
+  per stream (its cost per second is bounded whatever the pace), and the host lets one
+  burst poll at a time: the window is cut to the share (30 Hz and 100 Hz: the full 300
+  µs; 1 kHz: 50 µs), and the warm-up is left out where the stream's run (``run_s``,
+  the last request's) would take the pair past it (30 Hz: runs up to
+  ``WARM_MAX_RUN_US``, 1 ms; 100 Hz: up to 0.2 ms; 1 kHz: none);
 * the timed sleep before the window ends early by the thread's recent oversleep (a
   timer wake-up on this VM is late by 90-200 µs), planned by its p90, not its median,
   so that the poll runs before the request lands in about nine ticks of ten; the
@@ -85,8 +89,11 @@ TOLERANCE = 0.1
 #: longer ones are not a stream.
 MIN_PERIOD_S = 0.0005
 MAX_PERIOD_S = 0.5
-#: The window is at most this share of the period.
-MAX_SHARE = 0.1
+#: The window and the warm-up's run together, per request, at most this share of the
+#: period: anticipation's CPU per stream at most this share of one core. (0.1 before it
+#: was on by default, the window alone; the contention camera at 30 Hz spends 0.3 ms
+#: polling and ~0.35 ms warming per 33 ms frame: 2 %.)
+MAX_SHARE = 0.05
 #: Where the window lies around the due time: this share of it before.
 BEFORE = 0.6
 #: Oversleeps kept (their ``LATE_QUANTILE`` is subtracted from the next timed sleep), and
@@ -100,6 +107,8 @@ MAX_OVERSLEEP_S = 0.0005
 #: Measured on this VM, 33 ms sleeps, lateness p50/p90: one select 198/242 µs, with the
 #: slack at 1 ns 176/198, in two parts 89/131.
 COARSE_S = 0.002
+#: Streams whose run took longer than this (µs) are not warmed up before their request.
+WARM_MAX_RUN_US = 1000.0
 #: The most a warm-up is planned for (a longer one is the caller's to skip).
 MAX_WARM_S = 0.001
 #: A client's stamp is believed when it lies at most this long before the request was seen.
@@ -118,14 +127,16 @@ MARGIN = 0.1
 
 @dataclass(slots=True)
 class Plan:
-    """Sleep (woken by the doorbell) until ``wake_at``, warm up, then poll until
-    ``spin_until`` (the window opens at ``opens``)."""
+    """Sleep (woken by the doorbell) until ``wake_at``, warm up (``warm``), then poll
+    until ``spin_until`` (the window opens at ``opens``)."""
 
     wake_at: float
     opens: float
     spin_until: float
     #: When the request is due (the window's place around it: ``BEFORE``).
     due: float
+    #: Whether the warm-up fits the stream's share (``MAX_SHARE``) beside the window.
+    warm: bool = True
 
 
 @dataclass(slots=True)
@@ -208,13 +219,17 @@ class Anticipation:
         n = len(recent)
         return min(t + (n - i) * period for i, t in enumerate(recent))
 
-    def plan(self, now: float) -> Plan | None:
+    def plan(self, now: float, run_s: float = 0.0) -> Plan | None:
         """When to wake and how long to poll for the next request, or None: block on the
-        doorbell (no pace, or its window is already over)."""
+        doorbell (no pace, or its window is already over). ``run_s``: what a warm-up
+        would cost (the stream's last run); planned only where it fits the stream's
+        share beside the window (``MAX_SHARE``)."""
         period, due = self.period, self.due()
         if period is None or due is None or self.window_s <= 0:
             return None
-        window = min(self.window_s, MAX_SHARE * period)
+        budget = MAX_SHARE * period
+        window = min(self.window_s, budget)
+        warm = run_s <= WARM_MAX_RUN_US / 1e6 and window + run_s < budget
         if len(self.residuals) >= MIN_RESIDUALS:
             first, last = _densest(sorted(self.residuals), (1 - 2 * MARGIN) * window)
             start = due + first - MARGIN * window
@@ -224,7 +239,8 @@ class Anticipation:
             end = start + window
         if now >= end:
             return None  # the request is late: the doorbell wakes the thread
-        return Plan(max(now, start - self.oversleep - self.warm_s), start, end, due)
+        return Plan(max(now, start - self.oversleep - (self.warm_s if warm else 0.0)), start,
+                    end, due, warm)
 
 
 def _densest(xs: list[float], width: float) -> tuple[float, float]:
@@ -297,7 +313,7 @@ def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
     doorbell. What it did goes to ``server.counters``."""
     clock = time.perf_counter
     counters = server.counters
-    plan = pace.plan(clock())
+    plan = pace.plan(clock(), server.run_us / 1e6)
     if plan is None or max(fds) >= 1024:  # (select's limit; poll sleeps whole ms)
         counters.unplanned += 1
         return bc.RUNG
@@ -333,10 +349,11 @@ def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
         return bc.RUNG  # another burst warms or polls now: this one waits for its doorbell
     try:
         counters.warm0 = t = clock()
-        if side.warm(server):
-            counters.warms += 1
-        counters.warm1 = t1 = clock()
-        pace.warmed(t1 - t)
+        if plan.warm:
+            if side.warm(server):
+                counters.warms += 1
+            counters.warm1 = t1 = clock()
+            pace.warmed(t1 - t)
         read, until, nap = _read_seq, plan.spin_until, time.sleep
         counters.poll0 = clock()
         while clock() < until:
@@ -347,10 +364,6 @@ def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
         polling.release()
     counters.expired += 1
     return bc.LATE
-
-
-#: Streams whose run took longer than this (µs) are not warmed up before their request.
-WARM_MAX_RUN_US = 1000.0
 
 
 def warm(host: DriverHost, server: BurstServer) -> bool:

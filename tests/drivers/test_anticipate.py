@@ -18,6 +18,7 @@ from npumanager.drivers.anticipate import (
     KEPT,
     KEPT_OVERSLEEPS,
     MAX_SHARE,
+    WARM_MAX_RUN_US,
     Anticipate,
     Anticipation,
     await_request,
@@ -75,12 +76,41 @@ def test_a_voice_assistants_irregular_requests_get_no_window() -> None:
     assert a.period is None and a.plan(last) is None
 
 
-def test_the_window_is_at_most_a_tenth_of_the_period() -> None:
+def test_the_window_is_at_most_the_streams_share_of_the_period() -> None:
     a = Anticipation(300e-6)
     last = stream(a, 0.001)  # 1 kHz
     plan = a.plan(last)
     assert plan is not None
     assert plan.spin_until - plan.opens <= MAX_SHARE * 0.001 + 1e-12
+    assert not plan.warm  # (the window alone takes the whole share)
+
+
+@pytest.mark.parametrize(("period", "run_s", "warm"), [
+    (1 / 30, 0.0005, True),  # the contention camera: 0.3 + 0.5 ms of 33 ms
+    (1 / 30, WARM_MAX_RUN_US / 1e6 + 1e-6, False),  # a run too long to repeat
+    (0.01, 0.00019, True),  # 100 Hz: 0.3 + 0.19 ms, under 5 % of 10 ms
+    (0.01, 0.00021, False),
+    (0.001, 0.0, False),  # 1 kHz: the 50 µs window is the share
+])
+def test_the_warm_up_only_where_it_fits_the_share_beside_the_window(
+        period: float, run_s: float, warm: bool) -> None:
+    """What anticipation costs a stream per second is bounded: per request, the window and
+    the warm-up's run at most MAX_SHARE of the period (of one core)."""
+    a = Anticipation(300e-6)
+    last = stream(a, period)
+    plan = a.plan(last, run_s)
+    assert plan is not None and plan.warm is warm
+    assert plan.spin_until - plan.opens + (run_s if warm else 0.0) <= MAX_SHARE * period + 1e-12
+
+
+def test_without_the_warm_up_the_sleep_is_not_cut_for_it() -> None:
+    a = Anticipation(300e-6)
+    last = stream(a, 0.01)
+    a.warmed(0.0004)
+    warmed, cold = a.plan(last, 0.0001), a.plan(last, 0.0009)
+    assert warmed is not None and cold is not None
+    assert warmed.warm and not cold.warm
+    assert cold.wake_at - warmed.wake_at == pytest.approx(0.0004)
 
 
 def test_too_fast_or_too_slow_a_pace_and_a_zero_window_get_none() -> None:
@@ -178,6 +208,7 @@ class Burstish:
         self.closing = False
         self.lock = threading.Lock()
         self.warmed = 0
+        self.run_us = 0.0  # (the stream's last run: what a warm-up costs)
         self.counters = BurstCounters()
         self.anticipate = Anticipate(300e-6, self.lock, self._warm)
 
@@ -206,10 +237,11 @@ def b() -> Iterator[Burstish]:
 
 def open_window(a: Anticipation, ahead: float, length: float) -> None:
     """Make ``a`` expect its next request ``ahead`` s from now, with a window ``length``
-    long (the period is ten windows, so the window is not capped)."""
+    long (the period is forty windows, so the window is not capped and a warm-up fits
+    beside it)."""
     import time
 
-    period = 10 * length
+    period = 40 * length
     a.window_s = length
     a.intervals = [period] * KEPT
     a.period = period
