@@ -137,9 +137,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-handback": {"background_handback": False},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
-    # The camera's own path (#15, cam15g). Driver anticipation (drivers/anticipate.py):
-    # the camera's burst thread wakes before its frame is due, warms up and polls for it,
-    # so no doorbell wake-up has to get past a background step.
+    # The camera's own path (#15, cam15g). Driver anticipation (drivers/anticipate.py; on
+    # by default, 300 µs): the camera's burst thread wakes before its frame is due, warms
+    # up and polls for it, so no doorbell wake-up has to get past a background step.
+    "anticipate-off": {"burst_anticipate_us": 0},
     "anticipate-150": {"burst_anticipate_us": 150},
     "anticipate-300": {"burst_anticipate_us": 300},
     "anticipate-500": {"burst_anticipate_us": 500},

@@ -78,7 +78,7 @@ class HostConfig:
     #: paced foreground frames, bounded (drivers/load_hold.py). Off: no measured gain yet.
     hold_loads: bool = False
     #: A burst's poll for its paced stream's next request, µs (drivers/anticipate.py; 0: off).
-    burst_anticipate_us: int = 0
+    burst_anticipate_us: int = 300
     #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
     #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py),
     #: or "steer" (lanes unpinned, each steered off the others' CPUs: drivers/bg_place.py).
@@ -150,7 +150,7 @@ class HostConfig:
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
             quiet_tail_us=int(d.get("quiet_tail_us", 0)),
             hold_loads=bool(d.get("hold_loads", False)),
-            burst_anticipate_us=int(d.get("burst_anticipate_us", 0)),
+            burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             background_cpus=str(d.get("background_cpus", "all")),
             background_cgroup=str(d.get("background_cgroup", "off")),
             background_handback=bool(d.get("background_handback", True)),
