@@ -135,6 +135,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # A BACKGROUND burst step's end through the bg_ends thread, as before the handback
     # (drivers/bg_handback.py: the lowered worker hands the run back to the burst's thread).
     "no-handback": {"background_handback": False},
+    # glibc's own sliding mmap threshold in the host and its compile child (hal/
+    # malloc_tune.py) instead of a fixed 4 MiB: released models' buffers stay in the heaps.
+    "malloc-sliding": {"malloc_mmap_threshold_kb": 0},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
     # The camera's own path (#15, cam15g). Driver anticipation (drivers/anticipate.py; on

@@ -91,6 +91,7 @@ async def serve(args: argparse.Namespace) -> int:
         if args.no_enforce_admission:
             hc.enforce_admission = False
     apply_switch_interval(hcs)
+    apply_malloc_threshold(hcs)
     # Absolute before the host moves into its empty working directory.
     rt = Path(os.path.abspath(runtime_dir(args.runtime_dir)))
     state_root = Path(os.path.abspath(args.state_dir)) if args.state_dir \
@@ -156,6 +157,17 @@ def apply_switch_interval(hcs: list[HostConfig]) -> None:
     intervals = [hc.switch_interval_us for hc in hcs if hc.switch_interval_us > 0]
     if intervals:
         sys.setswitchinterval(min(intervals) / 1e6)
+
+
+def apply_malloc_threshold(hcs: list[HostConfig]) -> None:
+    """glibc's mmap threshold for the host process (hal/malloc_tune.py): one heap serves
+    every device, so the smallest any entry asks for (``malloc_mmap_threshold_kb``; 0
+    keeps glibc's sliding one)."""
+    from npumanager.hal.malloc_tune import set_mmap_threshold
+
+    kbs = [hc.malloc_mmap_threshold_kb for hc in hcs if hc.malloc_mmap_threshold_kb > 0]
+    if kbs:
+        set_mmap_threshold(min(kbs))
 
 
 def plugin_options(hc: HostConfig, state: Path) -> dict[str, Any]:

@@ -15,6 +15,19 @@ the job that the state starts goes to the lowered workers as before; only an inl
 (cheap by the state's measure, which the loop would run at the same priority) or one the
 job's class made FOREGROUND runs here. The cost: one futex wake-up of a normal thread per
 background burst step's end, and its ~50-100 µs of Python at normal priority.
+
+Measured against the old way (``background_ends = "worker"``: the worker submits the end
+itself; bench variant bg-ends-worker), three quick same-run pairs before the handback
+(:mod:`.bg_handback`) landed, camera p99 thread / worker: contended 2.0 / 2.7, 1.3 / 3.8,
+1.9 / 1.1 ms; while a model loads 6.0 / 5.2, 5.6 / 6.8, 5.1 / 5.8 ms; embedder 3205 /
+3335, 3601 / 3225, 3505 / 3719 items/s. No difference beyond the runs' spread, so it is
+not what raised session 10's contended median (1.02x -> 1.47x of the camera alone), and
+it stays: a kernel trace of the loading phase (bench/contention_trace.py) still finds the
+camera's burst thread blocked while lowered step workers (and this thread) wait runnable,
+and this thread is the one of them that is never lowered. Since the handback (default
+on) a BACKGROUND burst step's end is recorded by the burst's own thread; this thread
+takes only the ends the handback leaves (a burst closing while its step runs, or
+``background_handback = false``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,17 @@ once into memory, verifies the buffers against the driver's private map
 deserializes. Compilation and cache I/O run off the event loop; SQLite stays
 on one thread. As in NNAPI, a failure to save never changes the prepare
 result. Admission (grants) is the host's business, decided by its state.
+
+``background_load``: a BACKGROUND model's session is built from compiled artifacts (the
+compile child's, a cache entry's) on the lowered compile pool by default. On normal-priority
+threads of its own instead (``"normal"``, bench variant bg-load-normal), a preempted
+lowered thread could never hold the GIL or the process's memory map lock across the
+host's 45-95 ms of native loading work; measured, it bought nothing: three quick same-run
+pairs, camera p99 while a model loads lowered / normal 4.3 / 5.8, 5.9 / 5.0, 4.3 / 5.2 ms
+(contended 1.6 / 2.5, 1.7 / 3.5, 1.5 / 2.5), the load's p50 370 / 343, 343 / 320, 386 /
+359 ms. A kernel trace of the loading phase (bench/contention_trace.py, its stage table)
+puts the slow frames behind the step workers (npu-bg_N) in every stage of the load, not
+behind the loading thread, so it stays lowered.
 """
 
 from __future__ import annotations
@@ -97,7 +108,8 @@ class Preparer:
             driver, "compile_in_worker", None)
         if hc.background_compile == "process" and self._worker_hook is not None:
             self.worker = CompileWorker(hc.name, sched, hc.background_nice,
-                                        hc.background_starve_ms, self.idle_group)
+                                        hc.background_starve_ms, self.idle_group,
+                                        hc.malloc_mmap_threshold_kb)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first

@@ -64,6 +64,9 @@ class HostConfig:
     #: compiled artifacts (the compile child's, or the cache's): "lowered" (as
     #: background_sched says) or "normal" (drivers/prepare.py says what each measured).
     background_load: str = "lowered"
+    #: glibc's mmap threshold for the host process and its compile child, KiB
+    #: (hal/malloc_tune.py; 0: glibc's own, which slides up to 32 MiB).
+    malloc_mmap_threshold_kb: int = 4096
     #: The host process's GIL switch interval in microseconds (sys.setswitchinterval;
     #: 0 or less: Python's own, 5000): how long a thread that wants the GIL waits before it asks
     #: the holder to drop it (drivers/classes.py says what it bought).
@@ -146,6 +149,7 @@ class HostConfig:
             background_compile=str(d.get("background_compile", "process")),
             background_ends=str(d.get("background_ends", "thread")),
             background_load=str(d.get("background_load", "lowered")),
+            malloc_mmap_threshold_kb=int(d.get("malloc_mmap_threshold_kb", 4096)),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
             quiet_tail_us=int(d.get("quiet_tail_us", 0)),

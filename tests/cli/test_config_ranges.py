@@ -72,6 +72,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "foreground_priority"): (-1, "must be >= 0, not -1"),
     ("driver", "reserved_channels"): (-1, "must be >= 0, not -1"),
     ("driver", "background_nice"): (25, "must be between 0 and 19, not 25"),
+    ("driver", "malloc_mmap_threshold_kb"): (
+        65536, "must be between 0 and 32768 (0 = glibc's own), not 65536"),
     ("driver", "switch_interval_us"): (-1, "must be >= 0 (0 = Python's 5000), not -1"),
     ("driver", "quiet_window_us"): (-5, "must be >= 0 (0 = off), not -5"),
     ("driver", "quiet_tail_us"): (-5, "must be >= 0 (0 = none), not -5"),
