@@ -7,9 +7,6 @@ generous bound on that); that steps were starved and moved is what is checked.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from npumanager.paths import driver_socket
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.testing.driver_host import running_driver
 from npumanager.testing.onnx_models import step_model
+from npumanager.testing.spinners import spin_every_cpu, stop
 from npumanager.wire.client import SyncRpcClient
 
 pytestmark = pytest.mark.slow
@@ -35,19 +33,6 @@ channels = 2
 background_sched = "idle"
 background_starve_ms = 50
 """
-
-
-def busy_loops() -> list[subprocess.Popen[bytes]]:
-    """Normal-priority busy loops, one per CPU this process may use (two at least)."""
-    n = max(2, len(os.sched_getaffinity(0)))
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
-def stop(loops: list[subprocess.Popen[bytes]]) -> None:
-    for p in loops:
-        p.kill()
-    for p in loops:
-        p.wait(30)
 
 
 def background_counts(runtime_dir: Path) -> dict[str, Any]:
@@ -74,7 +59,9 @@ def test_a_background_job_completes_beside_busy_loops_on_every_cpu(
             # job priority 1000: BACKGROUND whoever runs the test (root's app priority is 0).
             model.execute(state, steps=2, feedback=feedback, job_priority=1000)
             # (No "nothing boosted yet": on a machine the suite keeps busy it may be.)
-            loops = busy_loops()
+            # Every loop in its loop before the job starts: a loop still starting up left
+            # the job the CPUs, and the counters at 0, on a loaded machine.
+            loops = spin_every_cpu()
             try:
                 out = model.execute(state, steps=STEPS, feedback=feedback, job_priority=1000)
             finally:

@@ -12,9 +12,6 @@ the driver's ``device.stats``."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,8 @@ from npumanager.paths import driver_socket
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.testing import procs
 from npumanager.testing.onnx_models import step_model
+from npumanager.testing.spinners import spin_every_cpu
+from npumanager.testing.spinners import stop as stop_spinning
 from npumanager.wire.client import SyncRpcClient
 from tests.security.conftest import StartDaemon
 from tests.security.driver_apps import granted, outcome
@@ -58,15 +57,14 @@ def busy_foreground(rt: str) -> dict[str, Any]:
 
         t = threading.Thread(target=stream)
         t.start()
-        spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(max(2, len(os.sched_getaffinity(0))))]
+        # "busy" only once every loop spins: a loop still starting up (seconds on a loaded
+        # machine) left the other uid's job the CPUs, and the counters at 0.
+        spin = spin_every_cpu()
         try:
             procs.announce("busy")
             procs.receive(timeout=300)
         finally:
-            for p in spin:
-                p.kill()
-                p.wait(30)
+            stop_spinning(spin)
             stop.set()
             t.join(60)
         return got
