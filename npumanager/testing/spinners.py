@@ -15,16 +15,24 @@ import os
 import subprocess
 import sys
 
-#: Says it is about to spin (its interpreter is up), then spins until killed.
-_LOOP = "import sys\nsys.stdout.write('spinning\\n')\nsys.stdout.flush()\nwhile True: pass\n"
+#: Keeps to its CPU (argv[1]), says it is about to spin (its interpreter is up), then
+#: spins until killed.
+_LOOP = ("import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
+         "sys.stdout.write('spinning\\n')\nsys.stdout.flush()\nwhile True: pass\n")
 
 
 def spin_every_cpu(n: int | None = None) -> list[subprocess.Popen[bytes]]:
     """``n`` normal-priority busy loops (default: one per CPU this process may use, two at
-    least), each in its loop when this returns. Stop them with :func:`stop`."""
-    count = n if n is not None else max(2, len(os.sched_getaffinity(0)))
-    loops = [subprocess.Popen([sys.executable, "-c", _LOOP], stdout=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL) for _ in range(count)]
+    least), each kept to a CPU of its own (in turn over this process's CPUs) and in its
+    loop when this returns. Kept, because the kernel placed two fresh loops on one CPU
+    at times and balanced them only later: a background job run meanwhile had the other
+    CPU to itself (seen once in ten runs under load, before the loops were pinned). Stop
+    them with :func:`stop`."""
+    cpus = sorted(os.sched_getaffinity(0))
+    count = n if n is not None else max(2, len(cpus))
+    loops = [subprocess.Popen([sys.executable, "-c", _LOOP, str(cpus[i % len(cpus)])],
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+             for i in range(count)]
     try:
         for p in loops:
             assert p.stdout is not None
