@@ -118,6 +118,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Lanes steered instead of pinned (drivers/bg_place.py): lane k's thread is given, as
     # its step is handed over, every CPU but those the other background steps run on.
     "bg-steer": {"background_cpus": "steer"},
+    # Lanes, but none while a background model prepares (the phase lanes cost most).
+    "bg-lanes-except-loads": {"background_cpus": "lanes-except-loads"},
     # Lanes with a 2 ms quiet window: the camera's frames kept clearer of background steps
     # to buy back what the lanes cost it. One full run: the embedder's gain is gone (4576
     # vs 4530 items/s without lanes), the camera's p99 2.8 / 4.9 ms vs 2.6 / 4.2.

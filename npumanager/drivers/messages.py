@@ -16,7 +16,7 @@ from npumanager.drivers import events as ev
 from npumanager.drivers.bounds import Limits
 from npumanager.drivers.prepare import Prepared
 from npumanager.drivers.records import DriverParams
-from npumanager.drivers.steps import Execution, lane_cpus
+from npumanager.drivers.steps import LANE_CHOICES, Execution, lane_cpus
 from npumanager.errors import (
     ExecutionFailed,
     GrantRevoked,
@@ -73,7 +73,8 @@ def params_from(hc: HostConfig) -> DriverParams:
                         quiet_tail_us=hc.quiet_tail_us,
                         background_share=hc.background_sched == "share",
                         background_lanes=len(lane_cpus())
-                        if hc.background_cpus in ("lanes", "steer") else 0)
+                        if hc.background_cpus in LANE_CHOICES else 0,
+                        lanes_except_loads=hc.background_cpus == "lanes-except-loads")
 
 
 def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:

@@ -46,6 +46,9 @@ class DriverParams:
     #: Background lanes (:mod:`.runqueue`; 0: none): background steps running at once
     #: get distinct ``RunStep.lane``\ s (the shell's background_cpus = "lanes").
     background_lanes: int = 0
+    #: No lanes while a BACKGROUND model prepares (``"lanes-except-loads"``: lanes measured
+    #: to cost the camera most while a model loads; README ``background_cpus``).
+    lanes_except_loads: bool = False
     #: Ended grants and released models remembered to say why a later call fails.
     tombstones: int = 4096
     decision_log_size: int = 4096

@@ -82,6 +82,9 @@ class RunQueue:
         #: (with one background channel no two background steps run at once: a lane
         #: would only keep the one that runs off the other CPUs)
         self.lanes = lanes if channels - reserved >= 2 else 0
+        #: No lanes given out for now (``background_cpus = "lanes-except-loads"``: while a
+        #: background model prepares, set by the state's prepare handlers).
+        self.lanes_paused = False
         self._heap: list[tuple[int, int, Job]] = []
         self._free = list(range(channels))
         self.running: dict[int, Job] = {}  # channel -> job
@@ -149,7 +152,7 @@ class RunQueue:
         for entry in held:
             heapq.heappush(heap, entry)
         out: list[tuple[Job, JobState]] = []
-        lanes = self.lanes
+        lanes = 0 if self.lanes_paused else self.lanes
         if lanes and background:
             # (the lanes of the background steps running now; the chosen ones' own lanes
             # are about to be given out again)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from npumanager.drivers.bounds import Ledger
     from npumanager.drivers.classes import ExecClass
     from npumanager.drivers.records import ClientRecord, DriverParams
-    from npumanager.drivers.runqueue import Job
+    from npumanager.drivers.runqueue import Job, RunQueue
 
 ORPHAN_TIMER = "orphan"
 
@@ -46,6 +46,7 @@ class ModelRules:
         _models: dict[int, ModelRecord]
         _releasing: dict[int, ModelRecord]
         _prepares: dict[int, PrepareRecord]
+        _queue: RunQueue
         _model_ids: itertools.count[int]
         _out: list[ev.Instruction]
         _ev: ev.Event | None
@@ -139,6 +140,7 @@ class ModelRules:
         self._prepares[e.prepare_id] = PrepareRecord(
             e.prepare_id, e.conn, uid, e.nbytes, self.model_class(uid).value == "background")
         self.ledger.add_prepare(uid, e.nbytes)
+        self._lanes_for_loads()
 
     def _on_prepare_ended(self, e: ev.PrepareEnded) -> None:
         self._end_prepare(e.prepare_id)
@@ -147,6 +149,13 @@ class ModelRules:
         rec = self._prepares.pop(prepare_id, None)
         if rec is not None:
             self.ledger.drop_prepare(rec.uid, rec.nbytes)
+            self._lanes_for_loads()
+
+    def _lanes_for_loads(self) -> None:
+        """``lanes_except_loads``: background steps started while a BACKGROUND model
+        prepares get no lane (they run on the shared, unpinned background threads)."""
+        if self.params.lanes_except_loads:
+            self._queue.lanes_paused = any(p.background for p in self._prepares.values())
 
     def _on_model_prepared(self, e: ev.ModelPrepared) -> None:
         client = self._client(e.conn)

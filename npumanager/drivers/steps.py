@@ -38,7 +38,9 @@ Reply = tuple[pb.ExecuteResult, list[int]]
 log = logging.getLogger("npumanager.drivers.steps")
 
 BACKGROUND_SCHED = ("idle", "nice", "normal", "share")
-BACKGROUND_CPUS = ("all", "spare", "lanes", "steer")
+BACKGROUND_CPUS = ("all", "spare", "lanes", "steer", "lanes-except-loads")
+#: The choices that run background steps in lanes (.runqueue).
+LANE_CHOICES = ("lanes", "steer", "lanes-except-loads")
 
 
 def spare_cpus() -> set[int] | None:
@@ -61,13 +63,23 @@ def lane_cpus() -> list[int]:
     return cpus if len(cpus) >= 2 else []
 
 
-def current_cpu() -> int | None:
-    """The CPU the calling thread runs on now (sched_getcpu; None where libc lacks it)."""
+def _libc() -> Any:
     import ctypes
 
     try:
-        cpu = int(ctypes.CDLL(None).sched_getcpu())
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread runs on now (sched_getcpu; None where libc lacks it)."""
+    try:
+        cpu = int(_LIBC.sched_getcpu())
+    except AttributeError:
         return None
     return cpu if cpu >= 0 else None
 
@@ -231,7 +243,7 @@ class StepRunner:
             raise ValueError(f"background_cpus must be one of {', '.join(BACKGROUND_CPUS)}, "
                              f"not {background_cpus!r}")
         cpus = spare_cpus() if background_cpus == "spare" else None
-        lanes = lane_cpus() if background_cpus in ("lanes", "steer") else []
+        lanes = lane_cpus() if background_cpus in LANE_CHOICES else []
         #: "steer" (.bg_place): lanes with no pin; lane k's CPUs set as its step is handed
         #: over, off those the other lanes' steps run on (None: lanes are pinned, or none).
         self._steer: frozenset[int] | None = (frozenset(lanes) if background_cpus == "steer"

@@ -84,7 +84,8 @@ class HostConfig:
     burst_anticipate_us: int = 300
     #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
     #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py),
-    #: or "steer" (lanes unpinned, each steered off the others' CPUs: drivers/bg_place.py).
+    #: "steer" (lanes unpinned, each steered off the others' CPUs: drivers/bg_place.py), or
+    #: "lanes-except-loads" (lanes, none while a background model prepares).
     background_cpus: str = "all"
     #: Background threads in a cpu.idle cgroup: "auto" or "off" (hal/idle_cgroup.py).
     #: Off: measured to cost the contended camera (drivers/classes.py).

@@ -179,3 +179,47 @@ def test_the_lanes_key_reaches_the_state() -> None:
     p = params_from(HostConfig.from_config(cfg, "ref"))
     assert p.background_lanes == len(lane_cpus())
     assert params_from(HostConfig("x")).background_lanes == 0
+
+
+@pytest.mark.parametrize("except_loads", [True, False], ids=["except-loads", "lanes"])
+def test_no_lanes_while_a_background_model_prepares(except_loads: bool) -> None:
+    """``background_cpus = "lanes-except-loads"``: background steps started while a
+    BACKGROUND uid's model prepares get no lane; a FOREGROUND uid's prepare changes
+    nothing; once the prepare ends, lanes again."""
+    h = Harness(channels=3, reserved_channels=1, background_lanes=2,
+                lanes_except_loads=except_loads)
+    h.priorities(u1=100, u2=300, u3=300, u5=300)  # camera; LLM, embedder; a loader
+    llm, emb = h.prepare(2), h.prepare(3)
+    h.prepare(1)
+    h.connect(5)
+
+    def batch() -> int | None:
+        ticket, out = h.execute(3, emb)
+        lane = step_of(out, ticket).lane
+        h.advance(0.0005)
+        h.step_done(ticket, run_us=500)
+        return lane
+
+    llm_ticket, out = h.execute(2, llm, steps=1000)
+    assert step_of(out, llm_ticket).lane == 0
+    assert batch() == 1
+    h.handle(h.mk(ev.PrepareBegun, conn=1, prepare_id=7, nbytes=10))  # foreground
+    assert batch() == 1
+    h.handle(h.mk(ev.PrepareBegun, conn=5, prepare_id=8, nbytes=10))  # background
+    assert batch() == (None if except_loads else 1)
+    h.handle(h.mk(ev.PrepareEnded, prepare_id=7))
+    assert batch() == (None if except_loads else 1)
+    h.handle(h.mk(ev.PrepareEnded, prepare_id=8))
+    assert batch() == 1
+
+
+def test_the_lanes_except_loads_key_reaches_the_state() -> None:
+    from npumanager.config import Config
+    from npumanager.drivers.messages import params_from
+    from npumanager.hal.host_config import HostConfig
+
+    cfg = Config.load(None, {"driver": [{"name": "ref", "plugin": "reference",
+                                         "background_cpus": "lanes-except-loads"}]})
+    p = params_from(HostConfig.from_config(cfg, "ref"))
+    assert p.background_lanes == len(lane_cpus()) and p.lanes_except_loads
+    assert not params_from(HostConfig("x")).lanes_except_loads
