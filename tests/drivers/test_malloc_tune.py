@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -59,8 +60,15 @@ def test_zero_leaves_glibc_alone_and_the_compile_child_gets_the_setting() -> Non
     try:
         worker._start()
         assert worker.pid is not None
-        with open(f"/proc/{worker.pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
+        # Right after the fork the child may not have exec'd yet (its cmdline is then the
+        # parent's, or empty mid-exec): wait for the worker's own command line.
+        deadline = time.monotonic() + 60
+        while True:
+            with open(f"/proc/{worker.pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if any(b"compile_worker" in a for a in argv) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         assert argv[-2:] == [b"2048", b""], argv
     finally:
         worker.close()
