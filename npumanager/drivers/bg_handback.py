@@ -56,8 +56,11 @@ class Handback:
         if not self._claim.acquire(blocking=False):
             self._fallback(ex, error, run_us)
             return
-        self._result = (error, run_us)
+        # ``done`` read before the result is left: once it is, the burst's thread may take
+        # it (woken by its wait's tick) and arm a fresh ``done`` for its next wait, which a
+        # set from here would leave set, so that wait would spin until the next result.
         done = ex.done
+        self._result = (error, run_us)
         if done is not None:
             done.set()
 

@@ -52,6 +52,41 @@ def test_a_run_handed_back_wakes_the_burst_thread_and_the_next_one_can_follow() 
     assert ends.fallback == []
 
 
+class Racing(Execution):
+    """An execution whose burst thread wakes (its wait's tick) in the middle of the
+    worker's ``ran``: at the worker's read of ``done`` it takes whatever result is there
+    and, if one was, arms a fresh ``done`` for its next wait, as drivers/burst_exec.py's
+    ``_await`` does."""
+
+    hb: Handback
+
+    @property  # type: ignore[override]
+    def done(self) -> Done | None:
+        if self._done is not None and self.hb.take() is not None:
+            self.taken = True
+            self._done = Done()
+        return self._done
+
+    @done.setter
+    def done(self, value: Done | None) -> None:
+        self._done = value
+
+
+def test_a_result_taken_before_the_worker_woke_the_thread_leaves_the_next_wait_armed() -> None:
+    ends = Ends()
+    ex = Racing(1, None, {}, {}, done=None)
+    ex.hb, ex.taken = Handback(ends.put), False
+    ex.done = Done()
+    first = ex._done
+    ex.hb.ran(ex, None, 5.0)
+    # The worker read ``done`` before it left the result, so the thread's take at that
+    # read found nothing; the wake-up goes to the wait the thread is in.
+    assert not ex.taken and first is not None and first.wait(0)
+    assert ex.hb.take() == (None, 5.0)
+    ex.done = Done()  # (armed again for the job's next step)
+    assert ex._done is not None and not ex._done.wait(0)  # the next wait blocks, no spin
+
+
 def test_a_burst_thread_that_left_first_sends_every_later_end_to_the_fallback() -> None:
     ex, hb, ends = made()
     assert hb.leave() and hb.left
