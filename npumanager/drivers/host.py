@@ -16,6 +16,7 @@ The host is split by what each part owns:
   mapped pools, executions, timers) and the instructions acting on them;
 - :mod:`.burst`: bursts, each served by a thread of its own that submits to the
   state like a device.execute call;
+- :mod:`.prepare_calls`: the ``device.*`` calls that prepare and release models;
 - :mod:`.prepare` compiles and loads models, :mod:`.steps` runs them.
 
 The event loop and burst threads both submit events: the state and what carries
@@ -43,23 +44,22 @@ from npumanager.drivers import events as ev
 from npumanager.drivers.base import Driver
 from npumanager.drivers.bg_ends import StepEnds
 from npumanager.drivers.burst import Bursts
-from npumanager.drivers.classes import ExecClass
 from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.messages import (
     ClientConn,
     decode_inputs,
     params_from,
     plain_pools,
-    prepared_reply,
     set_output_area,
 )
 from npumanager.drivers.npud_link import NpudLink, admin
-from npumanager.drivers.prepare import Prepared, Preparer
+from npumanager.drivers.prepare import Preparer
+from npumanager.drivers.prepare_calls import PrepareCalls
 from npumanager.drivers.resources import HostResources
 from npumanager.drivers.state import DriverState
 from npumanager.drivers.state_fast import FastKey
 from npumanager.drivers.steps import Execution, Reply, StepRunner
-from npumanager.errors import GeneralFailure, InvalidArgument, NpuError
+from npumanager.errors import InvalidArgument, NpuError
 from npumanager.fds import close_fds
 from npumanager.hal.host_config import HostConfig
 from npumanager.hal.types import HAL_VERSION
@@ -111,7 +111,6 @@ class DriverHost:
         self._cids = itertools.count(1)
         self._tickets = itertools.count(1)
         self._stimuli = itertools.count(1)
-        self._prepare_ids = itertools.count(1)
         #: Held around the state and what carries out its decisions (see the docstring).
         self.lock = threading.RLock()
         self.npud = NpudLink(hc, driver, self.state, self.clock, self._submit, self._stimulus,
@@ -126,6 +125,7 @@ class DriverHost:
         if self.preparer.worker is not None:
             self.res.hold_loads = self.preparer.worker.hold
         self.bursts = Bursts(self)
+        self.prepares = PrepareCalls(self)
         self.res.pool_closing = self.bursts.forget_pool
         #: Set once npud went away and no manager attached again within the orphan grace
         #: (every model is released then; ``npu driver --exit-with-manager`` exits).
@@ -141,15 +141,15 @@ class DriverHost:
             **self.npud.handlers(),
             "device.capabilities": self._capabilities,
             "device.get_number_of_cache_files_needed": self._cache_files_needed,
-            "device.prepare_model": self._prepare_model,
-            "device.prepare_model_from_cache": self._prepare_from_cache,
+            "device.prepare_model": self.prepares.prepare_model,
+            "device.prepare_model_from_cache": self.prepares.prepare_from_cache,
             "device.register_pool": self._register_pool,
             "device.unregister_pool": self._unregister_pool,
             "device.execute": self._execute,
             "device.open_burst": self.bursts.open,
             "device.close_burst": self.bursts.close,
             "device.cancel": self._cancel,
-            "device.release": self._release,
+            "device.release": self.prepares.release,
             # Other uids' execution rates: for npud and admins (`npu top`).
             "device.stats": admin(self._stats),
             "device.trace": admin(self._trace),
@@ -253,7 +253,7 @@ class DriverHost:
                                              now=self.clock.now(), ticket=ticket,
                                              run_us=run_us, error=error))
 
-    # --- device.*: capabilities, prepare, release --------------------------------------
+    # --- device.*: capabilities, stats, trace -------------------------------------------
 
     def capabilities_msg(self) -> pb.Capabilities:
         caps = self.driver.capabilities()
@@ -324,103 +324,6 @@ class DriverHost:
 
     def _cache_files_needed(self, ctx: CallContext, payload: bytes) -> pb.CacheFilesNeeded:
         return pb.CacheFilesNeeded(n_model=self.cache_counts[0], n_data=self.cache_counts[1])
-
-    def _begin_prepare(self, ctx: CallContext, fds: list[int], inline_bytes: int) -> int:
-        """Charge the bytes this prepare will read (every fd by its size, sparse or not) to
-        the caller's uid; refused at a bound or while no manager is attached."""
-        nbytes = inline_bytes
-        for fd in fds:
-            try:
-                nbytes += os.fstat(fd).st_size
-            except OSError:
-                pass
-        client = self._clients.get(ctx.conn)
-        if client is None:
-            raise InvalidArgument("the connection closed")
-        prepare_id = next(self._prepare_ids)
-        self._submit(ev.PrepareBegun(stimulus_id=self._stimulus("prepare"), now=self.clock.now(),
-                                     conn=client.cid, prepare_id=prepare_id, nbytes=nbytes))
-        return prepare_id
-
-    def _end_prepare(self, prepare_id: int) -> None:
-        if prepare_id:
-            self._submit_quietly(ev.PrepareEnded(stimulus_id=self._stimulus("prepared"),
-                                                 now=self.clock.now(), prepare_id=prepare_id))
-
-    def _background(self, ctx: CallContext) -> bool:
-        """Whether the caller's models are BACKGROUND (their compile and threads)."""
-        return self.state.model_class(ctx.peer.uid) is ExecClass.BACKGROUND
-
-    async def _prepare_model(self, ctx: CallContext, payload: bytes) -> pb.PreparedModelMsg:
-        fds, ctx.fds = ctx.fds, []
-        prepare_id = 0
-        try:
-            msg = pb.PrepareModel.FromString(payload)
-            self.preparer.check_prepare(msg, fds)
-            n_cache = msg.n_model_cache + msg.n_data_cache  # written, not read
-            prepare_id = self._begin_prepare(ctx, fds[n_cache:], len(msg.onnx))
-            grant = await self.npud.admit(ctx.peer.uid, msg.grant_id)
-            done = await self.preparer.prepare_model(msg, fds, ctx.peer.uid,
-                                                     background=self._background(ctx))
-            return self._model_ready(ctx, done, grant, prepare_id)
-        finally:
-            close_fds(fds)
-            self._end_prepare(prepare_id)
-
-    async def _prepare_from_cache(self, ctx: CallContext, payload: bytes
-                                  ) -> pb.PreparedModelMsg:
-        fds, ctx.fds = ctx.fds, []
-        prepare_id = 0
-        try:
-            try:
-                msg = pb.PrepareModelFromCache.FromString(payload)
-                self.preparer.check_from_cache(msg, fds)
-                prepare_id = self._begin_prepare(ctx, fds, 0)
-                grant = await self.npud.admit(ctx.peer.uid, msg.grant_id)
-                done = await self.preparer.prepare_from_cache(
-                    msg, fds, ctx.peer.uid, background=self._background(ctx))
-            except (GeneralFailure, InvalidArgument):
-                self.npud.cache_result(b"rejected")  # the client falls back to a full compile
-                raise
-            finally:
-                close_fds(fds)
-            return self._model_ready(ctx, done, grant, prepare_id)
-        finally:
-            self._end_prepare(prepare_id)
-
-    def _model_ready(self, ctx: CallContext, done: Prepared, grant: str | None,
-                     prepare_id: int = 0) -> pb.PreparedModelMsg:
-        prepared = done.model
-        client = self._clients.get(ctx.conn)
-        try:
-            if client is None:
-                raise InvalidArgument("the connection closed while the model was prepared")
-            with self.lock:
-                out = self.state.handle(ev.ModelPrepared(
-                    stimulus_id=self._stimulus("prepared"), now=self.clock.now(),
-                    conn=client.cid, grant_id=grant, memory_bytes=prepared.memory_bytes,
-                    inputs=frozenset(i.name for i in prepared.inputs),
-                    outputs=frozenset(o.name for o in prepared.outputs),
-                    input_specs=tuple(prepared.inputs), prepare_id=prepare_id))
-                (model_id,) = [i.model_id for i in out if isinstance(i, ev.ModelReady)]
-                self.res.prepared[model_id] = prepared
-                self.res.carry_out(out)
-        except BaseException:
-            prepared.release()
-            raise
-        if done.from_cache or done.cache_written:  # a compile that filled the cache: a miss
-            self.npud.cache_result(b"fleet" if done.from_fleet else b"hit" if done.from_cache
-                                   else b"miss")
-        return prepared_reply(model_id, done)
-
-    def _release(self, ctx: CallContext, payload: bytes) -> Empty:
-        msg = pb.Release.FromString(payload)
-        client = self._clients.get(ctx.conn)
-        if client is not None:
-            self._submit(ev.ModelReleased(stimulus_id=self._stimulus("release"),
-                                          now=self.clock.now(), conn=client.cid,
-                                          model_id=msg.model_id))
-        return Empty()
 
     # --- device.*: pools -------------------------------------------------------------
 
