@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from contention import VARIANTS
+from contention import VARIANTS, npud_config
 
 from npumanager.demo.contention import (
     UIDS,
@@ -57,7 +57,6 @@ from npumanager.demo.contention import (
     build_models,
     camera_cell,
     descendants,
-    driver_config,
 )
 from npumanager.hal.wire import SERVICE
 from npumanager.paths import driver_socket
@@ -338,6 +337,10 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
         if kind == "host":
             if "bgcompile" in (v[4] if len(v) > 4 else "") or "bgload" in str(v[4]):
                 return f"host-bgcompile-{pol}"
+            if str(v[4]).startswith("npu-bg_"):
+                # A step worker: its policy sampled once a second says little where it
+                # switches around each run (background_lower = "run").
+                return "host-bgstep"
             return f"host-{pol}"
         if kind == "compile":
             return f"compile-{pol}"
@@ -514,7 +517,7 @@ def main() -> int:
     inflight = int(knobs.pop("embedder_inflight", 1))
     keep = args.keep or tempfile.mkdtemp(prefix="npu-trace-")
     os.makedirs(keep, exist_ok=True)
-    run = TraceRun(args.variant, True, timing, build_models(), driver_config(**knobs),
+    run = TraceRun(args.variant, True, timing, build_models(), npud_config(knobs),
                    bursts=bursts, batch_bursts=batch_bursts, embedder_inflight=inflight,
                    keep=keep)
     r = run.run()

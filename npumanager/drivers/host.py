@@ -105,7 +105,8 @@ class DriverHost:
                                  background_nice=hc.background_nice,
                                  background_cpus=hc.background_cpus,
                                  background_starve_ms=hc.background_starve_ms,
-                                 idle_group=self.preparer.idle_group)
+                                 idle_group=self.preparer.idle_group,
+                                 background_lower=hc.background_lower)
         self.server: RpcServer | None = None
         self._clients: dict[RpcConnection, ClientConn] = {}
         self._cids = itertools.count(1)

@@ -94,7 +94,8 @@ class Preparer:
         if sched != "normal":
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
                                                    sched, hc.background_nice,
-                                                   group=self.idle_group, kind=COMPILE)
+                                                   group=self.idle_group, kind=COMPILE,
+                                                   lower=hc.background_lower)
         #: Where the host builds a BACKGROUND model's session from compiled artifacts (the
         #: compile child's, the cache's): the lowered pool, or (``background_load =
         #: "normal"``) threads of its own at normal priority.

@@ -23,6 +23,7 @@ from npumanager.drivers.base import (
     DriverCapabilities,
     PreparedModel,
 )
+from npumanager.drivers.lowering import native
 from npumanager.drivers.onnx_types import Specs, graph_specs, onnx_specs, session_specs
 from npumanager.drivers.reference_external import OrtBinding, initializer_bytes, ort_binding
 from npumanager.errors import InvalidArgument
@@ -286,8 +287,9 @@ class ReferenceDriver(Driver):
         so = self.session_options(options)
         binding.apply(so)
         try:
-            session = ort.InferenceSession(binding.onnx, sess_options=so,
-                                           providers=["CPUExecutionProvider"])
+            with native():  # (a background thread lowered only for native work: .lowering)
+                session = ort.InferenceSession(binding.onnx, sess_options=so,
+                                               providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
         binding.session_created()

@@ -29,6 +29,7 @@ from npumanager.drivers.bg_handback import Handback
 from npumanager.drivers.bg_place import steer
 from npumanager.drivers.events import RunStep
 from npumanager.drivers.exec_stats import ExecStats
+from npumanager.drivers.lowering import BACKGROUND_LOWER, arm_this_thread, current, give_up
 from npumanager.drivers.starve import StarveGuard
 from npumanager.hal.idle_cgroup import BOOST, STEP, IdleGroup
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -100,7 +101,8 @@ def name_this_thread() -> None:
 
 
 def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
-                      group: IdleGroup | None = None, kind: str = STEP) -> None:
+                      group: IdleGroup | None = None, kind: str = STEP,
+                      lower: str = "thread") -> None:
     """Lower the calling thread (Linux schedules threads, not processes: the tid).
 
     ``idle``: SCHED_IDLE, the kernel runs the thread only when no normal thread wants
@@ -110,16 +112,21 @@ def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
     Threads ONNX Runtime creates later from this one inherit the policy. ``cpus``: the
     CPUs the thread may run on (None: all it may now). ``group``: the host's cpu.idle
     cgroup, which a thread of ``kind`` joins if it stays background for good
-    (hal/idle_cgroup.py)."""
+    (hal/idle_cgroup.py). ``lower = "run"``: the thread stays at normal priority and
+    lowers itself only around its native work (.lowering); it joins no group then (the
+    group would rank its Python, under the GIL, low again), unless it may not return
+    from lowered, when it is lowered for good as with "thread"."""
     name_this_thread()
-    if group is not None:
-        group.join_this_thread(kind)
     tid = threading.get_native_id()
     if cpus:
         try:
             os.sched_setaffinity(tid, cpus)
         except OSError as exc:
             log.warning("background threads stay on every CPU: %s", exc)
+    if lower == "run" and sched in ("idle", "nice") and arm_this_thread(sched, nice):
+        return
+    if group is not None:
+        group.join_this_thread(kind)
     try:
         if sched == "idle":
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
@@ -131,13 +138,16 @@ def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
 
 def background_pool(workers: int, prefix: str, sched: str, nice: int,
                     cpus: set[int] | None = None, group: IdleGroup | None = None,
-                    kind: str = STEP) -> ThreadPoolExecutor:
+                    kind: str = STEP, lower: str = "thread") -> ThreadPoolExecutor:
     if sched not in BACKGROUND_SCHED:
         raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
                          f"not {sched!r}")
+    if lower not in BACKGROUND_LOWER:
+        raise ValueError(f"background_lower must be one of {', '.join(BACKGROUND_LOWER)}, "
+                         f"not {lower!r}")
     return ThreadPoolExecutor(workers, thread_name_prefix=prefix,
                               initializer=lower_this_thread,
-                              initargs=(sched, nice, cpus, group, kind))
+                              initargs=(sched, nice, cpus, group, kind, lower))
 
 
 class Done:
@@ -226,12 +236,17 @@ class StepRunner:
     two syscalls on every step.
 
     Steps on SCHED_IDLE threads can starve on a busy machine: :class:`~.starve.StarveGuard`
-    decides which of them run on normal-priority threads instead (``background_starve_ms``)."""
+    decides which of them run on normal-priority threads instead (``background_starve_ms``).
+
+    ``background_lower = "run"``: those threads are lowered only around the backend's run
+    (.lowering), at normal priority while they hold the GIL; the privilege to return is
+    checked once per thread (RLIMIT_NICE), and a thread without it stays lowered."""
 
     def __init__(self, name: str, channels: int, *, inline_limit: int, max_frame: int,
                  stats: ExecStats | None = None, background_sched: str = "normal",
                  background_nice: int = 19, background_cpus: str = "all",
-                 background_starve_ms: int = 0, idle_group: IdleGroup | None = None) -> None:
+                 background_starve_ms: int = 0, idle_group: IdleGroup | None = None,
+                 background_lower: str = "thread") -> None:
         self.inline_limit = inline_limit
         self.max_frame = max_frame
         self.stats = stats if stats is not None else ExecStats()
@@ -256,24 +271,28 @@ class StepRunner:
         if background_sched not in BACKGROUND_SCHED:
             raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
                              f"not {background_sched!r}")
+        if background_lower not in BACKGROUND_LOWER:
+            raise ValueError(f"background_lower must be one of {', '.join(BACKGROUND_LOWER)}, "
+                             f"not {background_lower!r}")
         share = background_sched == "share"
         #: Background steps that yield (.share: a uid over its share) run here.
         self._bg_yield = self._workers
         if background_sched != "normal" or cpus:
             self._bg_workers = background_pool(channels, f"npu-{name}-bg",
                                                "nice" if share else background_sched,
-                                               background_nice, cpus, idle_group)
+                                               background_nice, cpus, idle_group,
+                                               lower=background_lower)
             self._bg_yield = self._bg_workers
         if share:
             self._bg_yield = background_pool(channels, f"npu-{name}-bgy", "idle",
-                                             background_nice, cpus)
+                                             background_nice, cpus, lower=background_lower)
         #: Background lanes (.runqueue, ``RunStep.lane``): lane k's steps on a thread of
         #: its own kept on the k-th CPU, lowered as the other background threads are.
         self._lanes = [background_pool(1, f"npu-{name}-bgl{k}",
                                        "nice" if share else background_sched,
                                        background_nice,
                                        None if self._steer is not None else {cpu},
-                                       idle_group)
+                                       idle_group, lower=background_lower)
                        for k, cpu in enumerate(lanes)]
         #: The pools whose threads are SCHED_IDLE, and the normal-priority threads their
         #: starved steps move to (created on first use, as every pool's threads are).
@@ -401,6 +420,8 @@ class StepRunner:
         if bound is None:
             bound = self._bind_outputs(ex, prepared) if last and ex.out_pool is not None else {}
         bound_run = ex.bound_run
+        #: A background thread lowered only around the run (.lowering), else None.
+        low = current()
         t0 = time.perf_counter()
         try:
             # The job's priority reaches the backend's own knobs, where it has any (a
@@ -408,6 +429,8 @@ class StepRunner:
             begin = getattr(prepared, "begin_step", None)
             if begin is not None:
                 begin(step.priority, step.background)
+            if low is not None:
+                low.lower()
             if bound_run is not None:
                 outs = bound_run()
             elif bound:
@@ -417,6 +440,11 @@ class StepRunner:
         except BaseException as exc:  # the backend's error goes to the client
             return error_text(exc), (time.perf_counter() - t0) * 1e6
         finally:
+            if low is not None:
+                try:
+                    low.restore()
+                except OSError as exc:
+                    give_up(low, exc)
             dt = time.perf_counter() - t0
             self.busy_s += dt
             stats = self.stats

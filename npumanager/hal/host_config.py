@@ -64,6 +64,10 @@ class HostConfig:
     #: compiled artifacts (the compile child's, or the cache's): "lowered" (as
     #: background_sched says) or "normal" (drivers/prepare.py says what each measured).
     background_load: str = "lowered"
+    #: How long a lowered background thread stays lowered (drivers/lowering.py):
+    #: "thread" (for good, from its start) or "run" (only around its native runs and
+    #: session builds: at normal priority while it holds the GIL).
+    background_lower: str = "thread"
     #: glibc's mmap threshold for the host process and its compile child, KiB
     #: (hal/malloc_tune.py; 0: glibc's own, which slides up to 32 MiB).
     malloc_mmap_threshold_kb: int = 4096
@@ -150,6 +154,7 @@ class HostConfig:
             background_compile=str(d.get("background_compile", "process")),
             background_ends=str(d.get("background_ends", "thread")),
             background_load=str(d.get("background_load", "lowered")),
+            background_lower=str(d.get("background_lower", "thread")),
             malloc_mmap_threshold_kb=int(d.get("malloc_mmap_threshold_kb", 4096)),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
