@@ -22,7 +22,8 @@ Bounds, because the poll is CPU nobody asked for:
 * what it costs per request, the poll's window and the warm-up's run, is at most
   ``MAX_SHARE`` of the period, so anticipation costs at most that share of one core
   per stream (its cost per second is bounded whatever the pace), and the host lets one
-  burst poll at a time: the window is cut to the share (30 Hz and 100 Hz: the full 300
+  burst poll at a time, in turns between uids where their windows overlap
+  (:mod:`.poll_turns`): the window is cut to the share (30 Hz and 100 Hz: the full 300
   µs; 1 kHz: 50 µs), and the warm-up is left out where the stream's run (``run_s``,
   the last request's) would take the pair past it (30 Hz: runs up to
   ``WARM_MAX_RUN_US``, 1 ms; 100 Hz: up to 0.2 ms; 1 kHz: none);
@@ -75,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from npumanager.drivers import burst_counters as bc
+from npumanager.drivers.poll_turns import PollTurns
 from npumanager.tensorio.burst import REQ_AT
 
 if TYPE_CHECKING:
@@ -295,11 +297,30 @@ _read_seq = struct.Struct("<Q").unpack_from
 @dataclass(slots=True)
 class Anticipate:
     """The host's side: the window, the lock held by the one burst that warms up and
-    polls at a time, and the warm-up (:func:`warm`)."""
+    polls at a time, the warm-up (:func:`warm`), and whose turn the lock is where two
+    uids' windows overlap (:mod:`.poll_turns`, used under ``guard``)."""
 
     window_s: float
     polling: threading.Lock
     warm: Callable[[BurstServer], bool]
+    turns: PollTurns = field(default_factory=PollTurns)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, server: BurstServer, now: float) -> bool:
+        """Whether ``server``'s stream takes the poll now (then it holds ``polling``):
+        not while another burst holds it (``busy``) or where another uid is owed this
+        turn (``deferred``); both counted."""
+        with self.guard:
+            key = server.burst_id
+            if not self.turns.ask(key, now):
+                server.counters.deferred += 1
+                return False
+            if not self.polling.acquire(blocking=False):
+                self.turns.skipped(key)
+                server.counters.busy += 1
+                return False
+            self.turns.took(key, now)
+            return True
 
 
 def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
@@ -319,6 +340,24 @@ def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
         return bc.RUNG
     counters.due, counters.wake_at = plan.due, plan.wake_at
     counters.opens, counters.until = plan.opens, plan.spin_until
+    side = server.anticipate
+    assert side is not None
+    with side.guard:
+        side.turns.planned(server.burst_id, server.uid, plan.wake_at, plan.spin_until)
+    how = bc.RUNG
+    try:
+        how = _sleep_then_poll(plan, pace, fds, buf, last, server, side)
+        return how
+    finally:
+        with side.guard:
+            side.turns.ended(server.burst_id, served_early=how == bc.EARLY)
+
+
+def _sleep_then_poll(plan: Plan, pace: Anticipation, fds: tuple[int, int], buf: Any,
+                     last: int, server: BurstServer, side: Anticipate) -> int:
+    """:func:`await_request` once its window is planned (and declared to the turns)."""
+    clock = time.perf_counter
+    counters = server.counters
     wait = plan.wake_at - clock()
     if wait > COARSE_S:
         # Most of the sleep first; its end may be late by a thousandth of it.
@@ -341,12 +380,11 @@ def await_request(pace: Anticipation, fds: tuple[int, int], buf: Any, last: int,
                 pace.woke(woke - plan.wake_at)
             return bc.EARLY
         pace.woke(woke - plan.wake_at)
-    side = server.anticipate
-    assert side is not None
     polling = side.polling
-    if not polling.acquire(blocking=False):
-        counters.busy += 1
-        return bc.RUNG  # another burst warms or polls now: this one waits for its doorbell
+    if not side.take(server, clock()):
+        # Another burst warms or polls now, or another uid is owed this turn: this one
+        # waits for its doorbell.
+        return bc.RUNG
     try:
         counters.warm0 = t = clock()
         if plan.warm:

@@ -102,6 +102,7 @@ class BurstServer:
                  ) -> None:
         self.burst_id = burst_id
         self.client = client
+        self.uid = client.conn.peer.uid
         self.model_id = model_id
         self.pool = pool
         self.pool_id = pool_id

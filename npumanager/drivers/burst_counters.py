@@ -77,11 +77,13 @@ class BurstCounters:
     found: list[int] = field(default_factory=lambda: [0] * len(HOW))
     #: Warm-ups run before a window, windows that ended without a request, waits with
     #: anticipation on but no plan (no steady pace learnt yet, or the window was over),
-    #: and windows skipped because another burst held the poll.
+    #: windows skipped because another burst held the poll, and windows given up for
+    #: another uid's turn (drivers/poll_turns.py).
     warms: int = 0
     expired: int = 0
     unplanned: int = 0
     busy: int = 0
+    deferred: int = 0
     #: Warm-ups that rehearsed the one pass too (drivers/burst_exec.py ``rehearse``).
     rehearsed: int = 0
     #: The request being waited for: its predicted due time, when the thread was to wake
@@ -137,7 +139,8 @@ class BurstCounters:
         out: dict[str, Any] = {
             "served": self.served, **dict(zip(HOW, self.found, strict=True)),
             "warms": self.warms, "expired": self.expired, "unplanned": self.unplanned,
-            "busy": self.busy, "rehearsed": self.rehearsed, "offsets_n": len(offsets),
+            "busy": self.busy, "deferred": self.deferred, "rehearsed": self.rehearsed,
+            "offsets_n": len(offsets),
             "offset_p50_us": _pct(offsets, 0.5), "offset_p90_us": _pct(offsets, 0.9),
             "rung_seen_p50_us": _pct(stamped, 0.5), "rung_seen_p90_us": _pct(stamped, 0.9),
         }

@@ -206,6 +206,7 @@ class Burstish:
         self.buf = bytearray(layout.HEADER)
         layout.init_header(self.buf)
         self.closing = False
+        self.burst_id, self.uid = 1, 1001
         self.lock = threading.Lock()
         self.warmed = 0
         self.run_us = 0.0  # (the stream's last run: what a warm-up costs)
@@ -310,6 +311,28 @@ def test_a_window_without_a_request_falls_back_to_the_doorbell(b: Burstish) -> N
         assert await_request(a, b.fds(), b.buf, 0, b) == bc.RUNG
     assert b.warmed == warmed  # nor a warm-up while another burst has the lock
     assert b.counters.busy == 1 and b.counters.expired == 1
+
+
+def test_a_window_is_given_up_for_another_uid_owed_the_turn(b: Burstish) -> None:
+    """Another uid's stream was skipped and waits for a window overlapping this one's
+    (drivers/poll_turns.py): this burst gives its window up, without the lock or a
+    warm-up, and takes the next one once that uid had its turn."""
+    import time
+
+    turns = b.anticipate.turns
+    a = Anticipation(0.0)
+    open_window(a, 0.0, 60.0)
+    now = time.perf_counter()
+    turns.planned(2, 1002, now - 1.0, now + 120.0)
+    turns.owed.add(1002)
+    turns.last_turn[b.uid] = now - 2.0  # this uid had the last turn
+    layout.write_request_header(b.buf, 1, 10)
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.RUNG
+    assert b.counters.deferred == 1 and b.counters.busy == 0 and b.warmed == 0
+    assert not b.lock.locked() and 1 not in turns.windows and b.uid in turns.owed
+    turns.took(2, time.perf_counter())  # the other uid's turn
+    assert await_request(a, b.fds(), b.buf, 0, b) == bc.POLLED
+    assert b.counters.deferred == 1 and b.warmed == 1 and b.uid not in turns.owed
 
 
 def test_a_closing_burst_stops_polling(b: Burstish) -> None:

@@ -15,13 +15,18 @@ window. Here, under real uids, the attacker:
 3. then rewrites bytes 44-63 from a second thread all the time, while requests are in
    flight (each one read by the driver at an instant the attacker does not know).
 
-Meanwhile another uid's FOREGROUND burst runs at its own pace through the real SDK. What
+Meanwhile another uid's FOREGROUND burst runs at the same pace through the real SDK, its
+requests ``VICTIM_LAG_S`` after the attacker's (both pace from one CLOCK_MONOTONIC start the
+test sends): the attacker's poll window opens just before the victim's, every frame. What
 is checked: every answer of the other app is its own correct output; every answer of the
 attacker is its own correct output, never the other's (stamps are no part of a request);
 the driver's counters show every window it planned for either burst no longer than the
 configured one and each poll within that plus the bounded oversleep and warm-up
-allowances; windows were planned (the bound was exercised); the device serves a third uid
-after. No wall-clock limits: the pace is each app's own; counts and outputs are compared."""
+allowances; windows were planned (the bound was exercised); neither stream was starved of
+anticipation by the other's windows (the one poll slot goes in turns between uids,
+drivers/poll_turns.py: first come, first served, the victim was skipped many windows in
+a row); the device serves a third uid after. No wall-clock limits: the pace is each app's
+own; counts and outputs are compared."""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ import numpy as np
 
 from npumanager import NpuManager
 from npumanager.drivers.anticipate import MAX_OVERSLEEP_S, MAX_WARM_S
+from npumanager.drivers.burst_counters import LATE, POLLED, RUNG
 from npumanager.hal.wire import SERVICE
 from npumanager.paths import driver_socket
 from npumanager.tensorio import burst as layout
@@ -60,6 +66,9 @@ PERIOD_S = 1 / 30
 PLAUSIBLE, GARBAGE, SCRIBBLED = 40, 56, 40
 VICTIM_CALLS = PLAUSIBLE + GARBAGE + SCRIBBLED
 ATTACKER_BIAS, VICTIM_BIAS = 1.0, 10.0
+#: The victim's requests this long after the attacker's: their windows (300 µs, a warm-up
+#: before) overlap every frame, the attacker's opening first.
+VICTIM_LAG_S = 100e-6
 STAMPS_AT, STAMPS_END = layout.CALLED_AT, layout.HEADER  # bytes 44-63
 U64 = struct.Struct("<QQ")
 NAN_BYTES = struct.unpack("<Q", struct.pack("<d", float("nan")))[0]
@@ -98,8 +107,7 @@ def attacker(rt: str) -> dict[str, Any]:
 
         scribbler = threading.Thread(target=scribble)
         procs.announce("ready")
-        procs.receive(timeout=120)  # both apps go together
-        start = time.monotonic_ns()
+        _, start = procs.receive(timeout=120)  # both apps go together, from one start
         last_rung = start
         try:
             for i in range(PLAUSIBLE + GARBAGE + SCRIBBLED):
@@ -148,8 +156,8 @@ def victim(rt: str) -> dict[str, Any]:
         with model.burst() as b:
             b.execute({"x": np.zeros((1, 4), np.float32)})  # opened
             procs.announce("ready")
-            procs.receive(timeout=120)
-            start = time.monotonic()
+            _, start_ns = procs.receive(timeout=120)
+            start = start_ns / 1e9 + VICTIM_LAG_S  # just after the attacker's requests
             for i in range(VICTIM_CALLS):
                 pause = start + i * PERIOD_S - time.monotonic()
                 if pause > 0:
@@ -187,8 +195,9 @@ def test_garbage_stamps_misplace_only_the_attackers_window(
     try:
         bad.expect("ready", 120)
         good.expect("ready", 120)
-        bad.send("go")
-        good.send("go")
+        start = time.monotonic_ns() + 200_000_000  # (CLOCK_MONOTONIC: one clock for all)
+        bad.send(("go", start))
+        good.send(("go", start))
         bad.expect("done", 240)
         good.expect("done", 240)
         bursts = recent_bursts(rt)  # both still open
@@ -229,4 +238,34 @@ def test_garbage_stamps_misplace_only_the_attackers_window(
                     uid, poll0, until)
         assert b["served"] >= len(rows)
     assert planned[ATTACKER] >= 1, (planned, by_uid[ATTACKER])
+    # Neither uid's stream starved of anticipation by the other's (drivers/poll_turns.py):
+    # both paced from the same "go", their windows overlap, and the one poll slot goes in
+    # turns. First come, first served, one was skipped many windows in a row.
+    turns = {uid: poll_turns(b) for uid, b in by_uid.items()}
+    for uid, (took, skipped, run) in turns.items():
+        assert took >= 1 and took >= skipped / 3 and run <= MAX_SKIPPED_RUN, (uid, turns)
     assert_device_served(runtime_dir)
+
+
+#: The most windows in a row one stream may reach and not poll in. Turns alternate (runs
+#: of 1-2 measured in five runs); first come, first served the victim's runs reached 5, 5,
+#: 3 and 14 in four runs. (A holder the machine preempts can overrun its window, and a
+#: window planned late is not yet there to give way to: some slack.)
+MAX_SKIPPED_RUN = 3
+
+
+def poll_turns(burst: dict[str, Any]) -> tuple[int, int, int]:
+    """(windows polled in, windows skipped: the slot held or given up for another uid,
+    the longest run of skipped ones) from a burst's recent requests: a window planned
+    and the slot held (``polled``, ``late``), or planned and the request found by its
+    doorbell (``rung``)."""
+    took = skipped = run = longest = 0
+    for r in burst["recent"]:
+        how = r[1]
+        if how in (POLLED, LATE):  # it held the slot (the window caught it, or ended)
+            took, run = took + 1, 0
+        elif how == RUNG and r[-4] is not None:  # a window planned, the slot not taken
+            skipped, run = skipped + 1, run + 1
+            longest = max(longest, run)
+    assert skipped == burst["busy"] + burst.get("deferred", 0), burst
+    return took, skipped, longest
