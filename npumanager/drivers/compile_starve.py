@@ -6,8 +6,11 @@ on a machine kept busy by normal-priority work a prepare makes close to no progr
 steps' case, :mod:`.starve`, measured 33x its CPU time there). Background *steps* get a
 bound (``background_starve_ms``); so does a background prepare here:
 
-* while a compile runs, the host watches the child: its wait (wall time since it was
-  lowered, less the CPU time the child used meanwhile) past the bound raises the child's
+* while a compile runs, the host watches the child, from the request on, or from the
+  child's start when the request starts it (a new child imports ONNX Runtime and reads
+  the request at SCHED_IDLE before its receipt: watched only from the receipt, a child
+  starved before it was never raised): its wait (wall time since then, less the CPU
+  time the child used meanwhile) past the bound raises the child's
   every thread to SCHED_OTHER at nice 0 for one bound of wall time, then lowers them
   again; the next raise needs another bound of starvation. So a starved compile runs at
   normal priority about half the time, and a machine with idle cores never raises it (its

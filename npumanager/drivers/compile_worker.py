@@ -192,6 +192,16 @@ class CompileWorker:
             child.close()
         self._sock = parent
         self.started += 1
+        # The starvation watch starts with the child, not with its receipt: lowered from
+        # its first instruction, it imports ONNX Runtime and reads the request at
+        # SCHED_IDLE before it answers, and a busy machine can hold that off for good.
+        self._begin_watch()
+
+    def _begin_watch(self) -> None:
+        """The child's wait (compile_starve.py) counts from now."""
+        proc = self._proc
+        if self.starve.starve_s > 0 and proc is not None:
+            self.starve.begin(time.monotonic(), process_cpu_s(proc.pid) or 0.0)
 
     def _stop(self) -> None:
         with self._hold_lock:
@@ -240,12 +250,16 @@ class CompileWorker:
         if there is none. A worker found dead (the send fails, or it hangs up before its
         receipt: it never saw the request) is started again, once."""
         for attempt in (0, 1):
-            if self._sock is None:
-                self._start()
+            fresh = self._sock is None
+            if fresh:
+                self._start()  # (its watch begins there)
             sock = self._sock
             assert sock is not None
             try:
                 socket.send_fds(sock, [req], [fd])
+                if not fresh:
+                    self._begin_watch()  # an idle child's wait counts from the request
+                self._watch(sock)  # until its receipt
                 if sock.recv(16) == _RECEIPT:
                     return sock
                 err = "it hung up"
@@ -256,30 +270,26 @@ class CompileWorker:
                 raise GeneralFailure(f"the compile worker cannot be reached: {err}")
         raise AssertionError("unreachable")
 
-    def _wait_reply(self, sock: socket.socket) -> None:
-        """Until the reply is there: the starvation bound's watch of the child (raised to
-        normal priority when starved, lowered again after; compile_starve.py)."""
+    def _watch(self, sock: socket.socket) -> None:
+        """Until ``sock`` has something to read (the child's receipt, then its reply): the
+        starvation bound's watch of the child (raised to normal priority when starved,
+        lowered again after; compile_starve.py). ``_call`` lowers it at the end."""
         guard, proc = self.starve, self._proc
         if guard.starve_s <= 0 or proc is None:
             return
         pid, clock = proc.pid, time.monotonic
-        guard.begin(clock(), process_cpu_s(pid) or 0.0)
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN)
-        try:
-            while not poller.poll(max(1, int(guard.starve_s * 500))):
-                cpu = process_cpu_s(pid)
-                if cpu is None:
-                    return  # gone: the recv below tells
-                if self.stopped:  # held by the quiet window: not starvation
-                    guard.rebase(clock(), cpu)
-                    continue
-                move = guard.tick(clock(), cpu)
-                if move is not None:
-                    self._set_sched(pid, raised=move)
-        finally:
-            if guard.end():
-                self._set_sched(pid, raised=False)
+        while not poller.poll(max(1, int(guard.starve_s * 500))):
+            cpu = process_cpu_s(pid)
+            if cpu is None:
+                return  # gone: the recv tells
+            if self.stopped:  # held by the quiet window: not starvation
+                guard.rebase(clock(), cpu)
+                continue
+            move = guard.tick(clock(), cpu)
+            if move is not None:
+                self._set_sched(pid, raised=move)
 
     def _set_sched(self, pid: int, *, raised: bool) -> None:
         try:
@@ -289,13 +299,18 @@ class CompileWorker:
             self.starve.starve_s = 0.0
 
     def _call(self, req: bytes, fd: int) -> tuple[list[bytes], list[memoryview]]:
-        sock = self._send(req, fd)
         try:
-            self._wait_reply(sock)
-            data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 1)
-        except OSError as exc:
-            data, fds = b"", []
-            log.warning("%s: compile worker: %s", self.name, exc)
+            sock = self._send(req, fd)
+            try:
+                self._watch(sock)  # until the reply
+                data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 1)
+            except OSError as exc:
+                data, fds = b"", []
+                log.warning("%s: compile worker: %s", self.name, exc)
+        finally:
+            proc = self._proc
+            if self.starve.end() and proc is not None:  # raised when the compile ended
+                self._set_sched(proc.pid, raised=False)
         try:
             if not data:
                 code = self._proc.poll() if self._proc is not None else None

@@ -105,6 +105,48 @@ def test_a_stopped_compile_child_is_raised_counted_and_its_compile_completes() -
         worker.close()
 
 
+class StoppedAtSpawn(CompileWorker):
+    """A worker whose child is SIGSTOPped the moment it is started: it never gets to its
+    receipt (nor to importing ONNX Runtime) until the test continues it, which is what a
+    child kept off the CPU from its start looks like to the host."""
+
+    def _start(self) -> None:
+        super()._start()
+        assert self._proc is not None
+        os.kill(self._proc.pid, signal.SIGSTOP)
+        wait_state(self._proc.pid, True)
+
+
+@needs_raise
+def test_a_child_starved_before_its_receipt_is_raised() -> None:
+    """The watch starts when the child does, not when it acknowledges the request: a child
+    starved from its start is raised past the bound (then lowered, raised again) while
+    the request still waits for its receipt; continued, the compile completes and the
+    child ends lowered."""
+    worker = StoppedAtSpawn("starve-spawn", "idle", 10, starve_ms=STARVE_MS)
+    got: list[list[bytes]] = []
+    th = threading.Thread(target=lambda: got.append(_compile(worker, mlp(seed=7))))
+    th.start()
+    try:
+        deadline = time.monotonic() + 30
+        while worker.starve.boosts < 2:  # raised, lowered, raised again: no receipt yet
+            assert time.monotonic() < deadline, f"never raised before its receipt: {worker.starve}"
+            assert th.is_alive() and not got, "a stopped child compiled"
+            time.sleep(0.01)
+        assert worker.started == 1
+    finally:
+        if worker.pid is not None:
+            os.kill(worker.pid, signal.SIGCONT)
+    try:
+        th.join(120)
+        assert not th.is_alive() and got and got[0], "the compile did not complete"
+        assert worker.pid is not None
+        tasks = os.listdir(f"/proc/{worker.pid}/task")
+        assert {os.sched_getscheduler(int(t)) for t in tasks} == {os.SCHED_IDLE}  # lowered
+    finally:
+        worker.close()
+
+
 def _stats(runtime_dir: Path) -> dict[str, Any]:
     rpc = SyncRpcClient(str(driver_socket("reference", runtime_dir)), SERVICE)
     try:
