@@ -40,9 +40,9 @@ from npumanager.demo.contention import (
     Timing,
     build_models,
     camera_cell,
-    descendants,
     driver_config,
 )
+from npumanager.demo.contention_memory import descendants
 
 
 def _comm(pid: int, tid: int) -> str:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contention import VARIANTS
 
 from npumanager.demo import contention as cmod
+from npumanager.demo import contention_memory as cmem
 from npumanager.demo.contention import ContentionRun, Timing, build_models, driver_config
 
 MiB = 2**20
@@ -69,7 +70,7 @@ def pss(pid: int) -> dict[str, int]:
     return out
 
 
-class Sampler(cmod.MemorySampler):
+class Sampler(cmem.MemorySampler):
     """The bench's sampler, plus a breakdown at each new peak (at most every 100 ms)."""
 
     current: ContentionRun | None = None
@@ -85,7 +86,7 @@ class Sampler(cmod.MemorySampler):
     def _run(self) -> None:
         me, n = os.getpid(), 0
         while not self._stop.wait(0.025):
-            used = cmod._mem_used()
+            used = cmem._mem_used()
             run = Sampler.current
             phase = "start"
             if run is not None:
@@ -103,18 +104,18 @@ class Sampler(cmod.MemorySampler):
             n += 1
             if n % 10 == 0:
                 self.rss_peak = max(self.rss_peak,
-                                    sum(cmod._rss(p) for p in cmod.descendants(me)))
+                                    sum(cmem._rss(p) for p in cmem.descendants(me)))
 
     def snapshot(self, me: int, run: ContentionRun | None, phase: str) -> dict[str, Any]:
         info = meminfo()
         apps = {p.pid: n for n, p in run.procs.items()} if run is not None else {}
         roles: dict[str, dict[str, int]] = {}
-        for pid in cmod.descendants(me):
+        for pid in cmem.descendants(me):
             r = role(pid, apps)
             got = roles.setdefault(r, {})
             for k, v in pss(pid).items():
                 got[k] = got.get(k, 0) + v
-        return {"phase": phase, "used": (cmod._mem_used() - self.base) / MiB,
+        return {"phase": phase, "used": (cmem._mem_used() - self.base) / MiB,
                 "anon": (info["AnonPages"] - self.base_info["AnonPages"]) / MiB,
                 "shmem": (info["Shmem"] - self.base_info["Shmem"]) / MiB, "roles": roles}
 

@@ -56,8 +56,8 @@ from npumanager.demo.contention import (
     Timing,
     build_models,
     camera_cell,
-    descendants,
 )
+from npumanager.demo.contention_memory import descendants
 from npumanager.hal.wire import SERVICE
 from npumanager.paths import driver_socket
 from npumanager.wire.client import SyncRpcClient

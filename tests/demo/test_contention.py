@@ -14,11 +14,11 @@ from npumanager.demo.contention import (
     Stats,
     Timing,
     build_models,
-    descendants,
     driver_config,
     side_by_side,
     verdicts,
 )
+from npumanager.demo.contention_memory import descendants
 
 pytestmark = pytest.mark.slow
 

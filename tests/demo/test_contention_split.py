@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from npumanager.demo.contention import Timing, build_models, descendants, driver_config
+from npumanager.demo.contention import Timing, build_models, driver_config
+from npumanager.demo.contention_memory import descendants
 from npumanager.demo.contention_split import SplitRun, camera_records, split, summarize
 from npumanager.drivers.burst_counters import STAGES
 
