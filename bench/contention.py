@@ -12,9 +12,14 @@ managed camera p99 <= 1.3x camera alone and <= 0.5x unmanaged; background
 throughput managed >= 80 % of unmanaged.
 
 ``--ablate`` adds managed runs with the driver's protection mechanisms switched
-off in turn and on alone (see ``VARIANTS``). Run it on a quiet machine (here:
-under ``flock -x /tmp/npu-cpu.lock``). Usage: python bench/contention.py
-[--quick] [--ablate] [--only unmanaged,managed,...]
+off in turn and on alone (see ``VARIANTS``). ``--one-queue`` runs the one-queue
+device model instead (drivers/device_queue.py: every native run, the apps' own or
+the driver's, holds one machine-wide token; a model of a small NPU, on this CPU):
+unmanaged-1q-1t, unmanaged-1q, 1q-1ch and 1q, with ``--ablate`` also 1q-1ch
+with a mechanism off.
+Run it on a quiet machine (here: under ``flock -x /tmp/npu-cpu.lock``).
+Usage: python bench/contention.py
+[--quick] [--ablate] [--one-queue] [--only unmanaged,managed,...]
 """
 
 from __future__ import annotations
@@ -166,7 +171,65 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lower-run": {"background_lower": "run"},
     "root-host": {"driver_user": "root"},
     "lower-run-root": {"background_lower": "run", "driver_user": "root"},
+    # The one-queue device model (--one-queue; drivers/device_queue.py): every native run,
+    # here the driver's, holds one machine-wide token, first come first served, as on an
+    # NPU with one queue; paired with unmanaged-1q-1t, whose apps' runs hold it and run as
+    # the driver's do (one intra-op thread, so the same device on both sides), and with
+    # unmanaged-1q (the apps' sessions unchanged). 1q-1ch is the faithful analogue: the
+    # driver puts one job at a time on the device, so its own queue (priority at step
+    # boundaries, quiet window, anticipation) decides who runs next. 1q keeps the default
+    # 3 channels: a reserved channel's job then queues at the token behind background jobs
+    # already there, in arrival order, as in a vendor queue.
+    "1q-1ch": {"device_queue": True, "channels": 1},
+    "1q": {"device_queue": True},
+    # What carries over to one queue: 1q-1ch with one mechanism off.
+    "1q-1ch-quiet-off": {"device_queue": True, "channels": 1, "quiet_window_us": 0},
+    "1q-1ch-anticipate-off": {"device_queue": True, "channels": 1, "burst_anticipate_us": 0},
+    "1q-1ch-bg-normal": {"device_queue": True, "channels": 1, "background_sched": "normal"},
+    # The driver's sessions with ONNX Runtime's default 2 intra-op threads, as unmanaged-1q's
+    # apps: their pools' threads spin after each run, the driver host burns both CPUs (1.96
+    # cores contended) and the camera's p99 was 24.4 ms contended (1.1 ms in 1q-1ch, same
+    # quick run): the spinning, not the queue, so 1q-1ch's device is the one-thread run.
+    "1q-1ch-2t": {"device_queue": True, "channels": 1, "options": {"intra_op_threads": 2}},
 }
+
+#: Unmanaged runs: each app's own ONNX Runtime, default settings; "unmanaged-1q" on the
+#: one-queue device model (each session.run holds the token). With ORT's default pool the
+#: threads of apps not holding the token spin after their runs and keep both CPUs busy
+#: (1.99 cores contended vs 1.08 in 1q-1ch, one quick run), which no NPU's waiting app
+#: does: "unmanaged-1q-1t" runs each app's sessions on one intra-op thread (no pool, no
+#: spinning), the driver's sessions' setting, so both sides have the same device;
+#: "unmanaged-1q-nospin" keeps the 2 threads, not spinning
+#: (session.intra_op.allow_spinning = 0).
+UNMANAGED: dict[str, dict[str, Any]] = {
+    "unmanaged": {},
+    "unmanaged-1q": {"device_queue": True},
+    "unmanaged-1q-1t": {"device_queue": True, "ort_config": {"intra_op_num_threads": "1"}},
+    "unmanaged-1q-nospin": {"device_queue": True,
+                            "ort_config": {"session.intra_op.allow_spinning": "0"}},
+}
+
+
+def run_names(ablate: bool, one_queue: bool) -> list[str]:
+    """The runs of an invocation without --only: the one-queue rows (those with the
+    device queue) only with --one-queue, their ablations only with --ablate too."""
+    queued = [n for n, k in VARIANTS.items() if k.get("device_queue")]
+    names = (["unmanaged", "managed"] if not one_queue
+             else ["unmanaged-1q-1t", "unmanaged-1q", *queued[:2]])
+    if ablate:
+        names += [n for n in (queued[2:] if one_queue else VARIANTS)
+                  if n not in names and (one_queue or n not in queued)]
+    return names
+
+
+def pairs(names: list[str]) -> list[tuple[str, str]]:
+    """(unmanaged, managed) runs to hold against each other: managed against unmanaged,
+    each one-queue run against unmanaged-1q."""
+    out = [("unmanaged", "managed")] if {"unmanaged", "managed"} <= set(names) else []
+    for un in ("unmanaged-1q-1t", "unmanaged-1q", "unmanaged-1q-nospin"):
+        if un in names:
+            out += [(un, n) for n in names if VARIANTS.get(n, {}).get("device_queue")]
+    return out
 
 
 def npud_config(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +246,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short phases (about 15 s a run)")
     ap.add_argument("--ablate", action="store_true", help="also the ablation variants")
-    ap.add_argument("--only", default="", help="comma-separated runs: unmanaged, managed, "
-                    + ", ".join(VARIANTS))
+    ap.add_argument("--one-queue", action="store_true",
+                    help="the one-queue device model instead: unmanaged-1q(-1t), 1q-1ch, 1q")
+    ap.add_argument("--only", default="", help="comma-separated runs: "
+                    + ", ".join([*UNMANAGED, *VARIANTS]))
     ap.add_argument("--json", default="", help="also write every run's numbers to this file")
     ap.add_argument("--device-time", action="store_true",
                     help="managed runs: poll the driver's step records (device time per app)")
@@ -193,12 +258,10 @@ def main() -> int:
                     "the driver's record of its burst request (demo/contention_split.py)")
     args = ap.parse_args()
     timing = Timing.quick() if args.quick else Timing()
-    names = ["unmanaged", "managed"]
-    if args.ablate:
-        names += [n for n in VARIANTS if n != "managed"]
+    names = run_names(args.ablate, args.one_queue)
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = [n for n in names if n != "unmanaged" and n not in VARIANTS]
+        unknown = [n for n in names if n not in UNMANAGED and n not in VARIANTS]
         if unknown:
             ap.error(f"unknown run(s) {', '.join(unknown)}")
     models = build_models()
@@ -206,8 +269,10 @@ def main() -> int:
     splits: dict[str, dict[str, Any]] = {}
     t_start = time.monotonic()
     for name in names:
-        managed = name != "unmanaged"
-        knobs = dict(VARIANTS.get(name, {}))
+        managed = name not in UNMANAGED
+        knobs = dict(VARIANTS.get(name, {}) if managed else UNMANAGED[name])
+        device_queue = bool(knobs.pop("device_queue", False))
+        ort_config = knobs.pop("ort_config", None)
         bursts = bool(knobs.pop("bursts", True))
         batch_bursts = bool(knobs.pop("batch_bursts", True))
         inflight = int(knobs.pop("embedder_inflight", 1))
@@ -218,6 +283,7 @@ def main() -> int:
                    batch_bursts=batch_bursts, embedder_inflight=inflight,
                    device_probe=args.device_time,
                    app_knobs={"camera": {"spin_us": spin}} if spin else None,
+                   device_queue=device_queue, ort_config=ort_config,
                    log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                        file=sys.stderr, flush=True))
         results.append(run.run())
@@ -238,9 +304,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(
             [{**summary(r), "frame_split": splits.get(r.name, {})} for r in results], indent=1))
     by = {r.name: r for r in results}
-    if "unmanaged" in by and "managed" in by:
-        print()
-        for line in verdicts(by["unmanaged"], by["managed"]):
+    for un, m in pairs(names):
+        print(f"\n{m} against {un}:" if un != "unmanaged" else "")
+        for line in verdicts(by[un], by[m]):
             print(line)
     for r in results:
         for e in r.errors:

@@ -34,6 +34,7 @@ from npumanager.demo.contention_memory import MemorySampler, descendants
 from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.observe import Event, EventLog
 from npumanager.demo.process import AppProcess, LineQueue, Outbox, signals_held
+from npumanager.drivers import device_queue
 
 #: uids of the apps when run as root (npud tells apps apart by uid).
 UIDS = {"camera": 62001, "voice": 62002, "llm": 62003, "embedder": 62004, "loader": 62005}
@@ -155,8 +156,17 @@ class ContentionRun:
                  phases: tuple[str, ...] = ("alone", "contended", "loading"),
                  log: Any = None, bursts: bool = True, batch_bursts: bool = True,
                  embedder_inflight: int = 1, device_probe: bool = False,
-                 app_knobs: dict[str, dict[str, Any]] | None = None) -> None:
+                 app_knobs: dict[str, dict[str, Any]] | None = None,
+                 device_queue: bool = False,
+                 ort_config: dict[str, str] | None = None) -> None:
         self.name = name
+        #: Unmanaged apps' ONNX Runtime session config entries (default settings: none).
+        self.ort_config = {} if managed else dict(ort_config or {})
+        #: The one-queue device model (drivers/device_queue.py): one token for the whole
+        #: run, held around every native run, by each unmanaged app's ONNX Runtime or by
+        #: the managed run's driver (its ``device_queue_lock``); "" when not modelled.
+        self.device_queue = device_queue
+        self.queue_path = ""
         #: Per app, BenchApp fields to change in this run (managed only: e.g. the camera's
         #: burst spin, ``{"camera": {"spin_us": 1000}}``).
         self.app_knobs = (app_knobs or {}) if managed else {}
@@ -216,8 +226,11 @@ class ContentionRun:
         first_id = 1 + 100 * list(UIDS).index(name)
         kinds = ("frames", "bursts", "batches") if self.batch_bursts else ("frames", "bursts")
 
+        queue, ort_config = ("", None) if managed else (self.queue_path, self.ort_config)
+
         def main(out: Outbox, commands: LineQueue) -> None:
-            bench_app_main(app, model, managed, rt, first_id, out, commands, bursts, kinds)
+            bench_app_main(app, model, managed, rt, first_id, out, commands, bursts, kinds,
+                           queue, ort_config)
 
         log_path = os.path.join(self.tmp[0], f"{name}.log")
         with signals_held():  # a Ctrl-C now is taken once the app is on the list
@@ -284,6 +297,11 @@ class ContentionRun:
         os.chmod(self.tmp[0], 0o755)
         self.rt = os.path.join(self.tmp[0], "run")
         os.mkdir(self.rt, 0o755)
+        if self.device_queue:
+            self.queue_path = os.path.join(self.tmp[0], "device-queue")
+            device_queue.create(self.queue_path)  # every app's uid and the driver's take it
+            for d in self.config.get("driver", []):
+                d["options"] = {**d.get("options", {}), "device_queue_lock": self.queue_path}
         mem = MemorySampler()
         result = RunResult(self.name)
         t = self.timing

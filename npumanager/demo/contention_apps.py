@@ -84,20 +84,46 @@ class Engine(Protocol):
 
 
 class OrtEngine:
-    """Unmanaged: ONNX Runtime in the app's own process, default session options."""
+    """Unmanaged: ONNX Runtime in the app's own process, default session options.
+    ``device_queue``: the one-queue device emulation's token file (run ``unmanaged-1q``;
+    drivers/device_queue.py), held around each ``session.run`` as a vendor driver's one
+    queue would serialize the apps' jobs. ``session_config``: ONNX Runtime session options
+    to set: dotted keys as config entries, others as SessionOptions attributes (runs
+    ``unmanaged-1q-1t``: one intra-op thread; ``unmanaged-1q-nospin``: no spinning)."""
+
+    def __init__(self, device_queue: str = "",
+                 session_config: dict[str, str] | None = None) -> None:
+        from npumanager.drivers.device_queue import DeviceQueue
+
+        self.queue = DeviceQueue(device_queue) if device_queue else None
+        self.session_config = session_config or {}
 
     def load(self, model: DemoModel) -> Any:
         import onnxruntime as ort
 
-        session = ort.InferenceSession(model.onnx, providers=["CPUExecutionProvider"])
+        so = None
+        if self.session_config:
+            so = ort.SessionOptions()
+            for key, value in self.session_config.items():
+                if "." in key:  # a config entry (session.intra_op.allow_spinning)
+                    so.add_session_config_entry(key, value)
+                else:  # an attribute (intra_op_num_threads)
+                    setattr(so, key, type(getattr(so, key))(value))
+        session = ort.InferenceSession(model.onnx, sess_options=so,
+                                       providers=["CPUExecutionProvider"])
         return session, [o.name for o in session.get_outputs()]
 
     def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
             feedback: dict[str, str]) -> dict[str, Any]:
         session, names = handle
         outs: dict[str, Any] = {}
+        queue = self.queue
         for _ in range(steps):
-            outs = dict(zip(names, session.run(names, inputs), strict=True))
+            if queue is None:
+                outs = dict(zip(names, session.run(names, inputs), strict=True))
+            else:
+                with queue:
+                    outs = dict(zip(names, session.run(names, inputs), strict=True))
             if feedback:
                 inputs = {**inputs, **{i: outs[o] for o, i in feedback.items()}}
         return outs
@@ -112,7 +138,8 @@ class OrtEngine:
         pass
 
     def close(self) -> None:
-        pass
+        if self.queue is not None:
+            self.queue.close()
 
 
 class NpuEngine:
@@ -281,16 +308,20 @@ def _pipelined(app: BenchApp, prepared: Any, inputs: dict[str, np.ndarray], out:
 def bench_app_main(app: BenchApp, model: DemoModel, managed: bool, runtime_dir: str,
                    first_id: int, out: Outbox, commands: LineQueue,
                    bursts: bool = True,
-                   burst_kinds: tuple[str, ...] = ("frames", "bursts")) -> None:
+                   burst_kinds: tuple[str, ...] = ("frames", "bursts"),
+                   device_queue: str = "",
+                   session_config: dict[str, str] | None = None) -> None:
     """Entry point in the forked child (already running as the app's uid). ``bursts``:
     a managed app whose kind of work is in ``burst_kinds`` (by default those at their own
-    pace: frames, bursts) executes through a burst."""
+    pace: frames, bursts) executes through a burst. ``device_queue``: an unmanaged app's
+    runs hold this one-queue device token (managed, the driver holds it);
+    ``session_config``: an unmanaged app's ONNX Runtime session config entries."""
     stop = threading.Event()
     commands.start(lambda item: stop.set() if item.get("cmd") == "stop" else None)
     try:
         stream = bursts and app.kind in burst_kinds
         engine: Engine = (NpuEngine(app, runtime_dir, first_id, stream) if managed
-                          else OrtEngine())
+                          else OrtEngine(device_queue, session_config))
     except Exception as exc:
         out.emit("error", what="connect", error=f"{type(exc).__name__}: {exc}")
         return

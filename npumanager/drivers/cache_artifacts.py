@@ -124,7 +124,9 @@ def reference_load(
         specs = onnx_specs(b"".join(model_blobs))
     except Exception:
         specs = session_specs(session)
-    return OrtModel(session, weights + 2 * _io_bytes(session) + (1 << 20), None, specs)
+    model = OrtModel(session, weights + 2 * _io_bytes(session) + (1 << 20), None, specs)
+    model.queue = driver.queue
+    return model
 
 
 def reference_staged(

@@ -46,6 +46,8 @@ PLUGIN_OPTIONS: dict[str, dict[str, Opt]] = {
         "thermal_tau_s": Opt("float", 0.001, 86400.0),
         "compile_mode": Opt("choice", choices=("eager", "jit", "multistage")),
         "recompile_after": Opt("int", 0),
+        "device_queue_lock": Opt("str", what="a one-queue device emulated for benchmarks: "
+                                 "the file whose flock every native run holds"),
     },
     "openvino": {
         "devices": _DEVICES,

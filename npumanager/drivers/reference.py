@@ -23,6 +23,7 @@ from npumanager.drivers.base import (
     DriverCapabilities,
     PreparedModel,
 )
+from npumanager.drivers.device_queue import DeviceQueue
 from npumanager.drivers.lowering import native
 from npumanager.drivers.onnx_types import Specs, graph_specs, onnx_specs, session_specs
 from npumanager.drivers.reference_external import OrtBinding, initializer_bytes, ort_binding
@@ -84,6 +85,9 @@ class ThermalModel:
 class OrtModel(PreparedModel):
     #: (model, data) cache files artifacts() splits into (set by the driver).
     cache_counts: tuple[int, int] = (1, 1)
+    #: The one-queue device emulation's token (option ``device_queue_lock``; benchmarks
+    #: only, drivers/device_queue.py), held around each native run; None: runs as they come.
+    queue: DeviceQueue | None = None
 
     def __init__(self, session: Any, memory_bytes: int, serialized: bytes | None,
                  specs: Specs | None = None, binding: OrtBinding | None = None) -> None:
@@ -123,9 +127,14 @@ class OrtModel(PreparedModel):
     def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
         opts = self._options()
         self._run_options.add(opts)
+        queue = self.queue
+        if queue is not None:
+            queue.acquire()
         try:
             outs = self.session.run(self._output_names, inputs, opts)
         finally:
+            if queue is not None:
+                queue.release()
             self._run_options.discard(opts)
         return dict(zip(self._output_names, outs, strict=True))
 
@@ -146,9 +155,14 @@ class OrtModel(PreparedModel):
                 io.bind_output(name, "cpu", 0, dest.dtype, list(dest.shape), dest.ctypes.data)
         opts = self._options()
         self._run_options.add(opts)
+        queue = self.queue
+        if queue is not None:
+            queue.acquire()
         try:
             self.session.run_with_iobinding(io, opts)
         finally:
+            if queue is not None:
+                queue.release()
             self._run_options.discard(opts)
         values = io.get_outputs()
         out: dict[str, np.ndarray] = {}
@@ -192,7 +206,15 @@ class OrtModel(PreparedModel):
                 running.discard(opts)
             return result
 
-        return run
+        queue = self.queue
+        if queue is None:
+            return run
+
+        def queued() -> dict[str, Any]:
+            with queue:
+                return run()
+
+        return queued
 
     def abort(self) -> None:
         # ORT checks the flag between kernels, so a long run ends early with an error.
@@ -242,6 +264,10 @@ class ReferenceDriver(Driver):
         # with a budget, channels, queue and cache map each; not separate silicon.
         wanted = self.options.get("devices") or []
         self.device = str(wanted[0] if isinstance(wanted, list) and wanted else "CPU")
+        # A one-queue device emulated for benchmarks (drivers/device_queue.py): every
+        # native run holds this machine-wide token. Not an NPU: the runs stay on the CPU.
+        queue_path = str(self.options.get("device_queue_lock", ""))
+        self.queue = DeviceQueue(queue_path) if queue_path else None
 
     def capabilities(self) -> DriverCapabilities:
         import onnxruntime as ort
@@ -300,6 +326,7 @@ class ReferenceDriver(Driver):
         specs = binding.specs or session_specs(session)
         model = OrtModel(session, _memory(binding.weights, specs), onnx_bytes, specs, binding)
         model.cache_counts = (self.n_model_cache, self.n_data_cache)  # for artifacts()
+        model.queue = self.queue
         return model
 
     def _estimate_memory(self, onnx_bytes: bytes, session: Any) -> int:

@@ -1,0 +1,35 @@
+"""bench/contention.py's run names: which runs an invocation makes and which pairs its
+verdicts hold against each other (the one-queue model's rows, #15)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import contention
+
+
+def test_the_default_invocation_is_unchanged() -> None:
+    assert contention.run_names(False, False) == ["unmanaged", "managed"]
+    ablate = contention.run_names(True, False)
+    assert ablate[:2] == ["unmanaged", "managed"] and "old-defaults" in ablate
+    assert not [n for n in ablate if "1q" in n]  # the model's rows only when asked
+
+
+def test_one_queue_pairs_its_own_unmanaged_run_with_each_queued_variant() -> None:
+    names = contention.run_names(False, True)
+    assert names == ["unmanaged-1q-1t", "unmanaged-1q", "1q-1ch", "1q"]
+    assert contention.pairs(names) == [
+        ("unmanaged-1q-1t", "1q-1ch"), ("unmanaged-1q-1t", "1q"),
+        ("unmanaged-1q", "1q-1ch"), ("unmanaged-1q", "1q")]
+    ablate = contention.run_names(True, True)
+    assert ablate[:4] == names and len(ablate) > 4
+    for name in ablate[2:]:
+        knobs = contention.VARIANTS[name]
+        assert knobs["device_queue"] is True, name  # every managed row on the model
+    assert contention.UNMANAGED["unmanaged-1q"] == {"device_queue": True}
+    assert all(k["device_queue"] for n, k in contention.UNMANAGED.items() if "1q" in n)
+    both = contention.pairs(["unmanaged", "managed", "unmanaged-1q", "1q-1ch"])
+    assert both == [("unmanaged", "managed"), ("unmanaged-1q", "1q-1ch")]
