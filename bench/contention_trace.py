@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contention import VARIANTS, npud_config
+from trace_sleeps import print_sleeps, sleeps_by_waker
 
 from npumanager.demo.contention import (
     UIDS,
@@ -446,6 +447,12 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
     for label, tid in (("frame thread", cam_tid), ("burst thread", burst_tid)):
         print(f"  {label} {tid}: {threads.get(tid) if tid else None}")
     causes(worst, table.get("typical", []), slow_stage)
+    if burst_tid:
+        spans = []
+        for s, e, _ms in slow:
+            i = bisect.bisect_left(seen, s)
+            spans.append((s, recs[i][0] if i < len(recs) and recs[i][0] <= e else e))
+        print_sleeps(sleeps_by_waker(switches, wakes, burst_tid, spans, threads))
     if holders:
         print("while the burst thread was blocked (GIL or lock), host threads waited "
               "runnable (a holder preempted?): " + ", ".join(

@@ -293,18 +293,22 @@ switch), and no trace of the loading phase's causes after it.
 Session 12: lowering a background thread only around its native work (``background_lower
 = "run"``, :mod:`.lowering`): the step worker runs its Python at normal priority (GIL held)
 and switches to SCHED_IDLE just for ONNX Runtime's run, which releases the GIL; the thread
-that builds a background session likewise. It does what it is for: in the slow loading-phase
-frames of a quick trace the camera's burst thread slept 0.5 ms until a step worker woke it (a
-GIL hand-over) against 11.9 ms with threads lowered for good. It did not move the camera's
-tail, and it costs throughput (host running as root, this VM's root lacking CAP_SYS_RESOURCE
+that builds a background session likewise. Two quick traces each (bench/trace_sleeps.py: the
+burst thread's sleeps in slow loading frames by the thread that woke it, a GIL or lock
+hand-over naming the holder): a step worker woke it after 0.5 and 2.9 ms with "run" against
+11.9 (one 11 ms frame) and 0 ms with threads lowered for good, the host's event loop after 4.1
+and 6.1 against 2.8 and 1.7 ms: a step worker's GIL held while descheduled is rare, and the
+event loop's holds are the larger share. It did not move the camera's tail, and it costs
+throughput (host running as root, this VM's root lacking CAP_SYS_RESOURCE
 for the RLIMIT_NICE that lets a driver user return to nice 0; "run" vs "thread", same
 invocations; camera p99 while a model loads, ms): four quick pairs 3.6 / 2.9 / 3.6 / 3.8 vs
 2.9 / 3.2 / 3.3 / 3.5, a full run 3.3 vs 2.2 (contended 1.1 vs 0.8); LLM 4-7 % fewer tokens/s
 in every pair (498 vs 527 full), embedder fewer items/s in four of five (7933 vs 9139 full).
-So it stays opt-in. Switches cost 1.0 µs a pair (bench/lower_switch.py). In that full run the
-host as root loaded with a camera p99 of 2.2 ms against 4.4 for the same defaults as the
-unprivileged driver user (root lets the compile child's starvation bound raise it,
-:mod:`.compile_starve`); one run, not yet paired.
+So it stays opt-in. Switches cost 1.0 µs a pair (bench/lower_switch.py). The host as root is
+no better a baseline than the driver user (root lets the compile child's starvation bound
+raise it, :mod:`.compile_starve`): loading p99 3.4 / 3.2 / 2.1 / 2.7 vs 3.3 / 2.2 / 5.0 / 3.5 ms
+against the same defaults as the unprivileged driver user in four quick pairs (2.2 vs 4.4 in
+the full run above): the noise of one run.
 
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a

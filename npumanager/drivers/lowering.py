@@ -20,10 +20,9 @@ Leaving SCHED_IDLE (or a nice value) needs the host to be allowed: RLIMIT_NICE o
 nice 0 (:mod:`.compile_starve`; a host that npud starts as root has it). A thread that
 may not return stays lowered for good, as with ``"thread"``, and says so once in the log.
 
-Measured (drivers/classes.py, session 12): the burst thread's waits for a step worker's GIL
-shrink (0.5 vs 11.9 ms in a traced quick run's slow loading frames), but the camera's p99
-while a model loads did not fall (four quick pairs and a full run) and the LLM lost 4-7 % of
-its tokens/s in every pair: an opt-in, not the default.
+Measured (drivers/classes.py, session 12): the camera's p99 while a model loads did not fall
+(four quick pairs and a full run), traces found a step worker's descheduled GIL hold rare
+either way, and the LLM lost 4-7 % of its tokens/s in every pair: an opt-in, not the default.
 """
 
 from __future__ import annotations
