@@ -71,6 +71,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "+fg-2-threads": {"options": {"intra_op_threads_foreground": 2}},
     # The background's sessions get 2 intra-op threads (ONNX Runtime's pool, spinning).
     "+bg-2-threads": {"options": {"intra_op_threads_background": 2}},
+    # The same with the pool's spinning off (intra_op_spinning_background = 0): its threads
+    # block between kernels instead of keeping a core busy; they inherit SCHED_IDLE from
+    # the lowered thread that builds the session. Not kept: the embedder -9 % (median of
+    # four quick pairs; its batch is 12 kernels of ~14 µs, each waking the pool), the
+    # camera's loading p99 2.4-3.8 vs 2.0-2.8 ms (README: intra_op_spinning).
+    "+bg-2-threads-nospin": {"options": {"intra_op_threads_background": 2,
+                                         "intra_op_spinning_background": 0}},
     # Background models compile in the driver host (a lowered thread, the GIL shared)
     # instead of a lowered child process (drivers/compile_worker.py).
     "bg-compile-in-driver": {"background_compile": "thread"},

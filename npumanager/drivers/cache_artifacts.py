@@ -26,6 +26,13 @@ def _threads(driver: Any, options: CompileOptions) -> int:
     name = "intra_op_threads_bg" if options.background else "intra_op_threads_fg"
     return int(getattr(driver, name, getattr(driver, "intra_op_threads", 1)))
 
+
+def _spinning(driver: Any, options: CompileOptions) -> bool:
+    """Whether the session's intra-op pool spins for work (ONNX Runtime's default)."""
+    name = "intra_op_spinning_bg" if options.background else "intra_op_spinning_fg"
+    return bool(getattr(driver, name, True))
+
+
 def _io_bytes(session: Any) -> int:
     from npumanager.drivers.base import TensorInfo
     from npumanager.drivers.reference import _ORT_TYPES, _shape
@@ -52,7 +59,7 @@ def reference_compile_with_artifacts(
     binding = ort_binding(onnx_bytes, options.external_data)
     session, m, d = compile_with_artifacts(
         onnx_bytes, level, *counts, intra_op_threads=_threads(driver, options),
-        binding=binding,
+        binding=binding, spinning=_spinning(driver, options),
     )
     binding.session_created()
     model = driver.prepared(session, onnx_bytes, binding)
@@ -117,7 +124,8 @@ def reference_load(
     from npumanager.drivers.reference import OrtModel
 
     session = session_from_artifacts(
-        model_blobs, data_blobs, intra_op_threads=_threads(driver, options)
+        model_blobs, data_blobs, intra_op_threads=_threads(driver, options),
+        spinning=_spinning(driver, options),
     )
     weights = sum(len(b) for b in data_blobs) or sum(len(b) for b in model_blobs)
     try:  # the graph's own types (the model blob is the optimized ONNX graph)
@@ -141,7 +149,7 @@ def reference_staged(
     from npumanager.drivers.reference_cache import base_session_options, compile_with_artifacts
     from npumanager.drivers.staged import DEFAULT_RECOMPILE_AFTER, StagedModel, onnx_signature
 
-    threads = _threads(driver, options)
+    threads, spinning = _threads(driver, options), _spinning(driver, options)
     counts = (int(driver.n_model_cache), int(driver.n_data_cache))
     full = "basic" if options.preference == 0 else "all"
     # Checked now (a reference the host did not bind fails the prepare, not a later
@@ -156,11 +164,12 @@ def reference_staged(
         blobs: tuple[list[bytes], list[bytes]] | None = None
         if want and counts[0] > 0:
             session, m, d = compile_with_artifacts(
-                onnx_bytes, level, *counts, intra_op_threads=threads, binding=binding
+                onnx_bytes, level, *counts, intra_op_threads=threads, binding=binding,
+                spinning=spinning,
             )
             blobs = (m, d)
         else:
-            so = base_session_options(level, threads)
+            so = base_session_options(level, threads, spinning)
             binding.apply(so)
             try:
                 session = ort.InferenceSession(

@@ -247,6 +247,15 @@ class ReferenceDriver(Driver):
                                                         self.intra_op_threads))
         self.intra_op_threads_bg = int(self.options.get("intra_op_threads_background",
                                                         self.intra_op_threads))
+        # Whether a session's intra-op pool spins for work (1: ONNX Runtime's default), per
+        # class as above. Spinning, a 2-thread pool keeps a second core busy between a
+        # session's kernels; without it the pool's threads block, and each kernel wakes
+        # them (README: intra_op_spinning).
+        self.intra_op_spinning = int(self.options.get("intra_op_spinning", 1)) != 0
+        self.intra_op_spinning_fg = int(self.options.get("intra_op_spinning_foreground",
+                                                         self.intra_op_spinning)) != 0
+        self.intra_op_spinning_bg = int(self.options.get("intra_op_spinning_background",
+                                                         self.intra_op_spinning)) != 0
         self.thermal = ThermalModel(
             ambient_c=float(self.options.get("ambient_c", 35.0)),
             max_c=float(self.options.get("max_c", 95.0)),
@@ -291,6 +300,10 @@ class ReferenceDriver(Driver):
                                    else self.intra_op_threads_fg)
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        if not (self.intra_op_spinning_bg if options.background else self.intra_op_spinning_fg):
+            from npumanager.drivers.reference_cache import no_spinning
+
+            no_spinning(so)
         # LOW_POWER (0) asks for less work at compile time; the others optimize fully.
         so.graph_optimization_level = (
             ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -92,7 +92,8 @@ def _scratch_dir() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
-def base_session_options(opt_level: OptLevel, intra_op_threads: int = 1) -> Any:
+def base_session_options(opt_level: OptLevel, intra_op_threads: int = 1,
+                         spinning: bool = True) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -100,7 +101,16 @@ def base_session_options(opt_level: OptLevel, intra_op_threads: int = 1) -> Any:
     so.intra_op_num_threads = intra_op_threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3  # ORT warns about hardware-specific layouts: intended here
+    if not spinning:
+        no_spinning(so)
     return so
+
+
+def no_spinning(so: Any) -> None:
+    """ONNX Runtime's pool threads block for work instead of spinning for it (both pools;
+    with one intra-op thread there is no pool, so this changes nothing)."""
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
 
 
 def compile_with_artifacts(
@@ -113,6 +123,7 @@ def compile_with_artifacts(
     binding: OrtBinding | None = None,
     min_external_bytes: int = 0,
     prepack: bool = True,
+    spinning: bool = True,
 ) -> tuple[Any, list[bytes], list[bytes]]:
     """Compile ``onnx_bytes`` once; the session and its model/data cache blobs.
     ``binding``: the model's external data (:mod:`.reference_external`; it then holds the
@@ -129,7 +140,7 @@ def compile_with_artifacts(
 
     if n_model < 1 or n_data < 0:
         raise InvalidArgument(f"cannot cache into {n_model} model and {n_data} data files")
-    so = base_session_options(opt_level, intra_op_threads)
+    so = base_session_options(opt_level, intra_op_threads, spinning)
     if binding is not None:
         binding.apply(so)
         onnx_bytes = binding.onnx
@@ -195,7 +206,7 @@ def check_external_refs(model: Any, data_len: int) -> int:
 
 def session_from_artifacts(
     model_blobs: Sequence[bytes], data_blobs: Sequence[bytes | memoryview], *,
-    intra_op_threads: int = 1
+    intra_op_threads: int = 1, spinning: bool = True
 ) -> Any:
     """An InferenceSession from verified cache blobs; GeneralFailure if they do not load."""
     import onnx
@@ -212,7 +223,7 @@ def session_from_artifacts(
     except (DecodeError, ValueError) as exc:
         raise GeneralFailure(f"model cache does not parse: {exc}") from None
     refs = check_external_refs(model, len(data))
-    so = base_session_options("disabled", intra_op_threads)
+    so = base_session_options("disabled", intra_op_threads, spinning)
     if refs:
         so.add_external_initializers_from_files_in_memory([DATA_NAME], [data], [len(data)])
     try:
@@ -232,6 +243,7 @@ __all__ = [
     "base_session_options",
     "check_external_refs",
     "compile_with_artifacts",
+    "no_spinning",
     "ort_level",
     "session_from_artifacts",
 ]

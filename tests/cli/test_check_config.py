@@ -203,7 +203,9 @@ def test_each_plugins_options_are_checked(
     assert mine == [
         where + "#1 ('reference') options: unknown option 'intra_op_thread' for plugin "
                 "'reference' (did you mean 'intra_op_threads'? known: ambient_c, "
-                "compile_mode, data_cache_files, device_queue_lock, devices, intra_op_threads, "
+                "compile_mode, data_cache_files, device_queue_lock, devices, "
+                "intra_op_spinning, intra_op_spinning_background, "
+                "intra_op_spinning_foreground, intra_op_threads, "
                 "intra_op_threads_background, intra_op_threads_foreground, max_c, "
                 "memory_bytes, model_cache_files, recompile_after, thermal_tau_s)",
         where + "#1 ('reference') options: memory_bytes = '1G' must be an integer",
