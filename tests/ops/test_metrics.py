@@ -42,7 +42,7 @@ API_NAMES = {
     "npu_grant_latency_seconds_bucket", "npu_grant_latency_seconds_count",
     "npu_grant_latency_seconds_sum", "npu_thermal_status", "npu_thermal_headroom",
     "npu_driver_up", "npu_work_total", "npu_work_seconds_bucket", "npu_work_seconds_count",
-    "npu_work_seconds_sum", "npu_cache_loads_total",
+    "npu_work_seconds_sum", "npu_cache_loads_total", "npu_requests_dropped_total",
 }
 
 
@@ -187,7 +187,7 @@ def test_grafana_dashboard_uses_exported_names() -> None:
                    "npu_unload_requests_total", "npu_requests_completed_total",
                    "npu_grant_latency_seconds", "npu_thermal_status", "npu_thermal_headroom",
                    "npu_driver_up", "npu_work_total", "npu_work_seconds",
-                   "npu_cache_loads_total"):
+                   "npu_cache_loads_total", "npu_requests_dropped_total"):
         assert family in bases, family
 
 
