@@ -267,5 +267,7 @@ def poll_turns(burst: dict[str, Any]) -> tuple[int, int, int]:
         elif how == RUNG and r[-4] is not None:  # a window planned, the slot not taken
             skipped, run = skipped + 1, run + 1
             longest = max(longest, run)
-    assert skipped == burst["busy"] + burst.get("deferred", 0), burst
+    # (The counters may hold one more: the wait in progress when they were read, skipped
+    # after the last request, whose request never comes.)
+    assert 0 <= burst["busy"] + burst.get("deferred", 0) - skipped <= 1, burst
     return took, skipped, longest
