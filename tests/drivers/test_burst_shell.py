@@ -372,11 +372,13 @@ def test_cpu_marks_split_each_stage_into_cpu_and_run_queue_time(
                 for w, c, q in zip(wall, cpu, runq, strict=True):
                     assert (w is None) == (c is None) == (q is None), (wall, cpu, runq)
                     if w is not None:
-                        # (thread CPU time is counted in the scheduler's ticks of
-                        # accounting: allow a little over the wall time it lies in)
+                        # (each mark's CPU time is read after its wall mark, a few
+                        # Python calls later: a stage's CPU window is shifted from its
+                        # wall window by that much, which a loaded 2-vCPU suite stretched
+                        # to 79 µs once; 200 still catches a unit or clock mix-up)
                         # (run-queue time is read just after the stage's clock mark: a
                         # preemption between the two counts in it, not in the wall time)
-                        assert 0 <= c <= w + 50 and q >= 0, (w, c, q)
+                        assert 0 <= c <= w + 200 and q >= 0, (w, c, q)
                 assert cpu[bc.STAGES.index("admit")] is not None
             assert set(stats["stages_cpu_p50_us"]) == set(bc.STAGES)
             assert set(stats["stages_runq_p50_us"]) == set(bc.STAGES)
