@@ -149,6 +149,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # A BACKGROUND burst step's end through the bg_ends thread, as before the handback
     # (drivers/bg_handback.py: the lowered worker hands the run back to the burst's thread).
     "no-handback": {"background_handback": False},
+    # A BACKGROUND burst step the state starts at once run on the burst's own thread,
+    # lowered only for the run (drivers/bg_here.py), instead of on a SCHED_IDLE worker.
+    # Opt-in: the embedder +2 % (eight quick pairs), the camera's loading p99 lower in
+    # the quick pairs but not in a full run (README: background_burst_here).
+    "bg-burst-here": {"background_burst_here": "lowered"},
+    # The same, lowered to nice 19 for the run (a CFS weight of 15 against the other
+    # background steps' SCHED_IDLE 3): the embedder takes more of a core it shares with
+    # the LLM's step.
+    "bg-burst-here-nice": {"background_burst_here": "nice"},
+    # The same at nice 0: the embedder's runs at normal priority (what lowering costs it).
+    "bg-burst-here-normal": {"background_burst_here": "nice", "background_nice": 0},
     # glibc's own sliding mmap threshold in the host and its compile child (hal/
     # malloc_tune.py) instead of a fixed 4 MiB: released models' buffers stay in the heaps.
     "malloc-sliding": {"malloc_mmap_threshold_kb": 0},

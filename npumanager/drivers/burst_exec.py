@@ -12,6 +12,7 @@ thread's loop and the open and close calls are :mod:`.burst`'s.)
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,9 @@ from npumanager.drivers import burst_counters as bc
 from npumanager.drivers import events as ev
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.bg_handback import Handback, Ran
+from npumanager.drivers.bg_here import this_thread
 from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
+from npumanager.drivers.lowering import RunLowering
 from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
 from npumanager.drivers.state_fast import FastKey
 from npumanager.drivers.steps import Done, Execution, Reply
@@ -115,13 +118,17 @@ class BurstExecutions:
         # Anticipation serves FOREGROUND streams only: those whose steps run here.
         server.foreground = step is not None and not step.background
         hb = ex.handback
+        here = self._lowering() if ex.bg_here else None
         ran: Ran | None = None
         while True:
             while step is not None or ran is not None:
                 if ran is None:
                     assert step is not None
                     marks[bc.M_RUN0] = ns()
-                    error, run_us = host.runner.run(ex, step)
+                    if step.background and not step.inline and here is not None:
+                        error, run_us = host.runner.run_here(ex, step, here)  # (.bg_here)
+                    else:
+                        error, run_us = host.runner.run(ex, step)
                     marks[bc.M_RUN1] = ns()
                     server.run_us = run_us
                 else:
@@ -169,10 +176,24 @@ class BurstExecutions:
 
     def _hand_back(self, ex: Execution) -> None:
         """Before ``ex`` is submitted: its steps that run on lowered workers hand their
-        results back to this thread (.bg_handback), where the host does that."""
+        results back to this thread (.bg_handback), where the host does that; or, with
+        ``background_burst_here``, this thread runs them itself, lowered (.bg_here)."""
+        hc = self.host.hc
         fallback = self.host.res.burst_step_done
-        if self.host.hc.background_handback and fallback is not None:
+        if hc.background_handback and fallback is not None:
             ex.handback = Handback(fallback)
+        if hc.background_burst_here != "off" and self._lowering() is not None:
+            ex.bg_here = threading.get_ident()
+
+    def _lowering(self) -> RunLowering | None:
+        """This thread's lowering for its BACKGROUND runs (.bg_here; None: they go to the
+        workers)."""
+        hc = self.host.hc
+        mode = hc.background_burst_here
+        if mode not in ("lowered", "nice"):
+            return None
+        return this_thread(hc.background_sched if mode == "lowered" else "nice",
+                           hc.background_nice)
 
     @staticmethod
     def _await(server: BurstServer, ex: Execution, hb: Handback | None) -> Ran | None:

@@ -75,6 +75,12 @@ def current() -> RunLowering | None:
     return getattr(_local, "lowering", None)
 
 
+def set_current(low: RunLowering | None) -> None:
+    """The calling thread's lowering around native work from now on (None: none): for a
+    thread lowered only for some of its runs (a burst's BACKGROUND steps, .bg_here)."""
+    _local.lowering = low
+
+
 def arm_this_thread(sched: str, nice: int) -> bool:
     """Make the calling thread one lowered only around native work. Tried once here: a
     thread that cannot go back (RLIMIT_NICE) is lowered for good instead, and False

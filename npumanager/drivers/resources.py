@@ -125,7 +125,9 @@ class HostResources:
         over by :meth:`wake_loop`). Returns the step of ``here`` the state started, which
         this thread runs itself: a FOREGROUND step, or an inline one (the loop would run
         it at the same priority); a BACKGROUND step that is not inline goes to the
-        lowered workers as for plain work. Other work starts on worker threads; aborts
+        lowered workers as for plain work, unless ``here`` is a burst execution whose
+        thread, this one, runs them lowered (.bg_here; not one with a lane or one that
+        yields: those need the workers' placement). Other work starts on worker threads; aborts
         and burst endings are thread-safe; reports, timers, releases, inline steps of
         other work and plain replies are the loop's."""
         mine: ev.RunStep | None = None
@@ -135,8 +137,11 @@ class HostResources:
             kind = type(ins)
             if kind is ev.RunStep:
                 assert isinstance(ins, ev.RunStep)
-                if ins.ticket == here.ticket and (ins.inline or not ins.background):
-                    mine = ins
+                if ins.ticket == here.ticket and (
+                        ins.inline or not ins.background
+                        or (here.bg_here == threading.get_ident() and ins.lane is None
+                            and not ins.yields)):
+                    mine = ins  # (a BACKGROUND one: the burst's thread, lowered: .bg_here)
                     continue
                 if not ins.inline:
                     now.append(ins)  # runner.start: a worker thread

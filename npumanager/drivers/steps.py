@@ -26,10 +26,17 @@ import numpy as np
 from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.bg_handback import Handback
+from npumanager.drivers.bg_here import lowered_runs
 from npumanager.drivers.bg_place import steer
 from npumanager.drivers.events import RunStep
 from npumanager.drivers.exec_stats import ExecStats
-from npumanager.drivers.lowering import BACKGROUND_LOWER, arm_this_thread, current, give_up
+from npumanager.drivers.lowering import (
+    BACKGROUND_LOWER,
+    RunLowering,
+    arm_this_thread,
+    current,
+    give_up,
+)
 from npumanager.drivers.starve import StarveGuard
 from npumanager.hal.idle_cgroup import BOOST, STEP, IdleGroup
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -210,6 +217,9 @@ class Execution:
     fixed_result: pb.ExecuteResult | None = None
     #: A burst execution whose lowered runs go back to the burst's thread (.bg_handback).
     handback: Handback | None = None
+    #: A burst execution whose BACKGROUND steps the state starts at once run on the
+    #: burst's thread, lowered for the run (.bg_here): that thread's ident (0: none).
+    bg_here: int = 0
 
 
 def _all_bound(outs: dict[str, Any], bound: dict[str, tuple[np.ndarray, int]]) -> bool:
@@ -409,6 +419,24 @@ class StepRunner:
                     moved.append(entry)
         for ex, step, done, _fut in moved:
             self._submit(self._bg_boost, ex, step, done)
+
+    def run_here(self, ex: Execution, step: RunStep, low: RunLowering
+                 ) -> tuple[str | None, float]:
+        """A BACKGROUND step on the calling normal-priority thread (a burst's: .bg_here),
+        lowered by ``low`` around the backend's run only; at normal priority where the
+        starvation bound says so, as a step of the lowered pools would be."""
+        token = next(self._tokens)
+        with self._guard_lock:
+            boost = self.guard.route(token, time.monotonic())
+        if boost:
+            return self.run(ex, step)
+        c0 = time.thread_time()
+        try:
+            with lowered_runs(low):
+                return self.run(ex, step)
+        finally:
+            with self._guard_lock:
+                self.guard.ended(token, time.monotonic(), time.thread_time() - c0)
 
     def run(self, ex: Execution, step: RunStep) -> tuple[str | None, float]:
         """One step: run, then feed outputs back (more steps follow) or place them for the

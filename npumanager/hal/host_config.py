@@ -98,6 +98,10 @@ class HostConfig:
     #: its end and answers (drivers/bg_handback.py), instead of its end going through the
     #: bg_ends thread first.
     background_handback: bool = True
+    #: A BACKGROUND burst step the state starts at once runs on the burst's thread,
+    #: lowered only for the run (drivers/bg_here.py), instead of on a lowered worker:
+    #: "off", "lowered" (as background_sched says) or "nice" (nice background_nice).
+    background_burst_here: str = "off"
     #: The group npud made for this host ("" = none): set by npud, never from a client.
     background_cgroup_dir: str = ""
     #: A background step that waited longer than this for the CPU at SCHED_IDLE makes the
@@ -164,6 +168,7 @@ class HostConfig:
             background_cpus=str(d.get("background_cpus", "all")),
             background_cgroup=str(d.get("background_cgroup", "off")),
             background_handback=bool(d.get("background_handback", True)),
+            background_burst_here=str(d.get("background_burst_here", "off")),
             background_starve_ms=int(d.get("background_starve_ms", 200)),
             options=dict(d.get("options", {})),
             device_number=number,

@@ -127,7 +127,7 @@ FREE = {("manager", "enforce_admission"), ("manager", "drivers"),
         ("driver", "background_ends"), ("driver", "background_load"),
         ("driver", "background_lower"),
         ("driver", "hold_loads"),
-        ("driver", "background_handback"),
+        ("driver", "background_handback"), ("driver", "background_burst_here"),
         ("thermal", "trip_points"), ("thermal", "nvml_thresholds"), ("thermal", "devices"),
         ("importance", "from_process"), ("importance", "nice"), ("importance", "cgroup"),
         ("fleet", "signing_key"), ("fleet", "key_prefix")}

@@ -1,0 +1,105 @@
+"""A BACKGROUND burst step run on the burst's own thread, lowered only for its run
+(``background_burst_here``).
+
+By default a burst execution's BACKGROUND step (the contention bench's embedder: one
+batch per request) runs on a lowered step worker (``npu-bg_N``, ``SCHED_IDLE`` for good,
+:mod:`.steps`), which hands the result back to the burst's thread (:mod:`.bg_handback`).
+That is two wake-ups per batch beside the app's own, and the worker's is the wake-up of
+a ``SCHED_IDLE`` thread: the kernel never lets one preempt a running thread, and counts
+a CPU that runs only such threads (the LLM's step) as idle when it places one, so the
+worker can wait there for the scheduler's tick. Measured (bench/contention.py --quick
+--device-time, defaults, 2 vCPUs): the embedder's step took 0.25 ms on average, the
+app's batch 0.57 ms p50 and 1.64 ms p90, while the machine had half a core idle (1.51
+of 2 busy): the embedder is bound by its batches' latency, not by CPU.
+
+Here the burst's thread, woken at normal priority by the app's doorbell, runs the step
+itself and lowers itself just for the backend's native run (``SCHED_IDLE`` as
+``background_sched`` says, or nice ``background_nice``), back to normal priority after
+it, as a worker with ``background_lower = "run"`` does (:mod:`.lowering`, whose switch
+this reuses): no worker wake-up and no hand-back. Only a step the state starts at once,
+while this thread submits it, runs here; one it starts later (after the quiet window, a
+channel freed) still goes to the workers. The starvation bound (:mod:`.starve`) counts
+these steps like the workers': one it says to boost runs here at normal priority.
+
+Measured (README: background_burst_here; bench rows bg-burst-here*): the embedder's
+items/s +2 % in eight quick same-run pairs (+6 % lowered to nice 19, -3 % not lowered
+at all), within the runs' spread: the hand-off costs ~0.02 ms of a 0.6 ms batch, whose
+time goes to its single-threaded run (0.34 ms, 0.17 alone) and the round trip. An opt-in.
+
+Leaving ``SCHED_IDLE`` (or a nice value) needs RLIMIT_NICE 20 for nice 0: a host that npud
+starts as root has it. It is checked (the rlimit, then a lower and a return) once per
+thread; a thread that may not return is never lowered and leaves its background steps
+to the workers, as without this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from npumanager.drivers import lowering
+from npumanager.drivers.lowering import RunLowering
+
+log = logging.getLogger("npumanager.drivers.bg_here")
+
+_local = threading.local()
+
+
+def this_thread(sched: str, nice: int) -> RunLowering | None:
+    """The calling thread's lowering for its BACKGROUND runs, checked once per thread:
+    None where it may not lower itself and return, or ``sched`` lowers nothing
+    ("normal", "share": the workers decide there)."""
+    if sched not in ("idle", "nice"):
+        return None
+    low: RunLowering | bool | None = getattr(_local, "low", False)
+    if low is False:
+        low = None
+        try:
+            candidate = RunLowering(sched, nice)
+            if not may_return(candidate.base_nice):
+                raise PermissionError("RLIMIT_NICE does not allow the return")
+            candidate.lower()
+        except (OSError, AttributeError) as exc:
+            log.info("background_burst_here: background burst steps stay on the "
+                     "workers: %s", exc)
+        else:
+            try:
+                candidate.restore()
+                low = candidate
+            except OSError as exc:
+                log.warning("background_burst_here: a lowered thread may not return to "
+                            "normal priority (%s); background burst steps stay on the "
+                            "workers", exc)
+        _local.low = low
+    assert low is None or isinstance(low, RunLowering)
+    return low
+
+
+def may_return(base_nice: int) -> bool:
+    """Whether this process may raise a lowered thread back to ``base_nice``: root, or
+    RLIMIT_NICE at least 20 - base_nice (the kernel's can_nice). Checked before the
+    first lowering, so that a thread that could not return is never lowered at all."""
+    import resource
+
+    if os.geteuid() == 0:
+        return True
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return soft == resource.RLIM_INFINITY or soft >= 20 - base_nice
+
+
+@contextmanager
+def lowered_runs(low: RunLowering) -> Iterator[None]:
+    """Within: the calling thread's backend runs lowered by ``low`` (.lowering's switch
+    around the native call, :meth:`.steps.StepRunner.run`), as a worker's with
+    ``background_lower = "run"``. A return that fails leaves the thread lowered, and it
+    runs no more background steps itself."""
+    lowering.set_current(low)
+    try:
+        yield
+    finally:
+        if lowering.current() is None:  # (.lowering.give_up: the return failed)
+            _local.low = None
+        lowering.set_current(None)
