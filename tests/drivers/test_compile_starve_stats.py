@@ -47,6 +47,19 @@ needs_raise = pytest.mark.skipif(
     "RLIMIT_NICE below 20): the bound is off")
 
 
+def _policies(pid: int) -> set[int]:
+    """The scheduling policies of ``pid``'s threads. A thread that exits between the
+    listing and the read (one of ONNX Runtime's, seen once under a loaded full suite:
+    ProcessLookupError) has no policy left to check: it is skipped."""
+    got = set()
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            got.add(os.sched_getscheduler(int(t)))
+        except ProcessLookupError:
+            continue
+    return got
+
+
 def _compile(worker: CompileWorker, onnx: bytes) -> list[bytes]:
     blobs, _views = worker.compile(onnx, level=99, threads=1, n_model=1, n_data=1,
                                    max_bytes=1 << 30)
@@ -99,8 +112,7 @@ def test_a_stopped_compile_child_is_raised_counted_and_its_compile_completes() -
         th.join(120)
         assert not th.is_alive() and got and got[0], "the compile did not complete"
         assert guard.counts()["raises"] >= before + 2
-        tasks = os.listdir(f"/proc/{worker.pid}/task")
-        assert {os.sched_getscheduler(int(t)) for t in tasks} == {os.SCHED_IDLE}  # lowered
+        assert _policies(worker.pid) == {os.SCHED_IDLE}  # lowered
     finally:
         worker.close()
 
@@ -141,8 +153,7 @@ def test_a_child_starved_before_its_receipt_is_raised() -> None:
         th.join(120)
         assert not th.is_alive() and got and got[0], "the compile did not complete"
         assert worker.pid is not None
-        tasks = os.listdir(f"/proc/{worker.pid}/task")
-        assert {os.sched_getscheduler(int(t)) for t in tasks} == {os.SCHED_IDLE}  # lowered
+        assert _policies(worker.pid) == {os.SCHED_IDLE}  # lowered
     finally:
         worker.close()
 
