@@ -58,6 +58,7 @@ PLUGIN_OPTIONS: dict[str, dict[str, Opt]] = {
         "model_cache_files": _CACHE_FILES,
         "num_streams": Opt("int", 1, 1024),
         "inference_num_threads": Opt("int", 0, 4096),
+        "execution_mode": Opt("choice", choices=("accuracy", "performance")),
     },
     "torch": {
         "devices": _DEVICES,

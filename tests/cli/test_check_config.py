@@ -213,8 +213,8 @@ def test_each_plugins_options_are_checked(
                 "'jit', 'multistage'",
         where + "#1 ('reference') options: ambient_c = 90.0 must be below max_c = 80.0",
         where + "#2 ('ov') options: unknown option 'num_stream' for plugin 'openvino' (did "
-                "you mean 'num_streams'? known: devices, inference_num_threads, "
-                "memory_bytes, model_cache_files, num_streams)",
+                "you mean 'num_streams'? known: devices, execution_mode, "
+                "inference_num_threads, memory_bytes, model_cache_files, num_streams)",
         where + "#2 ('ov') options: inference_num_threads = -1 must be at least 0",
         where + "#2 ('ov') options: devices = 7 must be a name or a list of names",
         where + "#3 ('pt') options: runners = 0 must be at least 1",

@@ -51,6 +51,30 @@ def test_conv_net_matches_onnx_runtime_compiled_and_imported(driver: Any, conv: 
     assert not conv.matches(driver.compile(other.data, OPTS).run(conv.inputs))
 
 
+def test_execution_mode_keeps_the_models_precision_unless_the_admin_opts_out(
+        driver: Any, conv: BuiltModel) -> None:
+    """By default a model runs in its own precision (ACCURACY), so an f32 model's outputs
+    match ONNX Runtime's even where OpenVINO would lower them (bf16 on a CPU with AMX or
+    AVX512_BF16, as this CI's); "performance" hands the choice to the device and keys the
+    cache apart; an unknown mode is refused."""
+    from npumanager.drivers.openvino import OpenVinoDriver
+
+    m = driver.compile(conv.data, OPTS)
+    if "EXECUTION_MODE_HINT" in driver.supported:
+        assert str(m.compiled.get_property("EXECUTION_MODE_HINT")) == "ExecutionMode.ACCURACY"
+    precision = str(m.compiled.get_property("INFERENCE_PRECISION_HINT"))
+    assert "bfloat16" not in precision and "float16" not in precision, precision  # "dynamic"
+    assert conv.matches(m.run(conv.inputs))
+    fast = OpenVinoDriver({"execution_mode": "performance"})
+    try:
+        assert fast.version != driver.version and driver.version.endswith("+accuracy")
+        assert fast.compile_config(OPTS).get("EXECUTION_MODE_HINT") in (None, "PERFORMANCE")
+    finally:
+        fast.close()
+    with pytest.raises(InvalidArgument, match="execution_mode"):
+        OpenVinoDriver({"execution_mode": "fast"})
+
+
 def test_ir_bundle_gives_the_same_outputs(driver: Any, conv: BuiltModel, tmp_path: Path) -> None:
     import openvino as ov
 
