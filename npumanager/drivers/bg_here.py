@@ -35,7 +35,6 @@ to the workers, as without this module.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,45 +48,22 @@ _local = threading.local()
 
 
 def this_thread(sched: str, nice: int) -> RunLowering | None:
-    """The calling thread's lowering for its BACKGROUND runs, checked once per thread:
-    None where it may not lower itself and return, or ``sched`` lowers nothing
-    ("normal", "share": the workers decide there)."""
+    """The calling thread's lowering for its BACKGROUND runs, checked once per thread
+    (:func:`.lowering.try_switch`): None where it may not lower itself and return, or
+    ``sched`` lowers nothing ("normal", "share": the workers decide there)."""
     if sched not in ("idle", "nice"):
         return None
     low: RunLowering | bool | None = getattr(_local, "low", False)
     if low is False:
-        low = None
         try:
-            candidate = RunLowering(sched, nice)
-            if not may_return(candidate.base_nice):
-                raise PermissionError("RLIMIT_NICE does not allow the return")
-            candidate.lower()
-        except (OSError, AttributeError) as exc:
+            low = lowering.try_switch(sched, nice)
+        except OSError as exc:
+            low = None
             log.info("background_burst_here: background burst steps stay on the "
                      "workers: %s", exc)
-        else:
-            try:
-                candidate.restore()
-                low = candidate
-            except OSError as exc:
-                log.warning("background_burst_here: a lowered thread may not return to "
-                            "normal priority (%s); background burst steps stay on the "
-                            "workers", exc)
         _local.low = low
     assert low is None or isinstance(low, RunLowering)
     return low
-
-
-def may_return(base_nice: int) -> bool:
-    """Whether this process may raise a lowered thread back to ``base_nice``: root, or
-    RLIMIT_NICE at least 20 - base_nice (the kernel's can_nice). Checked before the
-    first lowering, so that a thread that could not return is never lowered at all."""
-    import resource
-
-    if os.geteuid() == 0:
-        return True
-    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
-    return soft == resource.RLIM_INFINITY or soft >= 20 - base_nice
 
 
 @contextmanager

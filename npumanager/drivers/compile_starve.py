@@ -97,11 +97,13 @@ class CompileStarve:
         return was
 
 
-def can_raise() -> bool:
-    """Whether this process (and a child it starts) may leave SCHED_IDLE for nice 0."""
+def can_raise(to_nice: int = 0) -> bool:
+    """Whether this process (and a child it starts) may leave SCHED_IDLE (or a higher nice
+    value) for nice ``to_nice``: root, or RLIMIT_NICE at least 20 - ``to_nice`` (the
+    kernel's can_nice)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NICE)
     return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or (
-        soft >= NICE_LIMIT_FOR_NICE_0)
+        soft >= NICE_LIMIT_FOR_NICE_0 - to_nice)
 
 
 def allow_nice_0() -> None:

@@ -33,6 +33,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from npumanager.drivers.compile_starve import can_raise
+
 log = logging.getLogger("npumanager.drivers.lowering")
 
 BACKGROUND_LOWER = ("thread", "run")
@@ -81,22 +83,37 @@ def set_current(low: RunLowering | None) -> None:
     _local.lowering = low
 
 
-def arm_this_thread(sched: str, nice: int) -> bool:
-    """Make the calling thread one lowered only around native work. Tried once here: a
-    thread that cannot go back (RLIMIT_NICE) is lowered for good instead, and False
-    returned. Where lowering itself fails (a seccomp filter), the thread stays normal."""
+def try_switch(sched: str, nice: int) -> RunLowering:
+    """A switch for the calling thread, tried once (a lower and a return) so that it is
+    known to work both ways. OSError where it does not: PermissionError where the thread
+    may not return to its nice value (RLIMIT_NICE, checked first, so such a thread is
+    never lowered), another where lowering itself fails (a seccomp filter, no
+    SCHED_IDLE); the thread is left at normal priority either way, unless the return
+    itself is refused after the check said yes."""
     low = RunLowering(sched, nice)
+    if not can_raise(low.base_nice):
+        raise PermissionError("RLIMIT_NICE does not allow a lowered thread to return to "
+                              f"nice {low.base_nice}")
     try:
         low.lower()
-    except (OSError, AttributeError) as exc:
-        log.warning("background threads stay at normal priority: %s", exc)
-        return False
+    except AttributeError as exc:  # no sched_setscheduler: not Linux
+        raise OSError(str(exc)) from None
+    low.restore()
+    return low
+
+
+def arm_this_thread(sched: str, nice: int) -> bool:
+    """Make the calling thread one lowered only around native work (:func:`try_switch`).
+    False where it cannot be (the caller lowers it for good instead, as "thread")."""
     try:
-        low.restore()
-    except OSError as exc:
+        low = try_switch(sched, nice)
+    except PermissionError as exc:
         if _warned.acquire(blocking=False):
             log.warning("background_lower = \"run\": a lowered thread may not return to "
                         "normal priority (%s); background threads stay lowered for good", exc)
+        return False
+    except OSError as exc:
+        log.warning("background threads stay at normal priority: %s", exc)
         return False
     _local.lowering = low
     return True
