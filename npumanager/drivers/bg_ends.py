@@ -37,7 +37,8 @@ import queue
 import threading
 from collections.abc import Callable
 
-from npumanager.drivers.steps import Execution, name_this_thread
+from npumanager.drivers.bg_threads import name_this_thread
+from npumanager.drivers.steps import Execution
 
 log = logging.getLogger("npumanager.drivers.bg_ends")
 

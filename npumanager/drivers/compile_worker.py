@@ -116,7 +116,7 @@ def _memfd_with(parts: list[bytes], name: str) -> int:
 class CompileWorker:
     """The driver's side: one child process, started on first use, one compile at a time.
 
-    ``sched``/``nice``: how the child lowers itself (:func:`~.steps.lower_this_thread`'s
+    ``sched``/``nice``: how the child lowers itself (:func:`~.bg_threads.lower_this_thread`'s
     meanings, for the whole process)."""
 
     def __init__(self, name: str, sched: str, nice: int, starve_ms: int = 0,

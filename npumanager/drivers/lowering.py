@@ -1,7 +1,7 @@
 """A background thread lowered only around its native work (``background_lower = "run"``).
 
 ``background_lower = "thread"`` lowers a background worker (SCHED_IDLE, or nice) for good
-when it starts (:func:`.steps.lower_this_thread`). Such a thread also runs Python: the
+when it starts (:func:`.bg_threads.lower_this_thread`). Such a thread also runs Python: the
 step's bookkeeping before and after ONNX Runtime's ``run``, the hand-back of its result,
 the recording. It holds the host's GIL then, and at SCHED_IDLE the kernel deschedules it
 behind any normal thread (the compile child, the apps), while the foreground's burst

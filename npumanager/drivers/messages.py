@@ -13,10 +13,11 @@ from typing import Any
 
 from npumanager import tensorio
 from npumanager.drivers import events as ev
+from npumanager.drivers.bg_threads import LANE_CHOICES, lane_cpus
 from npumanager.drivers.bounds import Limits
 from npumanager.drivers.prepare import Prepared
 from npumanager.drivers.records import DriverParams
-from npumanager.drivers.steps import LANE_CHOICES, Execution, lane_cpus
+from npumanager.drivers.steps import Execution
 from npumanager.errors import (
     ExecutionFailed,
     GrantRevoked,

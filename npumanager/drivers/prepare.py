@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check_prepared_model
+from npumanager.drivers.bg_threads import background_pool
 from npumanager.drivers.cache_store import DriverCache
 from npumanager.drivers.compile_worker import CompileWorker
 from npumanager.drivers.external_data import bind, sent_files
 from npumanager.drivers.fleet_tier import open_tier
 from npumanager.drivers.staged import CacheRewriter
-from npumanager.drivers.steps import background_pool
 from npumanager.errors import DriverRefused, GeneralFailure, InvalidArgument
 from npumanager.hal.host_config import HostConfig
 from npumanager.hal.idle_cgroup import COMPILE, IdleGroup
@@ -83,7 +83,7 @@ class Preparer:
         self.cache_counts = cache_counts
         self.state_dir = state_dir
         self.compile_pool = ThreadPoolExecutor(2, thread_name_prefix=f"npu-{hc.name}-compile")
-        #: A background model compiles on lowered threads (steps.lower_this_thread): loading
+        #: A background model compiles on lowered threads (bg_threads.lower_this_thread): loading
         #: it must not take the core from foreground work; ONNX Runtime's intra-op threads,
         #: created by the compiling thread, inherit that too.
         self.bg_compile_pool = self.compile_pool

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from npumanager.config import CHOICES, Config, _defaults
-from npumanager.drivers.steps import BACKGROUND_SCHED
+from npumanager.drivers.bg_threads import BACKGROUND_SCHED
 from npumanager.errors import InvalidArgument
 from tests.cli.conftest import npu, npu_process
 

@@ -14,8 +14,9 @@ import pytest
 
 from npumanager.drivers import lowering
 from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.bg_threads import background_pool
 from npumanager.drivers.events import RunStep
-from npumanager.drivers.steps import Execution, StepRunner, background_pool
+from npumanager.drivers.steps import Execution, StepRunner
 
 
 def policy() -> tuple[int, int]:

@@ -11,7 +11,8 @@ import weakref
 from typing import Any
 
 from npumanager.drivers.bg_ends import StepEnds
-from npumanager.drivers.steps import Execution, lower_this_thread
+from npumanager.drivers.bg_threads import lower_this_thread
+from npumanager.drivers.steps import Execution
 
 
 def test_an_end_queued_on_a_sched_idle_worker_is_submitted_at_normal_priority() -> None:

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from npumanager.drivers.bg_place import steer
+from npumanager.drivers.bg_threads import current_cpu, lane_cpus
 from npumanager.drivers.events import RunStep
-from npumanager.drivers.steps import Execution, StepRunner, current_cpu, lane_cpus
+from npumanager.drivers.steps import Execution, StepRunner
 
 from .test_exec_class_shell import PolicyProbe
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.bg_threads import background_pool, lower_this_thread
 from npumanager.drivers.events import RunStep
-from npumanager.drivers.steps import Execution, StepRunner, background_pool, lower_this_thread
+from npumanager.drivers.steps import Execution, StepRunner
 
 
 class PolicyProbe(PreparedModel):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from npumanager.drivers import events as ev
+from npumanager.drivers.bg_threads import lane_cpus
 from npumanager.drivers.events import RunStep
-from npumanager.drivers.steps import Execution, StepRunner, lane_cpus
+from npumanager.drivers.steps import Execution, StepRunner
 
 from .state_harness import Harness
 from .test_exec_class_shell import PolicyProbe
