@@ -41,9 +41,10 @@ def register(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from npumanager.config import Config
     from npumanager.paths import ensure_runtime_dir, manager_socket, runtime_dir
-    from npumanager.service.daemon import Daemon, drivers_enabled, run
+    from npumanager.service.daemon import Daemon, drivers_enabled
     from npumanager.service.logs import setup_logging
     from npumanager.service.notify import Notifier, SystemdObserver
+    from npumanager.service.serving import run
 
     if args.check_config is not None:
         return check_config(args)

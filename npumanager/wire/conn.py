@@ -27,9 +27,7 @@ import collections
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeAlias, cast
-
-from google.protobuf.message import Message
+from typing import cast
 
 from npumanager.errors import (
     CallerError,
@@ -41,6 +39,24 @@ from npumanager.errors import (
 )
 from npumanager.fds import close_fds as close_fds  # re-exported: older imports name it here
 from npumanager.proto.v1.wire_pb2 import Hello
+from npumanager.wire.calls import (  # re-exported: importers name them here
+    CallContext as CallContext,
+)
+from npumanager.wire.calls import (
+    FdBudget as FdBudget,
+)
+from npumanager.wire.calls import (
+    Handler as Handler,
+)
+from npumanager.wire.calls import (
+    HandlerResult as HandlerResult,
+)
+from npumanager.wire.calls import (
+    Payload as Payload,
+)
+from npumanager.wire.calls import (
+    frame_bytes as frame_bytes,
+)
 from npumanager.wire.framing import (
     DEFAULT_MAX_FRAME,
     ERROR,
@@ -51,7 +67,6 @@ from npumanager.wire.framing import (
     REPLY,
     REQUEST,
     FrameDecoder,
-    name_bytes,
 )
 from npumanager.wire.unix import ANC_SIZE, RECV_SIZE, Peer, peer_credentials, take_fds
 
@@ -62,72 +77,8 @@ MAX_WRITE_BACKLOG = 32 * 1024 * 1024
 #: Queued fd-less frames are merged into one send up to about this many bytes.
 GATHER_BYTES = 64 * 1024
 
-Payload: TypeAlias = bytes | Message
-#: What a handler returns: a payload, or (payload, fds to send with it).
-HandlerResult: TypeAlias = Payload | tuple[Payload, Sequence[int]] | None
-
 _NO_FDS: tuple[int, ...] = ()
 _pack_header = FRAME_HEADER.pack
-
-
-class FdBudget:
-    """Received fds not yet handed to a handler, counted across connections (one budget
-    per uid on a server): a uid with many connections cannot pin more than ``limit``."""
-
-    __slots__ = ("limit", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def __repr__(self) -> str:
-        return f"<FdBudget {self.used}/{self.limit}>"
-
-
-class CallContext:
-    """What a handler knows about the call: the connection and its verified peer."""
-
-    __slots__ = ("conn", "fds", "method")
-
-    def __init__(self, conn: RpcConnection, method: str, fds: list[int] | None = None) -> None:
-        self.conn = conn
-        self.method = method
-        #: Received fds: the handler owns them and must close them.
-        self.fds: list[int] = fds if fds is not None else []
-
-    def __repr__(self) -> str:
-        return f"<CallContext {self.method} on {self.conn!r} fds={self.fds}>"
-
-    @property
-    def peer(self) -> Peer:
-        return self.conn.peer
-
-
-class Handler(Protocol):
-    def __call__(
-        self, ctx: CallContext, payload: bytes
-    ) -> HandlerResult | Awaitable[HandlerResult]: ...
-
-
-def _payload_bytes(p: Payload | None) -> bytes:
-    if p is None:
-        return b""
-    if type(p) is bytes:
-        return p
-    if isinstance(p, Message):
-        return p.SerializeToString()
-    return bytes(p)
-
-
-def frame_bytes(kind: int, call_id: int, name: str, payload: Payload | None, n_fds: int,
-                max_frame: int) -> bytes:
-    """One encoded frame (see framing.py), refusing one larger than ``max_frame``."""
-    body = _payload_bytes(payload)
-    nb = name_bytes(name) if name else b""
-    n = MIN_BODY + len(nb) + len(body)
-    if n > max_frame:
-        raise ProtocolError(f"outgoing frame of {n + 4} bytes exceeds {max_frame}")
-    return _pack_header(n, kind, n_fds, len(nb), call_id) + nb + body
 
 
 class RpcConnection:
