@@ -209,7 +209,30 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # cores contended) and the camera's p99 was 24.4 ms contended (1.1 ms in 1q-1ch, same
     # quick run): the spinning, not the queue, so 1q-1ch's device is the one-thread run.
     "1q-1ch-2t": {"device_queue": True, "channels": 1, "options": {"intra_op_threads": 2}},
+    # Background work in a driver host process of its own (#15, iso17): a second reference
+    # [[driver]] (SECOND_HOST, the same knobs), and the apps named here ask npud for it and
+    # prepare on it; the camera and voice stay on the first host. Is sharing the host
+    # process (its GIL, lock, event loop, the background session's build) what costs the
+    # camera while a model loads? Each device has its own budget in npud (max_budget each).
+    # Four full invocations, order alternated (README: "Background work in a driver host of
+    # its own"), camera p99 while a model loads: bg-own-host 3.5 / 1.7 / 2.8 / 2.3 ms vs
+    # managed 4.4 / 3.5 / 4.3 / 3.6 (lower in every pair, still 1.9-5.2x alone), loader-own-
+    # host 3.9 / 4.1 / 3.5 / 3.3 (no gain); contended bg-own-host 1.2 / 1.5 / 1.3 / 1.6 vs
+    # 1.8 / 1.0 / 0.9 / 0.9 (the second host has no quiet window); LLM +8-13 %, embedder
+    # +5-37 %. Isolation does not reach the target: not a product option.
+    "loader-own-host": {"own_host": ["loader"]},
+    "bg-own-host": {"own_host": ["llm", "embedder", "loader"]},
+    # The same without the quiet window, against quiet-off: a second host does not see the
+    # camera's frames, so bg-own-host also loses the window (drivers/quiet.py is per host).
+    "bg-own-host+quiet-off": {"own_host": ["llm", "embedder", "loader"],
+                              "quiet_window_us": 0},
 }
+
+#: The second driver host's [[driver]] name (variants with "own_host").
+SECOND_HOST = "reference-bg"
+
+#: Runs held against unmanaged besides "managed" (the same apps, devices chosen).
+OWN_HOST = [n for n, k in VARIANTS.items() if k.get("own_host")]
 
 #: Unmanaged runs: each app's own ONNX Runtime, default settings; "unmanaged-1q" on the
 #: one-queue device model (each session.run holds the token). With ORT's default pool the
@@ -243,7 +266,8 @@ def run_names(ablate: bool, one_queue: bool) -> list[str]:
 def pairs(names: list[str]) -> list[tuple[str, str]]:
     """(unmanaged, managed) runs to hold against each other: managed against unmanaged,
     each one-queue run against unmanaged-1q."""
-    out = [("unmanaged", "managed")] if {"unmanaged", "managed"} <= set(names) else []
+    out = [("unmanaged", n) for n in ("managed", *OWN_HOST) if n in names] \
+        if "unmanaged" in names else []
     for un in ("unmanaged-1q-1t", "unmanaged-1q", "unmanaged-1q-nospin"):
         if un in names:
             out += [(un, n) for n in names if VARIANTS.get(n, {}).get("device_queue")]
@@ -252,11 +276,16 @@ def pairs(names: list[str]) -> list[tuple[str, str]]:
 
 def npud_config(knobs: dict[str, Any]) -> dict[str, Any]:
     """npud's config for a managed variant's knobs (bench keys already taken out): the
-    [[driver]] keys, and ``driver_user`` for [manager]."""
+    [[driver]] keys, ``driver_user`` for [manager], and ``own_host`` (apps on a second
+    driver host): a second [[driver]] entry, SECOND_HOST, with the first one's keys."""
     user = knobs.pop("driver_user", None)
+    own_host = knobs.pop("own_host", None)
     cfg = driver_config(**knobs)
     if user is not None:
         cfg["manager"]["driver_user"] = user
+    if own_host:
+        first = cfg["driver"][0]
+        cfg["driver"].append({**first, "name": SECOND_HOST, "options": dict(first["options"])})
     return cfg
 
 
@@ -295,13 +324,14 @@ def main() -> int:
         batch_bursts = bool(knobs.pop("batch_bursts", True))
         inflight = int(knobs.pop("embedder_inflight", 1))
         spin = float(knobs.pop("camera_spin_us", 0))
+        devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs) if managed else None
         kind = SplitRun if args.frame_split else ContentionRun
         run = kind(name, managed, timing, models, cfg, bursts=bursts,
                    batch_bursts=batch_bursts, embedder_inflight=inflight,
                    device_probe=args.device_time,
                    app_knobs={"camera": {"spin_us": spin}} if spin else None,
-                   device_queue=device_queue, ort_config=ort_config,
+                   device_queue=device_queue, ort_config=ort_config, devices=devices,
                    log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                        file=sys.stderr, flush=True))
         results.append(run.run())
@@ -323,7 +353,7 @@ def main() -> int:
             [{**summary(r), "frame_split": splits.get(r.name, {})} for r in results], indent=1))
     by = {r.name: r for r in results}
     for un, m in pairs(names):
-        print(f"\n{m} against {un}:" if un != "unmanaged" else "")
+        print(f"\n{m} against {un}:" if (un, m) != ("unmanaged", "managed") else "")
         for line in verdicts(by[un], by[m]):
             print(line)
     for r in results:

@@ -158,8 +158,12 @@ class ContentionRun:
                  embedder_inflight: int = 1, device_probe: bool = False,
                  app_knobs: dict[str, dict[str, Any]] | None = None,
                  device_queue: bool = False,
-                 ort_config: dict[str, str] | None = None) -> None:
+                 ort_config: dict[str, str] | None = None,
+                 devices: dict[str, str] | None = None) -> None:
         self.name = name
+        #: Managed, app -> the device (``[[driver]]`` name) it uses instead of the first:
+        #: apps put on a driver host of their own (bench rows loader-own-host, bg-own-host).
+        self.devices = (devices or {}) if managed else {}
         #: Unmanaged apps' ONNX Runtime session config entries (default settings: none).
         self.ort_config = {} if managed else dict(ort_config or {})
         #: The one-queue device model (drivers/device_queue.py): one token for the whole
@@ -218,6 +222,8 @@ class ContentionRun:
             app = replace(app, inflight=self.embedder_inflight)
         if name in self.app_knobs:
             app = replace(app, **self.app_knobs[name])
+        if name in self.devices:
+            app = replace(app, device=self.devices[name])
         if not self.root:
             # One uid for every app: job priorities alone order the work in the driver.
             offset = {"camera": 0, "voice": 100, "embedder": 300, "llm": 300, "loader": 300}
@@ -285,7 +291,8 @@ class ContentionRun:
             b = contention_cpu.mark(kids)
             self.cpu[name] = contention_cpu.between(a, b, t1 - t0)
             roles = contention_probe.roles_of({n: p.pid for n, p in self.procs.items()},
-                                              self.daemon_pid, threads.hosts, kids)
+                                              self.daemon_pid, threads.hosts, kids,
+                                              threads.names)
             self.cpu_roles[name] = contention_probe.cpu_by_role(a, b, roles, t1 - t0)
             self.host_threads[name] = threads.between(t1 - t0)
             if name == "contended" and self.poller is not None:

@@ -66,6 +66,9 @@ class BenchApp:
     #: and a higher p50 (1.0-1.2 vs 0.7-1.0 ms alone, three quick runs): the driver's
     #: burst thread is woken onto the spinning client's CPU (README: Bursts).
     spin_us: float = 0.0
+    #: Managed, the device the app asks npud for and prepares on (``[[driver]]`` name):
+    #: bench rows loader-own-host and bg-own-host put apps on a second driver host.
+    device: str = "reference"
 
 
 class Engine(Protocol):
@@ -155,7 +158,7 @@ class NpuEngine:
         #: after prepare), as `npu demo`'s camera and voice do (the caller decides which).
         self.stream = stream
         self.mgr = NpuManager(runtime_dir, client_name=app.name)
-        self.dev = nn.Device("reference", runtime_dir)
+        self.dev = nn.Device(app.device, runtime_dir)
         self.next_id = first_id
 
     def load(self, model: DemoModel) -> Any:
@@ -171,7 +174,8 @@ class NpuEngine:
                     got.append(listener)
                     granted.set()
 
-        req = ModelLoadRequest(self.next_id, self.app.size, self.app.priority)
+        req = ModelLoadRequest(self.next_id, self.app.size, self.app.priority,
+                               device=self.app.device)
         self.next_id += 1
         self.mgr.request_can_load_model(req, Cb())
         if not granted.wait(30):

@@ -56,12 +56,14 @@ def thread_jiffies(pid: int) -> dict[str, int]:
 
 
 def roles_of(apps: Mapping[str, int], npud: int | None, hosts: list[int],
-             pids: list[int]) -> dict[int, str]:
-    """pid -> role: an app's name, ``npud``, ``driver`` (a driver host), or ``other``
-    (what else the run started: compile children, helpers)."""
+             pids: list[int], names: Mapping[int, str] | None = None) -> dict[int, str]:
+    """pid -> role: an app's name, ``npud``, ``driver`` (a driver host; ``driver NAME``
+    for each where ``names`` gives more than one host a name), or ``other`` (what else
+    the run started: compile children, helpers)."""
     roles = {pid: "other" for pid in pids}
+    several = names is not None and len(hosts) > 1
     for pid in hosts:
-        roles[pid] = "driver"
+        roles[pid] = f"driver {names[pid]}" if several and names and pid in names else "driver"
     if npud is not None:
         roles[npud] = "npud"
     for name, pid in apps.items():
@@ -80,7 +82,20 @@ def cpu_by_role(a: CpuMark, b: CpuMark, roles: Mapping[int, str],
         if role is None:
             continue  # the bench process itself
         out[role] = out.get(role, 0.0) + max(0, j - a.ours.get(pid, 0)) * scale
+    hosts = [v for k, v in out.items() if k.startswith("driver ")]
+    if hosts:  # several hosts: their sum too, as one host's row
+        out["driver"] = sum(hosts)
     return {k: round(v, 3) for k, v in sorted(out.items())}
+
+
+def host_name(pid: int) -> str:
+    """The driver name a host serves, from its command line (``... driver NAME ...``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        return argv[argv.index(b"driver") + 1].decode()
+    except (OSError, ValueError, IndexError):
+        return str(pid)
 
 
 class HostThreads:
@@ -91,15 +106,19 @@ class HostThreads:
         from npumanager.testing.daemon import driver_hosts
 
         self.hosts = driver_hosts(runtime_dir) if runtime_dir else []
+        #: pid -> the ``[[driver]]`` name it serves (``npu driver NAME``).
+        self.names = {pid: host_name(pid) for pid in self.hosts}
         self._a = {pid: thread_jiffies(pid) for pid in self.hosts}
 
     def between(self, seconds: float) -> dict[str, float]:
         scale = 1 / os.sysconf("SC_CLK_TCK") / max(seconds, 1e-9)
         out: dict[str, float] = {}
         for pid, a in self._a.items():
+            # Several hosts: each one's groups under its name (``reference-bg/npu-bg``).
+            pre = f"{self.names[pid]}/" if len(self._a) > 1 else ""
             for k, v in thread_jiffies(pid).items():
                 if v - a.get(k, 0) > 0:
-                    out[k] = round(out.get(k, 0.0) + (v - a.get(k, 0)) * scale, 3)
+                    out[pre + k] = round(out.get(pre + k, 0.0) + (v - a.get(k, 0)) * scale, 3)
         return dict(sorted(out.items()))
 
 
@@ -237,8 +256,10 @@ APPS = ("camera", "voice", "llm", "embedder", "loader")
 def rows(results: list[Any]) -> list[tuple[str, ...]]:
     """The table's rows for what this module measured (RunResults)."""
     out: list[tuple[str, ...]] = []
-    for phase in ("contended",):
-        for role in (*APPS, "npud", "driver", "other"):
+    for phase in ("contended", "loading"):
+        hosts = sorted({k for r in results for k in r.cpu_roles.get(phase, {})
+                        if k.startswith("driver ")})
+        for role in (*APPS, "npud", "driver", *hosts, "other"):
             cells = [f"{r.cpu_roles[phase][role]:.2f}" if role in r.cpu_roles.get(phase, {})
                      else "-" for r in results]
             if any(c != "-" for c in cells):

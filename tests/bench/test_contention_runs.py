@@ -33,3 +33,16 @@ def test_one_queue_pairs_its_own_unmanaged_run_with_each_queued_variant() -> Non
     assert all(k["device_queue"] for n, k in contention.UNMANAGED.items() if "1q" in n)
     both = contention.pairs(["unmanaged", "managed", "unmanaged-1q", "1q-1ch"])
     assert both == [("unmanaged", "managed"), ("unmanaged-1q", "1q-1ch")]
+
+
+def test_own_host_rows_add_a_second_driver_and_pair_with_unmanaged() -> None:
+    """loader-own-host / bg-own-host (#15, iso17): a second [[driver]] with the first's
+    keys, and each row held against the unmanaged run of its invocation."""
+    cfg = contention.npud_config(dict(contention.VARIANTS["bg-own-host"]))
+    first, second = cfg["driver"]
+    assert second == {**first, "name": contention.SECOND_HOST}
+    assert len(contention.npud_config({})["driver"]) == 1
+    assert contention.VARIANTS["loader-own-host"]["own_host"] == ["loader"]
+    names = ["unmanaged", "managed", "loader-own-host", "bg-own-host"]
+    assert contention.pairs(names) == [("unmanaged", n) for n in names[1:]]
+    assert contention.pairs(["managed", "bg-own-host"]) == []

@@ -78,6 +78,24 @@ def test_the_camera_can_spin_and_its_driver_anticipate(models: dict[str, object]
     assert descendants(os.getpid()) == []
 
 
+def test_apps_can_run_on_a_second_driver_host(models: dict[str, object]) -> None:
+    """The rows loader-own-host / bg-own-host: the background apps ask npud for a second
+    device (its own driver host) and prepare on it, each grant valid there only; the
+    camera and voice stay on the first. Each host's CPU is its own role."""
+    cfg = driver_config()
+    cfg["driver"].append({**cfg["driver"][0], "name": "reference-bg"})
+    r = ContentionRun("two", True, TINY, models, cfg,  # type: ignore[arg-type]
+                      devices=dict.fromkeys(("llm", "embedder", "loader"), "reference-bg")
+                      ).run()
+    check(r)  # every load granted on the second device and prepared there
+    for phase in ("contended", "loading"):
+        roles = r.cpu_roles[phase]
+        assert roles["driver reference-bg"] > 0, roles  # the LLM's and embedder's steps
+        assert "driver reference" in roles and roles["driver"] >= roles["driver reference-bg"]
+    assert any(g.startswith("reference-bg/") for g in r.host_threads["contended"])
+    assert descendants(os.getpid()) == []
+
+
 def test_the_table_puts_runs_side_by_side() -> None:
     a, b = RunResult("unmanaged"), RunResult("managed")
     a.camera = {"alone": Stats([1.0, 2.0]), "contended": Stats([10.0, 40.0])}
