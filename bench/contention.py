@@ -214,19 +214,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # prepare on it; the camera and voice stay on the first host. Is sharing the host
     # process (its GIL, lock, event loop, the background session's build) what costs the
     # camera while a model loads? Each device has its own budget in npud (max_budget each).
-    # Five full invocations, order alternated (README: "Background work in a driver host of
-    # its own"), camera p99 while a model loads: bg-own-host 3.5 / 1.7 / 2.8 / 2.3 / 2.0 ms
-    # vs managed 4.4 / 3.5 / 4.3 / 3.6 / 4.2 (lower in every pair, still 1.9-5.2x alone; an
-    # A/A pair, bg-own-host+quiet-off, 3.4 vs 2.0 in one run), loader-own-host 3.9 / 4.1 /
-    # 3.5 / 3.3 (no gain); contended bg-own-host 1.2 / 1.5 / 1.3 / 1.6 / 1.9 vs 1.8 / 1.0 /
-    # 0.9 / 0.9 / 1.3 (the second host has no quiet window); LLM +7-13 %, embedder +5-37 %.
+    # Seven full invocations, order alternated (README: "Background work in a driver host of
+    # its own"), camera p99 while a model loads: bg-own-host 3.5 / 1.7 / 2.8 / 2.3 / 2.0 /
+    # 2.7 / 2.5 ms vs managed 4.4 / 3.5 / 4.3 / 3.6 / 4.2 / 4.2 / 4.3 (lower in every pair,
+    # still 1.9-5.2x alone; A/A pairs with bg-own-host+quiet-off 3.4 vs 2.0, 1.9 vs 2.7),
+    # loader-own-host 3.9 / 4.1 / 3.5 / 3.3 (no gain); contended bg-own-host worse in five of
+    # six clean pairs (the second host has no quiet window); LLM +2-13 %, embedder -8 to +37 %.
     # Isolation does not reach the target: not a product option.
     "loader-own-host": {"own_host": ["loader"]},
     "bg-own-host": {"own_host": ["llm", "embedder", "loader"]},
     # The same without the quiet window, against quiet-off: a second host does not see the
     # camera's frames, so bg-own-host also loses the window (drivers/quiet.py is per host).
     # On this bench it is bg-own-host's configuration (no host has both a paced stream and
-    # background steps): an A/A pair with it, 3.4 vs 2.0 ms loading p99 in one run.
+    # background steps): A/A pairs with it, 3.4 vs 2.0 and 1.9 vs 2.7 ms loading p99.
     "bg-own-host+quiet-off": {"own_host": ["llm", "embedder", "loader"],
                               "quiet_window_us": 0},
 }
