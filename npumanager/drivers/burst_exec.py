@@ -23,7 +23,7 @@ from npumanager.drivers import burst_counters as bc
 from npumanager.drivers import events as ev
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.bg_handback import Handback, Ran
-from npumanager.drivers.bg_here import this_thread
+from npumanager.drivers.bg_here import this_thread, unlowered
 from npumanager.drivers.burst_fixed import FixedRequest, fixed_request
 from npumanager.drivers.lowering import RunLowering
 from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_area
@@ -190,6 +190,8 @@ class BurstExecutions:
         workers)."""
         hc = self.host.hc
         mode = hc.background_burst_here
+        if mode == "normal":
+            return unlowered()
         if mode not in ("lowered", "nice"):
             return None
         return this_thread(hc.background_sched if mode == "lowered" else "nice",

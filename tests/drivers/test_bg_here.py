@@ -75,17 +75,23 @@ def test_a_thread_lowers_itself_for_a_run_and_returns() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to take another uid")
 def test_a_thread_that_could_not_return_is_never_lowered() -> None:
     """Another uid with RLIMIT_NICE 0 (the default for a user's process): this_thread
-    says no, and the thread is still SCHED_OTHER afterwards."""
+    says no, and the thread is still SCHED_OTHER afterwards; ``unlowered`` (mode
+    "normal") still gives a switch, one that changes nothing."""
     code = ("import os, resource, threading\n"
             "resource.setrlimit(resource.RLIMIT_NICE, (0, 0))\n"
             "os.setgid(65534); os.setuid(65534)\n"
             "from npumanager.drivers.bg_here import this_thread\n"
-            "print(this_thread('idle', 19), os.sched_getscheduler(0) == os.SCHED_OTHER)\n")
+            "print(this_thread('idle', 19), os.sched_getscheduler(0) == os.SCHED_OTHER)\n"
+            # "normal" lowers nothing, so it needs no limit: its switch works both ways.
+            "from npumanager.drivers.bg_here import unlowered\n"
+            "low = unlowered(); low.lower(); low.restore()\n"
+            "print(low is unlowered(), os.sched_getscheduler(0) == os.SCHED_OTHER,\n"
+            "      os.getpriority(os.PRIO_PROCESS, 0))\n")
     root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd="/", env={**os.environ, "PYTHONPATH": root}, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["None", "True"]
+    assert out.stdout.split() == ["None", "True", "True", "True", "0"]
 
 
 class Seen(PreparedModel):
@@ -144,7 +150,7 @@ def niceness() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-@pytest.mark.parametrize("mode", ["lowered", "nice"])
+@pytest.mark.parametrize("mode", ["lowered", "nice", "normal"])
 def test_a_background_bursts_steps_run_on_its_thread_lowered_with_the_same_records(
         runtime_dir: Path, state_dir: Path, mode: str) -> None:
     """BACKGROUND burst executions (the test's uid is below the foreground threshold)
@@ -192,7 +198,8 @@ def test_a_background_bursts_steps_run_on_its_thread_lowered_with_the_same_recor
 
     seen_here, between, with_here = served_with(mode)
     seen_workers, _, without = served_with("off")
-    inside = (os.SCHED_IDLE, 0) if mode == "lowered" else (os.SCHED_OTHER, 19)
+    inside = {"lowered": (os.SCHED_IDLE, 0), "nice": (os.SCHED_OTHER, 19),
+              "normal": (os.SCHED_OTHER, 0)}[mode]
     assert [(p, nc) for _, p, nc in seen_here] == [inside] * n
     assert all(t.startswith("npu-burst-") for t, _, _ in seen_here), seen_here
     assert between == (os.SCHED_OTHER, 0)
