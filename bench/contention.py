@@ -210,6 +210,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lower-run": {"background_lower": "run"},
     "root-host": {"driver_user": "root"},
     "lower-run-root": {"background_lower": "run", "driver_user": "root"},
+    # The background step workers at nice 19 instead of SCHED_IDLE, the compile child and
+    # the session builds still SCHED_IDLE (background_step_nice; drivers/classes.py,
+    # step_policy): a worker handed the host's GIL preempts the compile work at once
+    # instead of waiting for a CPU behind it while the camera's burst thread sleeps on the
+    # GIL (bench/trace_stacks.py, #15 trace17).
+    "step-nice-19": {"background_step_nice": 19},
     # The one-queue device model (--one-queue; drivers/device_queue.py): every native run,
     # here the driver's, holds one machine-wide token, first come first served, as on an
     # NPU with one queue; paired with unmanaged-1q-1t, whose apps' runs hold it and run as

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import json
 import os
 import re
@@ -49,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contention import VARIANTS, npud_config
+from trace_loop import print_loop, start_pyspy
 from trace_sleeps import print_sleeps, sleeps_by_waker
+from trace_stacks import host_pid, print_stacks, roles, runnable_by, start_stacks
 
 from npumanager.demo.contention import (
     UIDS,
@@ -106,9 +109,13 @@ def thread_table(root: int, apps: dict[int, str]) -> dict[int, tuple[int, str, s
 
 
 class TraceRun(ContentionRun):
-    def __init__(self, *a: Any, keep: str, **k: Any) -> None:
+    def __init__(self, *a: Any, keep: str, stacks: bool = False, pyspy: bool = False,
+                 **k: Any) -> None:
         super().__init__(*a, **k)
         self.keep = keep
+        self.stacks = stacks
+        self.pyspy = pyspy
+        self.gil = (0, 0)
         self.threads: dict[int, tuple[int, str, str, int, str]] = {}
         self.recent: dict[str, list[dict[str, Any]]] = {}
 
@@ -121,9 +128,16 @@ class TraceRun(ContentionRun):
             ["perf", "record", "-a", "-k", "mono", "-e", "sched:sched_switch",
              "-e", "sched:sched_wakeup", "-o", data],
             stdout=subprocess.DEVNULL, stderr=open(data + ".log", "w"))  # noqa: SIM115
+        apps = {p.pid: n for n, p in self.procs.items()}
+        stacks = None
+        if self.stacks:  # (bench/trace_stacks.py: the host's and the camera's threads only)
+            stacks, self.gil = start_stacks(self.keep, name, thread_table(os.getpid(), apps))
+        spy = None
+        if self.pyspy and name == "loading":  # (bench/trace_loop.py)
+            host = host_pid(thread_table(os.getpid(), apps))
+            spy = start_pyspy(self.keep, name, host, seconds) if host else None
         time.sleep(1.0)  # perf's start stalls the machine for a moment: not in the phase
         stop = threading.Event()
-        apps = {p.pid: n for n, p in self.procs.items()}
 
         def sample() -> None:
             while not stop.wait(1.0):
@@ -136,8 +150,12 @@ class TraceRun(ContentionRun):
         finally:
             stop.set()
             sampler.join()
-            perf.send_signal(signal.SIGINT)
-            perf.wait(30)
+            if spy is not None:
+                spy.wait(30)
+            for p in (perf, stacks):
+                if p is not None:
+                    p.send_signal(signal.SIGINT)
+                    p.wait(30)
         self.recent[name] = self.burst_records()
 
     def burst_records(self) -> list[dict[str, Any]]:
@@ -254,7 +272,7 @@ def saved(run: TraceRun, alone_p99: float) -> dict[str, Any]:
             "threads": {str(t): v for t, v in run.threads.items()},
             "frames": [(e["t"] - e["ms"] / 1000, e["t"], e["ms"])
                        for e in run.events.find("camera", "frame")],
-            "loads": load_spans(run.events.find("loader"))}
+            "loads": load_spans(run.events.find("loader")), "gil": run.gil}
 
 
 def load_spans(events: list[Any]) -> list[tuple[float, float]]:
@@ -325,6 +343,8 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
             for r in x.get("recent", [])]
     recs.sort(key=lambda r: r[0])
     seen = [r[0] for r in recs]
+
+    role = roles(threads, host_tids, wakes)
 
     def classify(tid: int) -> str:
         if tid == 0:
@@ -453,6 +473,15 @@ def analyse(keep: str, data: dict[str, Any], phase: str, over: float) -> None:
             i = bisect.bisect_left(seen, s)
             spans.append((s, recs[i][0] if i < len(recs) and recs[i][0] <= e else e))
         print_sleeps(sleeps_by_waker(switches, wakes, burst_tid, spans, threads))
+
+        def answered_of(s: float, e: float) -> float | None:
+            i = bisect.bisect_left(seen, s)
+            return recs[i][7] if i < len(recs) and recs[i][0] <= e else None
+
+        print_stacks(keep, phase, tuple(data.get("gil", (0, 0))), burst_tid, cam_tid,
+                     host_pid(threads), slow, groups["typical"], answered_of, role,
+                     runnable_by(tl, host_tids, role, classify))
+        print_loop(keep, phase, host_pid(threads), role)
     if holders:
         print("while the burst thread was blocked (GIL or lock), host threads waited "
               "runnable (a holder preempted?): " + ", ".join(
@@ -508,6 +537,14 @@ def main() -> int:
     ap.add_argument("--variant", default="managed")
     ap.add_argument("--over", type=float, default=1.3)
     ap.add_argument("--keep", default="")
+    ap.add_argument("--stacks", action="store_true",
+                    help="kernel stacks of the host's and the camera's sleeps "
+                         "(bench/trace_stacks.py)")
+    ap.add_argument("--pyspy", action="store_true",
+                    help="py-spy samples of the host's GIL holders while models load "
+                         "(bench/trace_loop.py)")
+    ap.add_argument("--loading-s", type=float, default=0.0,
+                    help="the loading phase's length (0: the timing's)")
     ap.add_argument("--analyse", default="", metavar="DIR",
                     help="analyse a kept run again (no new run)")
     args = ap.parse_args()
@@ -518,6 +555,8 @@ def main() -> int:
             analyse(args.analyse, data, phase, args.over)
         return 0
     timing = Timing.quick() if args.quick else Timing()
+    if args.loading_s:
+        timing = dataclasses.replace(timing, loading_s=args.loading_s)
     knobs = dict(VARIANTS[args.variant])
     bursts = bool(knobs.pop("bursts", True))
     batch_bursts = bool(knobs.pop("batch_bursts", True))
@@ -526,7 +565,7 @@ def main() -> int:
     os.makedirs(keep, exist_ok=True)
     run = TraceRun(args.variant, True, timing, build_models(), npud_config(knobs),
                    bursts=bursts, batch_bursts=batch_bursts, embedder_inflight=inflight,
-                   keep=keep)
+                   keep=keep, stacks=args.stacks, pyspy=args.pyspy)
     r = run.run()
     alone = r.camera["alone"]
     print(f"{args.variant}: camera alone {camera_cell(alone)}; contended "

@@ -367,3 +367,24 @@ def may_start(cls: ExecClass, background_running: int, channels: int, reserved: 
     Foreground work takes any free channel; background work at most
     ``channels - reserved`` of them at once, whichever channels those are."""
     return cls is ExecClass.FOREGROUND or background_running < channels - reserved
+
+
+def step_policy(background_sched: str, background_nice: int, step_nice: int
+                ) -> tuple[str, int]:
+    """The background step workers' policy and nice value: ``background_sched``'s, or
+    with ``step_nice`` 0-19 (``background_step_nice``) where that is "idle", nice
+    ``step_nice``; the host's compile and load threads keep ``background_sched``'s.
+
+    Why (#15, kernel stacks of the loading phase's slow frames, bench/trace_stacks.py): a
+    step worker takes the host's GIL back after each run, and CPython hands a dropped GIL
+    to one waiter at a time, oldest first. A SCHED_IDLE worker handed it waits for a CPU
+    behind the compile child and the session build, SCHED_IDLE as well (no preemption
+    among them), while the GIL is free and the camera's burst thread sleeps on it: in
+    two quick traces the burst thread slept on the GIL 12 and 70 ms of the slow frames'
+    70 and 212 ms excess, its holders mostly waiting in turn for such a worker. A woken
+    thread at a nice value preempts a SCHED_IDLE one at once."""
+    if not -1 <= step_nice <= 19:
+        raise ValueError(f"background_step_nice must be between -1 and 19, not {step_nice}")
+    if background_sched == "idle" and step_nice >= 0:
+        return "nice", step_nice
+    return background_sched, background_nice

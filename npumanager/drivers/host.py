@@ -44,6 +44,7 @@ from npumanager.drivers import events as ev
 from npumanager.drivers.base import Driver
 from npumanager.drivers.bg_ends import StepEnds
 from npumanager.drivers.burst import Bursts
+from npumanager.drivers.classes import step_policy
 from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.messages import (
     ClientConn,
@@ -99,10 +100,11 @@ class DriverHost:
         self._manager_uid = manager_uid
         self.preparer = Preparer(hc, driver, cache_counts, state_dir)
         self.exec_stats = ExecStats()
+        sched, nice = step_policy(hc.background_sched, hc.background_nice,
+                                  hc.background_step_nice)
         self.runner = StepRunner(hc.name, hc.channels, inline_limit=hc.inline_limit,
                                  max_frame=hc.max_frame, stats=self.exec_stats,
-                                 background_sched=hc.background_sched,
-                                 background_nice=hc.background_nice,
+                                 background_sched=sched, background_nice=nice,
                                  background_cpus=hc.background_cpus,
                                  background_starve_ms=hc.background_starve_ms,
                                  idle_group=self.preparer.idle_group,

@@ -53,6 +53,10 @@ class HostConfig:
     reserved_channels: int = 1
     background_sched: str = "idle"
     background_nice: int = 10
+    #: Background step workers at this nice value instead of ``background_sched``'s
+    #: policy, where that is "idle" (-1: as background_sched says); compiles and session
+    #: builds stay SCHED_IDLE (drivers/steps.py says why).
+    background_step_nice: int = -1
     #: Where a BACKGROUND model compiles when the driver can hand it off
     #: (drivers/compile_worker.py): "process" (a lowered child process, off the driver's
     #: GIL) or "thread" (a lowered thread of the driver host).
@@ -155,6 +159,7 @@ class HostConfig:
             reserved_channels=int(d.get("reserved_channels", 1)),
             background_sched=str(d.get("background_sched", "idle")),
             background_nice=int(d.get("background_nice", 10)),
+            background_step_nice=int(d.get("background_step_nice", -1)),
             background_compile=str(d.get("background_compile", "process")),
             background_ends=str(d.get("background_ends", "thread")),
             background_load=str(d.get("background_load", "lowered")),
