@@ -216,6 +216,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # instead of waiting for a CPU behind it while the camera's burst thread sleeps on the
     # GIL (bench/trace_stacks.py, #15 trace17).
     "step-nice-19": {"background_step_nice": 19},
+    # A released model freed off the host's lock where no paced foreground frame is near
+    # (quiet_release, drivers/quiet_release.py) instead of at once on the event loop under
+    # the lock: dropping the 32 MiB LLM's session holds the GIL 1.6-2.6 ms, once per load
+    # (py-spy of the loading phase, bench/trace_loop.py). Not kept: loading p99 4.1 / 3.4
+    # / 3.5 vs 3.3 / 3.6 / 5.2 ms in three full pairs (README: quiet_release).
+    "quiet-release": {"quiet_release": True},
     # The one-queue device model (--one-queue; drivers/device_queue.py): every native run,
     # here the driver's, holds one machine-wide token, first come first served, as on an
     # NPU with one queue; paired with unmanaged-1q-1t, whose apps' runs hold it and run as

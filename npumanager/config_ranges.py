@@ -310,6 +310,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "quiet_window_us"): at_least(0, " (0 = off)"),
     ("driver", "quiet_tail_us"): at_least(0, " (0 = none)"),
     ("driver", "hold_loads"): _ANY,  # a boolean (its type is checked at load)
+    ("driver", "quiet_release"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
     ("driver", "background_cpus"): _ANY,  # config.CHOICES
     ("driver", "background_cgroup"): _ANY,  # config.CHOICES

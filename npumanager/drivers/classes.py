@@ -310,6 +310,18 @@ raise it, :mod:`.compile_starve`): loading p99 3.4 / 3.2 / 2.1 / 2.7 vs 3.3 / 2.
 against the same defaults as the unprivileged driver user in four quick pairs (2.2 vs 4.4 in
 the full run above): the noise of one run.
 
+Session 13: kernel stacks of the loading phase's slow frames (bench/trace_stacks.py,
+``contention_trace.py --stacks``; README, "What the camera's path sleeps on while a model
+loads"): the camera's burst thread asleep on the GIL 18-35 % of their excess in three
+quick traces, on the host's lock 5-8 %, runnable behind SCHED_IDLE work 14-22 %, behind
+the loader app 1-21 %; no page-fault I/O or mmap_lock. The GIL's holders were mostly
+waiting for it themselves, rooted in SCHED_IDLE threads handed the GIL (CPython 3.11
+hands it to one waiter at a time) and waiting for a CPU behind the compile work. Step
+workers at nice 19 (``background_step_nice``, :func:`step_policy`) did not lower the
+loading p99 in two full pairs (4.2 vs 4.2, 7.1 vs 3.9 ms; the embedder +24-26 %, the LLM
+-8-10 %), nor did freeing released models at quiet moments (:mod:`.quiet_release`: three
+pairs, no gain beyond the spread): both opt-ins.
+
 On an accelerator with one hardware queue and no CPU contention, only the
 queue-level parts carry over (the class of a job, the reserved channel as a
 reserved queue or context, the quiet window: there a background step started

@@ -56,6 +56,7 @@ from npumanager.drivers.messages import (
 from npumanager.drivers.npud_link import NpudLink, admin
 from npumanager.drivers.prepare import Preparer
 from npumanager.drivers.prepare_calls import PrepareCalls
+from npumanager.drivers.quiet_release import QuietReleases
 from npumanager.drivers.resources import HostResources
 from npumanager.drivers.state import DriverState
 from npumanager.drivers.state_fast import FastKey
@@ -127,6 +128,8 @@ class DriverHost:
                                     else self.bg_ends.put)
         if self.preparer.worker is not None:
             self.res.hold_loads = self.preparer.worker.hold
+        if hc.quiet_release:
+            self.res.releases = QuietReleases(self.clock, self._quiet_hold_end)
         self.bursts = Bursts(self)
         self.prepares = PrepareCalls(self)
         self.res.pool_closing = self.bursts.forget_pool
@@ -192,6 +195,10 @@ class DriverHost:
         return self.res.loop
 
     # --- events in -------------------------------------------------------------------
+
+    def _quiet_hold_end(self, now: float, run_s: float) -> float | None:
+        with self.lock:
+            return self.state.quiet_hold_end(now, run_s)
 
     def _stimulus(self, kind: str) -> str:
         return f"{kind}-{next(self._stimuli)}"

@@ -34,6 +34,7 @@ from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.messages import ClientConn, job_error
 from npumanager.drivers.npud_link import NpudLink
+from npumanager.drivers.quiet_release import QuietReleases
 from npumanager.drivers.steps import Execution, Reply, StepRunner
 from npumanager.fds import close_fds
 from npumanager.hal.types import EndReason
@@ -79,6 +80,9 @@ class HostResources:
         #: Stops (True) or continues the background compiles in flight (.load_hold; the
         #: host sets it when it has a compile worker). Safe from any thread.
         self.hold_loads: Callable[[bool], None] = lambda stop: None
+        #: Where released models are freed at a quiet moment (.quiet_release; None: at
+        #: once, as the state says).
+        self.releases: QuietReleases | None = None
         #: Called (the lock held) right before a pool closes, with its id.
         self.pool_closing: Callable[[int], None] | None = None
         self._runners: dict[type, Callable[[Any], None]] = {
@@ -104,6 +108,8 @@ class HostResources:
         for prepared in self.prepared.values():
             prepared.release()
         self.prepared.clear()
+        if self.releases is not None:
+            self.releases.close()
 
     def carry_out(self, out: list[ev.Instruction]) -> None:
         """On the loop, the lock held: what burst threads left first, then ``out``."""
@@ -263,7 +269,11 @@ class HostResources:
 
     def _release_model(self, ins: ev.ReleaseModel) -> None:
         prepared = self.prepared.pop(ins.model_id, None)
-        if prepared is not None:
+        if prepared is None:
+            return
+        if self.releases is not None:
+            self.releases.add(prepared)  # (off the lock, where no paced frame is near)
+        else:
             prepared.release()
 
     def _close_pool(self, ins: ev.ClosePool) -> None:

@@ -348,6 +348,15 @@ class DriverState(ModelRules, RepeatPath, LoadHoldRules, WorkRules):
         for info, reason in self._debounce.due(e.now):
             self._out.append(ev.ReportWork(_ENDED, info, int(reason)))
 
+    def quiet_hold_end(self, now: float, run_s: float) -> float | None:
+        """None: background work of ``run_s`` may start at ``now`` as far as the quiet
+        window says (:mod:`.quiet`; off, or no stream paced: None); else when to ask
+        again (the host's freeing of released models, :mod:`.quiet_release`)."""
+        quiet = self.quiet
+        if quiet is None or not quiet.paced():
+            return None
+        return quiet.hold_end(now, run_s, self._queue.foreground_streams())
+
     # --- internals ------------------------------------------------------------------------
 
     def _dispatch(self, yielding: Job | None = None) -> None:

@@ -85,6 +85,9 @@ class HostConfig:
     #: tail, drivers/quiet.py; 0: none). Only with the window on. Off: not yet measured
     #: to help (drivers/classes.py).
     quiet_tail_us: int = 0
+    #: A released model is freed off the host's lock where no paced foreground frame is
+    #: near (drivers/quiet_release.py) instead of at once on the loop under the lock.
+    quiet_release: bool = False
     #: The window holds background compiles too: the compile child is stopped around
     #: paced foreground frames, bounded (drivers/load_hold.py). Off: no measured gain yet.
     hold_loads: bool = False
@@ -168,6 +171,7 @@ class HostConfig:
             switch_interval_us=int(d.get("switch_interval_us", 0)),
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
             quiet_tail_us=int(d.get("quiet_tail_us", 0)),
+            quiet_release=bool(d.get("quiet_release", False)),
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             background_cpus=str(d.get("background_cpus", "all")),
