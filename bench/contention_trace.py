@@ -49,7 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from contention import VARIANTS, npud_config
+from contention import SECOND_HOST, VARIANTS, npud_config
 from trace_loop import print_loop, start_pyspy
 from trace_sleeps import print_sleeps, sleeps_by_waker
 from trace_stacks import host_pid, print_stacks, roles, runnable_by, start_stacks
@@ -561,11 +561,13 @@ def main() -> int:
     bursts = bool(knobs.pop("bursts", True))
     batch_bursts = bool(knobs.pop("batch_bursts", True))
     inflight = int(knobs.pop("embedder_inflight", 1))
+    # Rows with apps on a second driver host (own_host): the same devices as contention.py.
+    devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
     keep = args.keep or tempfile.mkdtemp(prefix="npu-trace-")
     os.makedirs(keep, exist_ok=True)
     run = TraceRun(args.variant, True, timing, build_models(), npud_config(knobs),
                    bursts=bursts, batch_bursts=batch_bursts, embedder_inflight=inflight,
-                   keep=keep, stacks=args.stacks, pyspy=args.pyspy)
+                   devices=devices, keep=keep, stacks=args.stacks, pyspy=args.pyspy)
     r = run.run()
     alone = r.camera["alone"]
     print(f"{args.variant}: camera alone {camera_cell(alone)}; contended "
