@@ -93,8 +93,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # one loop of session.run either way). Not the default: +11 % and +21 % items/s in
     # two paired full runs, but the camera's contended p99 went 2.1 -> 3.5 ms in one of
     # them (2.6 -> 2.0 in the other) and was 2.4-4.2 ms in four runs with it. Session 13
-    # (two full runs): +4 % and +5 %, the LLM -33 % and -39 %, camera contended p99 2.0
-    # vs 1.3 and 1.7 vs 1.4 ms (README: model.pipeline()).
+    # (three full runs): +4, +5, -6 %, the LLM -33, -39, -32 %, camera contended p99 2.0
+    # vs 1.3, 1.7 vs 1.4, 1.3 vs 1.4 ms (README: model.pipeline()).
     "embedder-pipeline": {"embedder_inflight": 2},
     # Three batches in flight.
     "embedder-3-in-flight": {"embedder_inflight": 3},
@@ -169,8 +169,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The same not lowered at all ("normal", drivers/bg_here.py: the embedder's runs at
     # normal priority, between the quiet windows): needs no RLIMIT_NICE, so unlike the two
     # above it runs here on a host started as a driver user (this VM). Not the default:
-    # embedder +42 % (full run, same invocation) but 60 % of unmanaged, camera contended
-    # p99 1.9 vs 1.4 ms, LLM -10 % (README: background_burst_here).
+    # embedder +42 % and +50 % (two full runs, same invocations; 71 % of unmanaged in the
+    # clean one), camera contended p99 1.9 vs 1.4 and 1.7 vs 1.4 ms, LLM -10 % and -8 %
+    # (README: background_burst_here).
     "bg-burst-here-normal": {"background_burst_here": "normal"},
     "embedder-pipeline+bg-burst-here-normal": {"embedder_inflight": 2,
                                                "background_burst_here": "normal"},
