@@ -86,7 +86,7 @@ _ALSO: dict[tuple[str, str], tuple[type, ...]] = {
     ("driver", "inline_run_us"): (float,),
     ("driver", "inline_idle_run_us"): (float,),
 }
-#: String keys that take one of a few words (drivers/steps.py BACKGROUND_SCHED and
+#: String keys that take one of a few words (drivers/bg_threads.py BACKGROUND_SCHED and
 #: drivers/classes.py say what each does).
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("driver", "background_sched"): ("idle", "nice", "normal", "share"),
