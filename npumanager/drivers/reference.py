@@ -25,8 +25,8 @@ from npumanager.drivers.base import (
 )
 from npumanager.drivers.device_queue import DeviceQueue
 from npumanager.drivers.lowering import native
-from npumanager.drivers.onnx_types import Specs, graph_specs, onnx_specs, session_specs
-from npumanager.drivers.reference_external import OrtBinding, initializer_bytes, ort_binding
+from npumanager.drivers.onnx_types import Specs, onnx_specs, session_specs
+from npumanager.drivers.reference_external import OrtBinding, ort_binding
 from npumanager.errors import InvalidArgument
 from npumanager.tensorio.dtypes import ONNX_TO_NUMPY
 
@@ -36,17 +36,6 @@ _ORT_TYPES = {f"tensor({k})": v for k, v in ONNX_TO_NUMPY.items()}
 
 def _shape(dims: list[Any]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in dims)
-
-
-def _onnx_facts(onnx_bytes: bytes) -> tuple[int, Specs | None]:
-    """Initializer bytes, and the inputs and outputs with their ONNX types (one parse)."""
-    import onnx
-
-    try:
-        model = onnx.load_model_from_string(onnx_bytes)
-    except Exception:
-        return len(onnx_bytes), None
-    return initializer_bytes(model), graph_specs(model)
 
 
 def _caching_available() -> bool:
@@ -341,10 +330,6 @@ class ReferenceDriver(Driver):
         model.cache_counts = (self.n_model_cache, self.n_data_cache)  # for artifacts()
         model.queue = self.queue
         return model
-
-    def _estimate_memory(self, onnx_bytes: bytes, session: Any) -> int:
-        weights, specs = _onnx_facts(onnx_bytes)
-        return _memory(weights, specs or session_specs(session))
 
     def compile_with_artifacts(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
         """compile() that also produces the cache artifacts (one compile instead of two)."""
