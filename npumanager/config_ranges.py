@@ -7,7 +7,7 @@ allowed, instead of a driver host that fails on it and is restarted without end,
 bound that silently means something else. A value of the wrong type is skipped here: its
 type error is reported instead. Tables whose entries their owners parse (importance rules,
 ``[thermal] devices`` and ``trip_points``, ``[[app]]``) are checked by those owners
-(``npu serve --check-config`` runs them too: service/config_check.py).
+(``npu serve --check-config`` runs them too: cli/check_config.py owner_problems).
 
 Each check returns what is wrong as the end of a sentence ("must be >= 1, not -1"), or
 None. :data:`RANGES` has one entry per (section, key); a test holds it to defaults.toml.

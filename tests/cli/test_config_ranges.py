@@ -122,7 +122,7 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
                             "between 0 and 65535 (0: any free one), not '127.0.0.1:70000'"),
 }
 #: Keys with no range of their own: true/false, a word from config.CHOICES (the type
-#: check's), or a table its owner parses (service/config_check.py runs those owners).
+#: check's), or a table its owner parses (cli/check_config.py runs those owners).
 FREE = {("manager", "enforce_admission"), ("manager", "drivers"),
         ("driver", "background_sched"), ("driver", "background_compile"),
         ("driver", "background_cpus"), ("driver", "background_cgroup"), ("driver", "options"),
