@@ -60,6 +60,7 @@ from npumanager.drivers.anticipate import (
 from npumanager.drivers.burst_exec import BurstExecutions
 from npumanager.drivers.burst_fixed import FixedRequest
 from npumanager.drivers.messages import ClientConn
+from npumanager.drivers.poll_turns import FirstCome, PollTurns
 from npumanager.drivers.steps import Execution, Reply
 from npumanager.errors import (
     GeneralFailure,
@@ -360,7 +361,9 @@ class Bursts(BurstExecutions):
         self.host = host
         self._servers: dict[int, BurstServer] = {}
         us = host.hc.burst_anticipate_us
-        self._anticipate = (Anticipate(us / 1e6, threading.Lock(), lambda s: warm(host, s))
+        self._anticipate = (Anticipate(us / 1e6, threading.Lock(), lambda s: warm(host, s),
+                                       turns=PollTurns() if host.hc.burst_poll_turns
+                                       else FirstCome())
                             if us > 0 else None)
         self._ids = itertools.count(1)
 

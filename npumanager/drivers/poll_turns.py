@@ -118,3 +118,11 @@ class PollTurns:
         if w is not None and served_early:
             self.owed.discard(w.uid)
 
+
+class FirstCome(PollTurns):
+    """The slot first come, first served (``burst_poll_turns = false``; what the host did
+    before turns): no window is given up for another uid. The windows are still declared
+    and counted, so the two differ only in ``ask``."""
+
+    def ask(self, key: int, now: float) -> bool:
+        return True

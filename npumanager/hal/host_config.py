@@ -93,6 +93,9 @@ class HostConfig:
     hold_loads: bool = False
     #: A burst's poll for its paced stream's next request, µs (drivers/anticipate.py; 0: off).
     burst_anticipate_us: int = 300
+    #: Anticipation's one poll slot in turns between uids whose windows overlap
+    #: (drivers/poll_turns.py); false: first come, first served (PollTurns vs FirstCome).
+    burst_poll_turns: bool = True
     #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
     #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py),
     #: "steer" (lanes unpinned, each steered off the others' CPUs: drivers/bg_place.py), or
@@ -174,6 +177,7 @@ class HostConfig:
             quiet_release=bool(d.get("quiet_release", False)),
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
+            burst_poll_turns=bool(d.get("burst_poll_turns", True)),
             background_cpus=str(d.get("background_cpus", "all")),
             background_cgroup=str(d.get("background_cgroup", "off")),
             background_handback=bool(d.get("background_handback", True)),

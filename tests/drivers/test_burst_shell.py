@@ -468,3 +468,30 @@ def test_the_burst_thread_learns_the_pace_from_the_clients_stamps(
             await close(burst, dev)
 
     run(runtime_dir, state_dir, body, foreground_priority=1000, burst_anticipate_us=300.0)
+
+
+@pytest.mark.parametrize("turns", [None, True, False])
+def test_burst_poll_turns_picks_how_the_one_poll_slot_is_shared(
+        runtime_dir: Path, state_dir: Path, turns: bool | None) -> None:
+    """``[[driver]] burst_poll_turns`` (true by default) gives the host's anticipation
+    turns between uids (drivers/poll_turns.py); false, the slot first come, first
+    served (FirstCome, bench/poll_turns_latency.py's other side)."""
+    from npumanager.config import Config
+    from npumanager.drivers.poll_turns import FirstCome, PollTurns
+    from npumanager.hal.host_config import HostConfig
+
+    entry: dict[str, object] = {"name": "gated", "plugin": "reference"}
+    if turns is not None:
+        entry["burst_poll_turns"] = turns
+    hc = HostConfig.from_config(Config.load(None, {"driver": [entry]}), "gated")
+    assert hc.burst_poll_turns is (turns is not False)
+    seen: list[type] = []
+
+    async def body(s: Stack) -> None:
+        side = s.host.bursts._anticipate
+        assert side is not None
+        seen.append(type(side.turns))
+
+    run(runtime_dir, state_dir, body, burst_anticipate_us=300,
+        burst_poll_turns=hc.burst_poll_turns)
+    assert seen == [FirstCome if turns is False else PollTurns]

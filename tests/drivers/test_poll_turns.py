@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from npumanager.drivers.anticipate import Anticipate
 from npumanager.drivers.burst_counters import BurstCounters
-from npumanager.drivers.poll_turns import KEPT_UIDS, PollTurns
+from npumanager.drivers.poll_turns import KEPT_UIDS, FirstCome, PollTurns
 from npumanager.testing import VirtualClock
 
 PERIOD = 1 / 30
@@ -41,13 +41,6 @@ class Stream:
             run = 0 if what == "took" else run + 1
             best = max(best, run)
         return best
-
-
-class FirstCome(PollTurns):
-    """The slot first come, first served: what the host did before turns."""
-
-    def ask(self, key: int, now: float) -> bool:
-        return True
 
 
 def simulate(streams: list[Stream], frames: int, *, rotate: bool = True) -> Anticipate:
