@@ -495,3 +495,49 @@ def test_burst_poll_turns_picks_how_the_one_poll_slot_is_shared(
     run(runtime_dir, state_dir, body, burst_anticipate_us=300,
         burst_poll_turns=hc.burst_poll_turns)
     assert seen == [FirstCome if turns is False else PollTurns]
+
+
+def test_a_burst_whose_thread_starts_after_its_first_request_sees_its_client_hang_up(
+        runtime_dir: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The burst's thread holds the client's end of the doorbell (sent with the open's
+    reply) until it knows the client has it, then closes it, so that the client hanging
+    up wakes it and ends the burst. A thread that started only after the client's first
+    request was written (a loaded machine) served it without waiting first and kept that
+    end: the hang-up never came, and the burst outlived its client's doorbell until the
+    connection closed (tests/security/test_burst_flood.py's dropped burst "went on", 2 of
+    10 runs beside a full suite). The thread starts late here on purpose."""
+    import threading
+
+    real_start = burst_module.BurstServer.start
+
+    def late_start(self: burst_module.BurstServer) -> None:
+        threading.Timer(0.3, real_start, (self,)).start()
+
+    monkeypatch.setattr(burst_module.BurstServer, "start", late_start)
+
+    async def body(s: Stack) -> None:
+        await s.grant("g1", uid())
+        dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+        burst = None
+        try:
+            model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+            burst = await asyncio.to_thread(model.burst)
+            got = await asyncio.to_thread(burst.execute, {"x": X})
+            np.testing.assert_array_equal(got["y"], X + 1)
+            await served(s, 1)  # (counted after the answer: the client may be first)
+            (server,) = s.host.bursts._servers.values()
+            assert server.counters.found[bc.HOW.index("ahead")] == 1  # (never waited)
+            # The client hangs up its doorbell; its connection stays.
+            sock, burst._sock = burst._sock, None
+            assert sock is not None
+            sock.close()
+            await asyncio.to_thread(server.thread.join, 30.0)
+            assert not server.thread.is_alive(), "the burst did not see its client go"
+            deadline = time.monotonic() + 30.0
+            while s.host.bursts._servers:  # forgotten by the loop, as close_burst does
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        finally:
+            await close(burst, dev)
+
+    run(runtime_dir, state_dir, body)
