@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,11 @@ class Npud:
         self.rt, self.state, self.config, self.log = rt, state, config, log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, waiting: Callable[[], None] = lambda: None
+              ) -> None:
+        """Start npud and wait for its ready line, calling ``waiting`` every 50 ms
+        meanwhile (the harness's due SIGCONTs: a start takes seconds on a loaded
+        machine, and a process stopped for a moment must not stay stopped for it)."""
         start_size = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
@@ -98,6 +103,7 @@ class Npud:
                     return
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"npud did not start; see {self.log}")
+            waiting()
             time.sleep(0.05)
 
     def kill(self) -> None:
@@ -132,6 +138,9 @@ def run_chaos(duration: float, apps: int = 4, seed: int = 1, *,
     try:
         _run(root, report, duration, apps, seed)
     finally:
+        # What the run found, beside its logs (kept on a violation): a failed test's
+        # output may be gone by the time someone reads the logs.
+        (root / "report.txt").write_text(report.render() + "\n")
         if workdir is None and not keep and not report.violations and report.duration_s:
             shutil.rmtree(root, ignore_errors=True)
             report.log_dir = ""
@@ -183,7 +192,30 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
     if drv is not None:
         report.start["driver"] = _proc_stats(drv)
     stopped: dict[int, float] = {}
-    held_driver: tuple[int, float] | None = None  # (pid, until): a driver host SIGSTOPped
+    #: A driver host SIGSTOPped: its pid -> until when (at most one).
+    held_driver: dict[int, float] = {}
+
+    def resume_due() -> None:
+        """SIGCONT the stopped driver host and apps whose time is up: every tick, and
+        while npud restarts. A start blocks the loop for seconds on a loaded machine, and
+        a driver stopped for 0.3-2 s stayed stopped through it: in session 12's failed
+        run (its logs kept) an app holding a grant executed last at 11:59:10.8 and next
+        at 23.5, the moment the loop went on; npud was SIGKILLed meanwhile, its successor
+        started with the host DOWN (its hello timed out), and the host logged the old
+        npud's exit only at 23.5 (within ms every other time)."""
+        now = time.time()
+        for pid, at in list(held_driver.items()):
+            if now >= at:
+                _cont(pid)
+                del held_driver[pid]
+        for i, at in list(stopped.items()):
+            if now >= at:
+                try:
+                    os.kill(children[i].pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                del stopped[i]
+
     next_npud_kill = time.time() + rng.uniform(3.0, 8.0)
     first_kill = rng.randrange(2)  # then they alternate: a short run sees both
     next_driver_kill = time.time() + rng.uniform(8.0, 20.0)
@@ -200,7 +232,7 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
             else:
                 _sigterm(npud, _driver_pid(rt), report)
             time.sleep(rng.uniform(0.0, 1.0))
-            npud.start()
+            npud.start(waiting=resume_due)
             report.npud_restarts += 1
             next_npud_kill = time.time() + rng.uniform(6.0, 12.0)
         elif now >= next_driver_kill:
@@ -214,7 +246,7 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
                 if new is not None:
                     report.count("npud SIGTERM while its driver host starts")
                     _sigterm(npud, new, report)
-                    npud.start()
+                    npud.start(waiting=resume_due)
                     report.npud_restarts += 1
             next_driver_kill = now + rng.uniform(10.0, 25.0)
         r = rng.random()
@@ -229,34 +261,25 @@ def _run(root: Path, report: Report, duration: float, apps: int, seed: int) -> N
                     pass
         elif r < 0.10:
             _admin(rt, report, rng, apps, NpuManager, ThermalStatus)
-        elif r < 0.12 and held_driver is None:
+        elif r < 0.12 and not held_driver:
             # The driver stalls (SIGSTOP) for a moment: the ends of grants npud decides
             # meanwhile wait for its ack (the "ending" check above bounds that wait).
             pid = _driver_pid(rt)
             if pid is not None:
                 try:
                     os.kill(pid, signal.SIGSTOP)
-                    held_driver = (pid, time.time() + rng.uniform(0.3, 2.0))
+                    held_driver[pid] = time.time() + rng.uniform(0.3, 2.0)
                     report.count("driver SIGSTOP")
                 except ProcessLookupError:
                     pass
-        if held_driver is not None and time.time() >= held_driver[1]:
-            _cont(held_driver[0])
-            held_driver = None
-        for i, at in list(stopped.items()):
-            if time.time() >= at:
-                try:
-                    os.kill(children[i].pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-                del stopped[i]
+        resume_due()
         for i, child in list(children.items()):
             if i not in stopped and _dead(child.pid):
                 report.count("app died")
                 spawn(i)
         check_tick(rt, report, children, unknown_since, bound)
-    if held_driver is not None:
-        _cont(held_driver[0])
+    for pid in held_driver:
+        _cont(pid)
     for i in stopped:
         try:
             os.kill(children[i].pid, signal.SIGCONT)

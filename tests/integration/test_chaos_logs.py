@@ -38,6 +38,9 @@ def test_a_violation_keeps_the_temporary_directory_and_the_report_names_it(
     try:
         assert Path(report.log_dir, "npud.log").read_text() == "npud ready\n"
         assert f"logs: {report.log_dir}/npud.log (npud and its driver hosts)" in report.render()
+        # The report itself beside them (a failed test's output may be gone by then).
+        assert Path(report.log_dir, "report.txt").read_text() == report.render() + "\n"
+        assert "npud's SIGTERM stopped its driver host 1" in report.render()
     finally:
         import shutil
 
@@ -84,3 +87,36 @@ def test_a_bad_duration_is_refused(text: str, capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["chaos", "--duration", text])
     assert exited.value.code == 2 and "--duration" in capsys.readouterr().err
+
+
+def test_npud_s_start_keeps_calling_the_harness_while_it_waits(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A restart blocks the loop until npud is ready; the harness's due SIGCONTs run
+    meanwhile (``waiting``), so a driver host stopped for 0.3-2 s is not left stopped
+    for the whole restart."""
+    log = tmp_path / "npud.log"
+    calls: list[float] = []
+
+    class SlowNpud:
+        """npud writing its ready line after 0.5 s."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            import time
+
+            self.ready_at = time.monotonic() + 0.5
+
+        def poll(self) -> None:
+            import time
+
+            if time.monotonic() >= self.ready_at:
+                with open(log, "a") as f:
+                    f.write("npud ready on x\n")
+            return None
+
+    monkeypatch.setattr(chaos.subprocess, "Popen", SlowNpud)
+    npud = chaos.Npud(tmp_path, tmp_path, tmp_path / "npud.toml", log)
+    import time
+
+    npud.start(timeout=10.0, waiting=lambda: calls.append(time.monotonic()))
+    # Every ~50 ms through the half second, not once at the end.
+    assert len(calls) >= 5, calls
