@@ -117,15 +117,21 @@ def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
         log.warning("background threads stay at normal priority: %s", exc)
 
 
-def background_pool(workers: int, prefix: str, sched: str, nice: int,
-                    cpus: set[int] | None = None, group: IdleGroup | None = None,
-                    kind: str = STEP, lower: str = "thread") -> ThreadPoolExecutor:
+def check_background(sched: str, lower: str) -> None:
+    """ValueError naming the choices unless ``sched`` and ``lower`` are known values of
+    background_sched and background_lower (the host's steps and every background pool)."""
     if sched not in BACKGROUND_SCHED:
         raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
                          f"not {sched!r}")
     if lower not in BACKGROUND_LOWER:
         raise ValueError(f"background_lower must be one of {', '.join(BACKGROUND_LOWER)}, "
                          f"not {lower!r}")
+
+
+def background_pool(workers: int, prefix: str, sched: str, nice: int,
+                    cpus: set[int] | None = None, group: IdleGroup | None = None,
+                    kind: str = STEP, lower: str = "thread") -> ThreadPoolExecutor:
+    check_background(sched, lower)
     return ThreadPoolExecutor(workers, thread_name_prefix=prefix,
                               initializer=lower_this_thread,
                               initargs=(sched, nice, cpus, group, kind, lower))

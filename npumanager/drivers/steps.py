@@ -29,16 +29,16 @@ from npumanager.drivers.bg_here import lowered_runs
 from npumanager.drivers.bg_place import steer
 from npumanager.drivers.bg_threads import (
     BACKGROUND_CPUS,
-    BACKGROUND_SCHED,
     LANE_CHOICES,
     background_pool,
+    check_background,
     current_cpu,
     lane_cpus,
     spare_cpus,
 )
 from npumanager.drivers.events import RunStep
 from npumanager.drivers.exec_stats import ExecStats
-from npumanager.drivers.lowering import BACKGROUND_LOWER, RunLowering, current, give_up
+from npumanager.drivers.lowering import RunLowering, current, give_up
 from npumanager.drivers.starve import StarveGuard
 from npumanager.hal.idle_cgroup import BOOST, IdleGroup
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -167,12 +167,7 @@ class StepRunner:
         self._lane_tid: dict[int, int] = {}
         self._lane_mask: dict[int, frozenset[int]] = {}
         self._lane_cpu: dict[int, int] = {}
-        if background_sched not in BACKGROUND_SCHED:
-            raise ValueError(f"background_sched must be one of {', '.join(BACKGROUND_SCHED)}, "
-                             f"not {background_sched!r}")
-        if background_lower not in BACKGROUND_LOWER:
-            raise ValueError(f"background_lower must be one of {', '.join(BACKGROUND_LOWER)}, "
-                             f"not {background_lower!r}")
+        check_background(background_sched, background_lower)
         share = background_sched == "share"
         #: Background steps that yield (.share: a uid over its share) run here.
         self._bg_yield = self._workers
