@@ -19,8 +19,6 @@ it: README, "Where the embedder's batch goes".
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import sys
@@ -32,11 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contention import VARIANTS, npud_config
 
-from npumanager.demo import contention_probe
 from npumanager.demo import contention_split as cs
 from npumanager.demo.contention import (
-    UIDS,
-    RunResult,
     Timing,
     build_models,
 )
@@ -61,37 +56,21 @@ def cpu_split(records: list[list[float | None]]) -> dict[str, tuple[float, float
 
 
 class EmbedSplit(cs.SplitRun):
-    """A managed run whose split is the embedder's batches, not the camera's frames."""
+    """A managed run whose split is the embedder's batches, not the camera's frames,
+    with each phase's CPU marks per stage."""
+
+    split_app = "embedder"
+    split_event = "batch"
+    split_q = 0.9
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cpu: dict[str, dict[str, tuple[float, float, float]]] = {}
 
     def phase(self, name: str, seconds: float) -> None:
-        super(cs.SplitRun, self).phase(name, seconds)
-        if not self.managed or name not in self.phases:
-            return
-        with contextlib.suppress(Exception):  # (the split must not end the run)
-            from npumanager.hal.wire import SERVICE
-            from npumanager.wire.client import SyncRpcClient
-
-            rpc = SyncRpcClient(contention_probe.driver_socket(self.rt), SERVICE,
-                                client_name="contention embed split")
-            try:
-                payload, _ = rpc.call("device.stats", b"recent")
-            finally:
-                rpc.close()
-            self.records[name] = cs.camera_records(
-                json.loads(payload), UIDS["embedder"] if self.root else None)
+        super().phase(name, seconds)
+        if name in self.records:  # (fetched by the split for this phase)
             self.cpu[name] = cpu_split(self.records[name])
-
-    def collect(self, r: RunResult) -> None:
-        super(cs.SplitRun, self).collect(r)
-        batches = self.events.find("embedder", "batch")
-        for name, (a, b) in self.windows.items():
-            mine = [(e["t"], e["ms"]) for e in batches if a <= e["t"] < b]
-            self.frame_split[name] = cs.summarize(
-                cs.split(mine, self.records.get(name, [])), q=0.9)
 
 
 def main() -> int:

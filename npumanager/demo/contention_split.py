@@ -117,7 +117,15 @@ def format_split(name: str, phase: str, s: dict[str, Any]) -> list[str]:
 
 
 class SplitRun(ContentionRun):
-    """A managed run that also splits the camera's frames (the module's docstring)."""
+    """A managed run that also splits the camera's frames (the module's docstring).
+
+    A subclass splits another app's requests by setting the app, the event its app
+    reports per request, and the latency quantile whose slowest rows it summarizes
+    (bench/contention_embed_split.py: the embedder's batches)."""
+
+    split_app = "camera"
+    split_event = "frame"
+    split_q = 0.95
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -133,17 +141,18 @@ class SplitRun(ContentionRun):
             from npumanager.wire.client import SyncRpcClient
 
             rpc = SyncRpcClient(contention_probe.driver_socket(self.rt), SERVICE,
-                                client_name="contention split")
+                                client_name=f"contention split ({self.split_app})")
             try:
                 payload, _ = rpc.call("device.stats", b"recent")
             finally:
                 rpc.close()
             self.records[name] = camera_records(
-                json.loads(payload), UIDS["camera"] if self.root else None)
+                json.loads(payload), UIDS[self.split_app] if self.root else None)
 
     def collect(self, r: RunResult) -> None:
         super().collect(r)
-        frames = self.events.find("camera", "frame")
+        frames = self.events.find(self.split_app, self.split_event)
         for name, (a, b) in self.windows.items():
             mine = [(e["t"], e["ms"]) for e in frames if a <= e["t"] < b]
-            self.frame_split[name] = summarize(split(mine, self.records.get(name, [])))
+            self.frame_split[name] = summarize(split(mine, self.records.get(name, [])),
+                                               q=self.split_q)
