@@ -18,8 +18,12 @@ the driver's, holds one machine-wide token; a model of a small NPU, on this CPU)
 unmanaged-1q-1t, unmanaged-1q, 1q-1ch and 1q, with ``--ablate`` also 1q-1ch
 with a mechanism off.
 Run it on a quiet machine (here: under ``flock -x /tmp/npu-cpu.lock``).
+``--repeat N`` makes N invocations' worth of runs, interleaved (order alternated:
+A B C, C B A, ...), prints each invocation's table and verdicts, then each ratio's
+median and min-max over the N and the verdicts on the medians
+(demo/contention_verdict.py).
 Usage: python bench/contention.py
-[--quick] [--ablate] [--one-queue] [--only unmanaged,managed,...]
+[--quick] [--ablate] [--one-queue] [--only unmanaged,managed,...] [--repeat N]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from npumanager.demo import contention_verdict as cv
 from npumanager.demo.contention import (
     ContentionRun,
     RunResult,
@@ -340,7 +345,12 @@ def main() -> int:
     ap.add_argument("--frame-split", action="store_true",
                     help="managed runs: where the camera's frames went, each paired with "
                     "the driver's record of its burst request (demo/contention_split.py)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="N invocations, interleaved (order alternated), then each ratio's "
+                    "median and min-max over them, with verdicts on the medians")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     timing = Timing.quick() if args.quick else Timing()
     names = run_names(args.ablate, args.one_queue)
     if args.only:
@@ -349,10 +359,12 @@ def main() -> int:
         if unknown:
             ap.error(f"unknown run(s) {', '.join(unknown)}")
     models = build_models()
-    results: list[RunResult] = []
-    splits: dict[str, dict[str, Any]] = {}
+    orders = cv.run_order(names, args.repeat)
+    invocations: list[list[RunResult]] = [[] for _ in orders]
+    splits: list[dict[str, dict[str, Any]]] = [{} for _ in orders]
     t_start = time.monotonic()
-    for name in names:
+    for inv, name in [(i, n) for i, order in enumerate(orders) for n in order]:
+        results = invocations[inv]
         managed = name not in UNMANAGED
         knobs = dict(VARIANTS.get(name, {}) if managed else UNMANAGED[name])
         device_queue = bool(knobs.pop("device_queue", False))
@@ -373,9 +385,41 @@ def main() -> int:
                                        file=sys.stderr, flush=True))
         results.append(run.run())
         if isinstance(run, SplitRun):
-            splits[name] = run.frame_split
-    print(f"\ncontention: {len(names)} runs ({'quick' if args.quick else 'full'} phases: alone "
-          f"{timing.alone_s:g} s, contended {timing.contended_s:g} s, loading "
+            splits[inv][name] = run.frame_split
+        if len(results) == len(names):
+            results.sort(key=lambda r: names.index(r.name))  # the table's columns as given
+            report(args, timing, names, results, splits[inv],
+                   f" (invocation {inv + 1} of {args.repeat}: {', '.join(orders[inv])})"
+                   if args.repeat > 1 else "")
+    by_pair = cv.over_invocations(invocations, pairs(names))
+    if args.repeat > 1:
+        print(f"\ncontention, {args.repeat} invocations interleaved: each ratio's median "
+              "(min-max) over them")
+        print(format_rows(cv.summary_rows(by_pair)))
+        for (un, m), agg in by_pair.items():
+            print(f"\nverdicts on the medians, {m} against {un}:")
+            for line in cv.lines(cv.medians(agg)):
+                print(line)
+    if args.json:
+        import json
+
+        runs = [[{**summary(r), "frame_split": sp.get(r.name, {})} for r in rs]
+                for rs, sp in zip(invocations, splits, strict=True)]
+        # One invocation: the list of its runs, as before (bench/contention_spread.py
+        # reads either shape).
+        Path(args.json).write_text(json.dumps(
+            runs[0] if args.repeat == 1 else
+            {"invocations": runs, "orders": orders, "repeat": cv.summary_json(by_pair)},
+            indent=1))
+    errors = [r for rs in invocations for r in rs if r.errors]
+    return 1 if errors else 0
+
+
+def report(args: argparse.Namespace, timing: Timing, names: list[str],
+           results: list[RunResult], splits: dict[str, dict[str, Any]], which: str) -> None:
+    """One invocation's table, frame splits, verdicts and errors."""
+    print(f"\ncontention{which}: {len(names)} runs ({'quick' if args.quick else 'full'} "
+          f"phases: alone {timing.alone_s:g} s, contended {timing.contended_s:g} s, loading "
           f"{timing.loading_s:g} s; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
           f"{'one uid per app' if os.getuid() == 0 else 'one uid, job priorities'})")
     print(format_rows(side_by_side(results)))
@@ -383,11 +427,6 @@ def main() -> int:
         print()
         for phase, sp in by_phase.items():
             print("\n".join(format_split(name, phase, sp)))
-    if args.json:
-        import json
-
-        Path(args.json).write_text(json.dumps(
-            [{**summary(r), "frame_split": splits.get(r.name, {})} for r in results], indent=1))
     by = {r.name: r for r in results}
     for un, m in pairs(names):
         print(f"\n{m} against {un}:" if (un, m) != ("unmanaged", "managed") else "")
@@ -396,7 +435,6 @@ def main() -> int:
     for r in results:
         for e in r.errors:
             print(f"error in {r.name}: {e}")
-    return 1 if any(r.errors for r in results) else 0
 
 
 if __name__ == "__main__":

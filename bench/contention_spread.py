@@ -25,7 +25,11 @@ def _cell(xs: list[float], digits: int = 2) -> str:
 
 
 def main(paths: list[str]) -> int:
-    runs: list[list[dict[str, Any]]] = [json.loads(Path(p).read_text()) for p in paths]
+    runs: list[list[dict[str, Any]]] = []
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        # A --repeat N file holds N invocations: each counts as a run here.
+        runs += data["invocations"] if isinstance(data, dict) else [data]
     names: list[str] = []
     for run in runs:
         names += [r["name"] for r in run if r["name"] not in names]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npumanager.constants import Importance, ModelPriority, ModelSize
-from npumanager.demo import contention_cpu, contention_probe
+from npumanager.demo import contention_cpu, contention_probe, contention_verdict
 from npumanager.demo.contention_apps import BenchApp, bench_app_main
 from npumanager.demo.contention_memory import MemorySampler, descendants
 from npumanager.demo.models import DemoModel, demo_models
@@ -492,32 +492,8 @@ def format_rows(rows: list[tuple[str, ...]]) -> str:
 
 
 def verdicts(unmanaged: RunResult, managed: RunResult) -> list[str]:
-    out = []
-    alone = managed.camera.get("alone")
-    for phase in ("contended", "loading"):
-        m, u = managed.camera.get(phase), unmanaged.camera.get(phase)
-        if m is None or u is None or alone is None or not m.ms or not u.ms:
-            continue
-        r_alone = m.pct(0.99) / alone.pct(0.99)
-        r_un = m.pct(0.99) / u.pct(0.99)
-        out.append(f"camera p99 {phase}: managed {r_alone:.2f}x alone (target <= 1.3x: "
-                   f"{'PASS' if r_alone <= 1.3 else 'FAIL'}), {r_un:.2f}x unmanaged "
-                   f"(target <= 0.5x: {'PASS' if r_un <= 0.5 else 'FAIL'})")
-    ratios = []
-    for what, m_v, u_v in (("LLM tokens/s", managed.llm_tokens_s, unmanaged.llm_tokens_s),
-                           ("embedder items/s", managed.embedder_items_s,
-                            unmanaged.embedder_items_s)):
-        if u_v > 0:
-            ratios.append(m_v / u_v)
-            out.append(f"{what}: managed {m_v / u_v * 100:.0f} % of unmanaged (target >= 80 %: "
-                       f"{'PASS' if m_v >= 0.8 * u_v else 'FAIL'})")
-    if len(ratios) == 2:
-        # The other reading of the target: the background's work as a whole, each app's
-        # throughput relative to its own unmanaged rate, averaged.
-        both = sum(ratios) / 2
-        out.append(f"background work, both apps (mean of the two): managed {both * 100:.0f} % "
-                   f"of unmanaged (target >= 80 %: {'PASS' if both >= 0.8 else 'FAIL'})")
-    return out
+    """The targets' verdicts on one pair of runs (.contention_verdict)."""
+    return contention_verdict.lines(contention_verdict.ratios(unmanaged, managed))
 
 
 def build_models() -> dict[str, DemoModel]:
