@@ -17,6 +17,7 @@ from npumanager.errors import GeneralFailure, InvalidArgument
 if TYPE_CHECKING:
     from npumanager.drivers.base import CompileOptions, PreparedModel
     from npumanager.drivers.compile_worker import CompileWorker
+    from npumanager.drivers.ort_tuning import SessionTuning
     from npumanager.drivers.reference import OrtModel, ReferenceDriver
 
 
@@ -31,6 +32,12 @@ def _spinning(driver: Any, options: CompileOptions) -> bool:
     """Whether the session's intra-op pool spins for work (ONNX Runtime's default)."""
     name = "intra_op_spinning_bg" if options.background else "intra_op_spinning_fg"
     return bool(getattr(driver, name, True))
+
+
+def _tuning(driver: Any, options: CompileOptions) -> SessionTuning | None:
+    """The session's options beyond the defaults (background sessions: .ort_tuning)."""
+    tuning = getattr(driver, "tuning", None)
+    return None if tuning is None else tuning(options)
 
 
 def _io_bytes(session: Any) -> int:
@@ -59,7 +66,7 @@ def reference_compile_with_artifacts(
     binding = ort_binding(onnx_bytes, options.external_data)
     session, m, d = compile_with_artifacts(
         onnx_bytes, level, *counts, intra_op_threads=_threads(driver, options),
-        binding=binding, spinning=_spinning(driver, options),
+        binding=binding, spinning=_spinning(driver, options), tuning=_tuning(driver, options),
     )
     binding.session_created()
     model = driver.prepared(session, onnx_bytes, binding)
@@ -125,7 +132,7 @@ def reference_load(
 
     session = session_from_artifacts(
         model_blobs, data_blobs, intra_op_threads=_threads(driver, options),
-        spinning=_spinning(driver, options),
+        spinning=_spinning(driver, options), tuning=_tuning(driver, options),
     )
     weights = sum(len(b) for b in data_blobs) or sum(len(b) for b in model_blobs)
     try:  # the graph's own types (the model blob is the optimized ONNX graph)
@@ -150,8 +157,11 @@ def reference_staged(
     from npumanager.drivers.staged import DEFAULT_RECOMPILE_AFTER, StagedModel, onnx_signature
 
     threads, spinning = _threads(driver, options), _spinning(driver, options)
+    tuning = _tuning(driver, options)
     counts = (int(driver.n_model_cache), int(driver.n_data_cache))
     full = "basic" if options.preference == 0 else "all"
+    if tuning is not None and tuning.level is not None:
+        full = tuning.level
     # Checked now (a reference the host did not bind fails the prepare, not a later
     # execution) and kept for every later compile.
     binding = ort_binding(onnx_bytes, options.external_data)
@@ -165,11 +175,11 @@ def reference_staged(
         if want and counts[0] > 0:
             session, m, d = compile_with_artifacts(
                 onnx_bytes, level, *counts, intra_op_threads=threads, binding=binding,
-                spinning=spinning,
+                spinning=spinning, tuning=tuning,
             )
             blobs = (m, d)
         else:
-            so = base_session_options(level, threads, spinning)
+            so = base_session_options(level, threads, spinning, tuning)
             binding.apply(so)
             try:
                 session = ort.InferenceSession(

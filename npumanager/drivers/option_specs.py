@@ -44,6 +44,11 @@ PLUGIN_OPTIONS: dict[str, dict[str, Opt]] = {
         "intra_op_spinning": Opt("int", 0, 1),
         "intra_op_spinning_foreground": Opt("int", 0, 1),
         "intra_op_spinning_background": Opt("int", 0, 1),
+        # Background sessions' ONNX Runtime options (drivers/ort_tuning.py).
+        "graph_optimization_background": Opt("choice", choices=("disabled", "basic",
+                                                                "extended", "all")),
+        "mem_arena_background": Opt("int", 0, 1),
+        "mem_pattern_background": Opt("int", 0, 1),
         "ambient_c": Opt("float", -50.0, 150.0),
         "max_c": Opt("float", -50.0, 200.0),
         "thermal_tau_s": Opt("float", 0.001, 86400.0),

@@ -26,6 +26,7 @@ from npumanager.drivers.base import (
 from npumanager.drivers.device_queue import DeviceQueue
 from npumanager.drivers.lowering import native
 from npumanager.drivers.onnx_types import Specs, onnx_specs, session_specs
+from npumanager.drivers.ort_tuning import SessionTuning
 from npumanager.drivers.reference_external import OrtBinding, ort_binding
 from npumanager.errors import InvalidArgument
 from npumanager.tensorio.dtypes import ONNX_TO_NUMPY
@@ -245,6 +246,10 @@ class ReferenceDriver(Driver):
                                                          self.intra_op_spinning)) != 0
         self.intra_op_spinning_bg = int(self.options.get("intra_op_spinning_background",
                                                          self.intra_op_spinning)) != 0
+        # ONNX Runtime's session options for background sessions (drivers/ort_tuning.py:
+        # opt-ins measured for the embedder; README: "ONNX Runtime's session options").
+        self.tuning_bg = SessionTuning.background(self.options)
+        self.version += self.tuning_bg.version_tag()
         self.thermal = ThermalModel(
             ambient_c=float(self.options.get("ambient_c", 35.0)),
             max_c=float(self.options.get("max_c", 95.0)),
@@ -299,7 +304,18 @@ class ReferenceDriver(Driver):
             if options.preference == 0
             else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         )
+        if options.background:
+            tuning = self.tuning_bg
+            if tuning.level is not None:
+                from npumanager.drivers.reference_cache import ort_level
+
+                so.graph_optimization_level = ort_level(tuning.level)
+            tuning.apply(so)
         return so
+
+    def tuning(self, options: CompileOptions) -> SessionTuning | None:
+        """The session options a model of ``options``'s class gets beyond the defaults."""
+        return self.tuning_bg if options.background and not self.tuning_bg.default else None
 
     def compile(self, onnx_bytes: bytes, options: CompileOptions) -> PreparedModel:
         import onnxruntime as ort

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from npumanager.drivers.lowering import native
+from npumanager.drivers.ort_tuning import SessionTuning
 from npumanager.drivers.reference_external import OrtBinding
 from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.tensorio.onnx_external import external_refs
@@ -93,7 +94,9 @@ def _scratch_dir() -> str | None:
 
 
 def base_session_options(opt_level: OptLevel, intra_op_threads: int = 1,
-                         spinning: bool = True) -> Any:
+                         spinning: bool = True, tuning: SessionTuning | None = None) -> Any:
+    """``tuning``: a background session's options beyond these (its level is the caller's
+    ``opt_level``)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -103,6 +106,8 @@ def base_session_options(opt_level: OptLevel, intra_op_threads: int = 1,
     so.log_severity_level = 3  # ORT warns about hardware-specific layouts: intended here
     if not spinning:
         no_spinning(so)
+    if tuning is not None:
+        tuning.apply(so)
     return so
 
 
@@ -124,6 +129,7 @@ def compile_with_artifacts(
     min_external_bytes: int = 0,
     prepack: bool = True,
     spinning: bool = True,
+    tuning: SessionTuning | None = None,
 ) -> tuple[Any, list[bytes], list[bytes]]:
     """Compile ``onnx_bytes`` once; the session and its model/data cache blobs.
     ``binding``: the model's external data (:mod:`.reference_external`; it then holds the
@@ -140,7 +146,7 @@ def compile_with_artifacts(
 
     if n_model < 1 or n_data < 0:
         raise InvalidArgument(f"cannot cache into {n_model} model and {n_data} data files")
-    so = base_session_options(opt_level, intra_op_threads, spinning)
+    so = base_session_options(opt_level, intra_op_threads, spinning, tuning)
     if binding is not None:
         binding.apply(so)
         onnx_bytes = binding.onnx
@@ -206,7 +212,7 @@ def check_external_refs(model: Any, data_len: int) -> int:
 
 def session_from_artifacts(
     model_blobs: Sequence[bytes], data_blobs: Sequence[bytes | memoryview], *,
-    intra_op_threads: int = 1, spinning: bool = True
+    intra_op_threads: int = 1, spinning: bool = True, tuning: SessionTuning | None = None
 ) -> Any:
     """An InferenceSession from verified cache blobs; GeneralFailure if they do not load."""
     import onnx
@@ -223,7 +229,7 @@ def session_from_artifacts(
     except (DecodeError, ValueError) as exc:
         raise GeneralFailure(f"model cache does not parse: {exc}") from None
     refs = check_external_refs(model, len(data))
-    so = base_session_options("disabled", intra_op_threads, spinning)
+    so = base_session_options("disabled", intra_op_threads, spinning, tuning)
     if refs:
         so.add_external_initializers_from_files_in_memory([DATA_NAME], [data], [len(data)])
     try:

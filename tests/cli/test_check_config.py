@@ -204,10 +204,12 @@ def test_each_plugins_options_are_checked(
         where + "#1 ('reference') options: unknown option 'intra_op_thread' for plugin "
                 "'reference' (did you mean 'intra_op_threads'? known: ambient_c, "
                 "compile_mode, data_cache_files, device_queue_lock, devices, "
+                "graph_optimization_background, "
                 "intra_op_spinning, intra_op_spinning_background, "
                 "intra_op_spinning_foreground, intra_op_threads, "
                 "intra_op_threads_background, intra_op_threads_foreground, max_c, "
-                "memory_bytes, model_cache_files, recompile_after, thermal_tau_s)",
+                "mem_arena_background, mem_pattern_background, memory_bytes, "
+                "model_cache_files, recompile_after, thermal_tau_s)",
         where + "#1 ('reference') options: memory_bytes = '1G' must be an integer",
         where + "#1 ('reference') options: compile_mode = 'lazy' must be one of 'eager', "
                 "'jit', 'multistage'",
