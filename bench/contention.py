@@ -204,6 +204,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "camera-spin": {"camera_spin_us": 1500},
     "camera-spin-3000": {"camera_spin_us": 3000},
     "anticipate-300+spin": {"burst_anticipate_us": 300, "camera_spin_us": 1500},
+    # EEVDF per-task slices (#15, slice18; hal/sched_slice.py): the camera's burst thread
+    # in the driver host at a 100 or 300 µs slice while it serves FOREGROUND steps
+    # (foreground_slice_us), so that when it wakes it may preempt the thread on its CPU
+    # (PREEMPT_SHORT) instead of waiting up to the next tick behind it; "+app": the camera
+    # app's own thread too (model.burst(slice_us=100)), paired with "unmanaged-slice" (the
+    # unmanaged camera's thread at the same slice: a gain is not the slice given to one
+    # side only).
+    "slice-100": {"foreground_slice_us": 100},
+    "slice-300": {"foreground_slice_us": 300},
+    "slice-100+app": {"foreground_slice_us": 100, "camera_slice_us": 100},
+    "slice-300+app": {"foreground_slice_us": 300, "camera_slice_us": 100},
+    "app-slice": {"camera_slice_us": 100},
     # Background threads lowered only around their native runs and session builds
     # (drivers/lowering.py, #15 gil16): at normal priority while they hold the host's GIL.
     # Opt-in: against root-host, loading p99 3.6/2.9/3.6/3.8 vs 2.9/3.2/3.3/3.5 ms in four
@@ -290,6 +302,9 @@ UNMANAGED: dict[str, dict[str, Any]] = {
     "unmanaged-1q-1t": {"device_queue": True, "ort_config": {"intra_op_num_threads": "1"}},
     "unmanaged-1q-nospin": {"device_queue": True,
                             "ort_config": {"session.intra_op.allow_spinning": "0"}},
+    # The camera app's thread at a 100 µs EEVDF slice (hal/sched_slice.py): the baseline
+    # of the slice-*+app rows, whose managed camera asks for the same.
+    "unmanaged-slice": {"camera_slice_us": 100},
 }
 
 
@@ -310,6 +325,9 @@ def pairs(names: list[str]) -> list[tuple[str, str]]:
     each one-queue run against unmanaged-1q."""
     out = [("unmanaged", n) for n in ("managed", *OWN_HOST) if n in names] \
         if "unmanaged" in names else []
+    if "unmanaged-slice" in names:
+        out += [("unmanaged-slice", n) for n in names
+                if VARIANTS.get(n, {}).get("camera_slice_us")]
     for un in ("unmanaged-1q-1t", "unmanaged-1q", "unmanaged-1q-nospin"):
         if un in names:
             out += [(un, n) for n in names if VARIANTS.get(n, {}).get("device_queue")]
@@ -373,13 +391,16 @@ def main() -> int:
         batch_bursts = bool(knobs.pop("batch_bursts", True))
         inflight = int(knobs.pop("embedder_inflight", 1))
         spin = float(knobs.pop("camera_spin_us", 0))
+        cam_slice = int(knobs.pop("camera_slice_us", 0))
+        camera = {**({"spin_us": spin} if spin else {}),
+                  **({"slice_us": cam_slice} if cam_slice else {})}
         devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs) if managed else None
         kind = SplitRun if args.frame_split else ContentionRun
         run = kind(name, managed, timing, models, cfg, bursts=bursts,
                    batch_bursts=batch_bursts, embedder_inflight=inflight,
                    device_probe=args.device_time,
-                   app_knobs={"camera": {"spin_us": spin}} if spin else None,
+                   app_knobs={"camera": camera} if camera else None,
                    device_queue=device_queue, ort_config=ort_config, devices=devices,
                    log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                        file=sys.stderr, flush=True))

@@ -60,6 +60,16 @@ def above(low: float, note: str = "") -> Check:
     return check
 
 
+def zero_or_between(low: float, high: float, zero: str) -> Check:
+    """0 (meaning ``zero``) or a number between ``low`` and ``high``."""
+    def check(value: Any, _where: Mapping[str, Any]) -> str | None:
+        if _number(value) and value != 0 and not low <= value <= high:
+            return (f"must be 0 ({zero}) or between {_fmt(low)} and {_fmt(high)}, "
+                    f"not {show(value)}")
+        return None
+    return check
+
+
 def between(low: float, high: float, note: str = "") -> Check:
     def check(value: Any, _where: Mapping[str, Any]) -> str | None:
         if _number(value) and not low <= value <= high:
@@ -312,6 +322,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "hold_loads"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "quiet_release"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
+    ("driver", "foreground_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
     ("driver", "background_cpus"): _ANY,  # config.CHOICES
     ("driver", "background_cgroup"): _ANY,  # config.CHOICES
     ("driver", "background_handback"): _ANY,  # a boolean (its type is checked at load)

@@ -171,9 +171,10 @@ class ContentionRun:
         #: the managed run's driver (its ``device_queue_lock``); "" when not modelled.
         self.device_queue = device_queue
         self.queue_path = ""
-        #: Per app, BenchApp fields to change in this run (managed only: e.g. the camera's
-        #: burst spin, ``{"camera": {"spin_us": 1000}}``).
-        self.app_knobs = (app_knobs or {}) if managed else {}
+        #: Per app, BenchApp fields to change in this run (e.g. the camera's burst spin,
+        #: ``{"camera": {"spin_us": 1000}}``, which only a managed app uses; its thread's
+        #: slice, ``slice_us``, both).
+        self.app_knobs = app_knobs or {}
         #: Poll the driver's step records during the contended phase (device time per
         #: app; .contention_probe): off by default, since the polls cost the host a little.
         self.device_probe = device_probe and managed

@@ -66,6 +66,11 @@ class BenchApp:
     #: and a higher p50 (1.0-1.2 vs 0.7-1.0 ms alone, three quick runs): the driver's
     #: burst thread is woken onto the spinning client's CPU (README: Bursts).
     spin_us: float = 0.0
+    #: The EEVDF slice of the app's executing thread, µs (0: the kernel's): managed,
+    #: through ``model.burst(slice_us=...)``; unmanaged, the app sets its own thread's
+    #: (hal/sched_slice.py) so that both sides are offered the same (bench rows
+    #: slice-*+app and unmanaged-slice).
+    slice_us: int = 0
     #: Managed, the device the app asks npud for and prepares on (``[[driver]]`` name):
     #: bench rows loader-own-host and bg-own-host put apps on a second driver host.
     device: str = "reference"
@@ -183,8 +188,13 @@ class NpuEngine:
         listener = got[0]
         prepared = self.dev.prepare_model(model.onnx, grant=listener)
         listener.notify_model_loaded(req)
-        burst = prepared.burst(spin_us=self.app.spin_us) if self.stream else None
+        burst = self._burst(prepared)
         return req, listener, prepared, burst
+
+    def _burst(self, prepared: Any) -> Any:
+        if not self.stream:
+            return None
+        return prepared.burst(spin_us=self.app.spin_us, slice_us=self.app.slice_us)
 
     def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
             feedback: dict[str, str]) -> dict[str, Any]:
@@ -208,8 +218,7 @@ class NpuEngine:
     def another(self, handle: Any) -> Any:
         """The same model with a stream of its own (a burst, when the app streams)."""
         req, listener, prepared, _ = handle
-        return (req, listener, prepared,
-                prepared.burst(spin_us=self.app.spin_us) if self.stream else None)
+        return req, listener, prepared, self._burst(prepared)
 
     def release_another(self, handle: Any) -> None:
         if handle[3] is not None:
@@ -238,6 +247,10 @@ def work_loop(app: BenchApp, model: DemoModel, engine: Engine, out: Outbox,
     inputs, feedback = model.inputs, model.feedback
     try:
         if app.kind == "frames":
+            if app.slice_us and isinstance(engine, OrtEngine):
+                from npumanager.hal.sched_slice import set_this_thread
+
+                set_this_thread(app.slice_us, "slice_us")
             next_at = time.monotonic()
             while not stop.is_set():
                 t = time.perf_counter()

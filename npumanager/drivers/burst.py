@@ -140,6 +140,8 @@ class BurstServer:
         self.anticipate = anticipate
         self.pace = Anticipation(anticipate.window_s) if anticipate else None
         self.foreground, self.run_us = False, 0.0
+        #: Its thread has foreground_slice_us's slice (.burst_exec, ``_slice``).
+        self.sliced = False
         self.counters = bc.BurstCounters()
         #: Where the request being served is (``time.perf_counter_ns`` per ``bc`` mark).
         self.marks = [0] * bc.MARKS

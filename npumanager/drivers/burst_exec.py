@@ -30,6 +30,7 @@ from npumanager.drivers.messages import ClientConn, decode_inputs, set_output_ar
 from npumanager.drivers.state_fast import FastKey
 from npumanager.drivers.steps import Done, Execution, Reply
 from npumanager.errors import DeviceUnavailable, InvalidArgument
+from npumanager.hal.sched_slice import set_slice, set_this_thread
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import burst as layout
 
@@ -58,6 +59,17 @@ class BurstExecutions:
             fixed = server.fixed
             if fixed is not None and fixed.fast is not None and not server.closing:
                 server.spare = fixed, fixed.execution(next(self.host._tickets), 0.0, Done())
+
+    def _slice(self, server: BurstServer, fg: bool) -> None:
+        """The burst's thread (the caller) to ``foreground_slice_us`` once its steps run
+        here as FOREGROUND, back to the kernel's slice once one runs as BACKGROUND (a
+        queued step changes nothing). Tried once per change, so a kernel that refuses it
+        costs no syscalls per frame."""
+        server.sliced = fg
+        if fg:
+            set_this_thread(self.host.hc.foreground_slice_us, "foreground_slice_us")
+        else:
+            set_slice(0)
 
     def execute(self, server: BurstServer, data: bytes
                 ) -> tuple[Reply, FixedRequest | None] | None:
@@ -116,7 +128,9 @@ class BurstExecutions:
         marks[bc.M_ADMITTED] = ns()
         answered = False
         # Anticipation serves FOREGROUND streams only: those whose steps run here.
-        server.foreground = step is not None and not step.background
+        server.foreground = fg = step is not None and not step.background
+        if host.hc.foreground_slice_us and (fg or step is not None) and fg != server.sliced:
+            self._slice(server, fg)
         hb = ex.handback
         here = self._lowering() if ex.bg_here else None
         ran: Ran | None = None

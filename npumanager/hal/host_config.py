@@ -96,6 +96,9 @@ class HostConfig:
     #: Anticipation's one poll slot in turns between uids whose windows overlap
     #: (drivers/poll_turns.py); false: first come, first served (PollTurns vs FirstCome).
     burst_poll_turns: bool = True
+    #: The EEVDF slice of a burst's thread while it serves FOREGROUND steps, µs
+    #: (hal/sched_slice.py; 0: the kernel's own, 1.4 ms here).
+    foreground_slice_us: int = 0
     #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
     #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py),
     #: "steer" (lanes unpinned, each steered off the others' CPUs: drivers/bg_place.py), or
@@ -178,6 +181,7 @@ class HostConfig:
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             burst_poll_turns=bool(d.get("burst_poll_turns", True)),
+            foreground_slice_us=int(d.get("foreground_slice_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
             background_cgroup=str(d.get("background_cgroup", "off")),
             background_handback=bool(d.get("background_handback", True)),

@@ -22,6 +22,14 @@ machine with a core to spare it saves the client's own wake-up for a model
 that answers within the spin, at the price of that CPU (bench/execute_overhead.py
 measures both). One execution at a time per burst; open one burst per thread.
 
+``slice_us`` (default 0: the kernel's) sets the EEVDF slice of the thread that executes
+(hal/sched_slice.py, Linux 6.12+; 100-100000 µs): a thread with a short slice woken by
+the answer may preempt the one running on its CPU at once instead of waiting for that
+one's slice to end or the next tick. It is the app's own thread (any uid may shorten its
+own threads' slices; a slice is not more CPU), set at its first execution; ``sliced``
+says whether the kernel took it, and a close on that thread gives it the kernel's slice
+back. README "foreground_slice_us" has what it measured.
+
 Inputs in the model's ``input_buffers()`` (memory registered once, NNAPI's
 ``ANeuralNetworksMemory``) are not copied: the request names them where they
 lie, so a stream that fills them in place (a camera frame) sends no tensor bytes
@@ -51,6 +59,7 @@ from npumanager.errors import (
     error_from_wire,
 )
 from npumanager.fds import close_fds
+from npumanager.hal.sched_slice import check_slice_us, set_slice, set_this_thread
 from npumanager.nn.burst_repeat import FixedLayout
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import burst as layout
@@ -86,11 +95,16 @@ class _Grow(Exception):
 class Burst:
     """A burst of executions of one model; see the module docstring."""
 
-    def __init__(self, model: Model, *, spin_us: float = 0.0) -> None:
+    def __init__(self, model: Model, *, spin_us: float = 0.0, slice_us: int = 0) -> None:
         if spin_us < 0:
             raise InvalidArgument(f"spin_us must be >= 0, got {spin_us}")
         self.model = model
         self.spin_s = spin_us / 1e6
+        #: The EEVDF slice asked for the executing thread (0: none), and that thread's
+        #: id once tried; ``sliced``: whether the kernel took it.
+        self.slice_us = check_slice_us(slice_us)
+        self._sliced_tid = 0
+        self.sliced = False
         self._misses = 0  # spins in a row that ended without the answer
         self.closed = False
         self._lock = threading.Lock()
@@ -197,6 +211,9 @@ class Burst:
         with self._lock:
             self.closed = True
             self._close_channel()
+            if self.sliced and self._sliced_tid == threading.get_native_id():
+                set_slice(0)  # (another thread's is left: its id may be reused by now)
+                self.sliced = False
         self.model._forget_burst(self)
 
     def __enter__(self) -> Burst:
@@ -231,6 +248,8 @@ class Burst:
             if self.closed or self.model.released:
                 raise InvalidArgument("this burst was closed" if self.closed
                                       else "this model was released")
+            if self.slice_us and self._sliced_tid != threading.get_native_id():
+                self._slice_this_thread()
             fixed = self._fixed
             if (fixed is not None and steps == 1 and not feedback and group_id is None
                     and fixed.put(inputs, (job_priority, feature_id, original_uid),
@@ -246,6 +265,12 @@ class Burst:
                 except _Grow as g:
                     self._grow(g)
             raise LimitExceeded("the outputs kept outgrowing the burst's shared memory")
+
+    def _slice_this_thread(self) -> None:
+        """The executing thread to ``slice_us``, tried once per thread (a refusal: the
+        kernel's slice stays, ``sliced`` False, logged once)."""
+        self._sliced_tid = threading.get_native_id()
+        self.sliced = set_this_thread(self.slice_us, "model.burst(slice_us)")
 
     def _execute(self, inputs: Mapping[str, Any], job_priority: int, feature_id: int | None,
                  original_uid: int | None, steps: int, feedback: Mapping[str, str] | None,

@@ -46,3 +46,16 @@ def test_own_host_rows_add_a_second_driver_and_pair_with_unmanaged() -> None:
     names = ["unmanaged", "managed", "loader-own-host", "bg-own-host"]
     assert contention.pairs(names) == [("unmanaged", n) for n in names[1:]]
     assert contention.pairs(["managed", "bg-own-host"]) == []
+
+
+def test_slice_rows_offer_the_unmanaged_camera_the_same_slice() -> None:
+    """slice-*+app (#15, slice18): the managed camera's own thread asks for the slice the
+    unmanaged-slice row gives the unmanaged camera's, and each is held against it."""
+    app = contention.UNMANAGED["unmanaged-slice"]["camera_slice_us"]
+    rows = [n for n, k in contention.VARIANTS.items() if "camera_slice_us" in k]
+    assert rows and all(contention.VARIANTS[n]["camera_slice_us"] == app for n in rows)
+    names = ["unmanaged", "managed", "unmanaged-slice", "slice-100", "slice-100+app"]
+    assert contention.pairs(names) == [("unmanaged", "managed"),
+                                       ("unmanaged-slice", "slice-100+app")]
+    cfg = contention.npud_config({"foreground_slice_us": 100})
+    assert cfg["driver"][0]["foreground_slice_us"] == 100

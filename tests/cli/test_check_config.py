@@ -275,3 +275,22 @@ def test_the_metrics_port_must_be_free(
     assert rc == 1 and "is not HOST:PORT" in err[0], err
     rc, _, err = _check(capsys, runtime_dir, "--metrics", "192.0.2.1:9464", "--check-config")
     assert rc == 1 and "192.0.2.1 is not an address of this machine" in err[0], err
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("300", None), ("0", None),
+    ("50", "must be 0 (the kernel's own) or between 100 and 100000, not 50"),
+    ("200000", "must be 0 (the kernel's own) or between 100 and 100000, not 200000"),
+    ("\"short\"", "must be an integer, not 'short' (a string)")])
+def test_foreground_slice_us_is_checked(
+        tmp_path: Path, runtime_dir: Path, capsys: pytest.CaptureFixture[str],
+        value: str, problem: str | None) -> None:
+    """``foreground_slice_us``: 0 or the kernel's clamp for a slice, 100-100000 µs."""
+    cfg = _write(tmp_path, f"[[driver]]\nname = \"reference\"\nforeground_slice_us = {value}\n")
+    rc, _, err = _check(capsys, runtime_dir, "--check-config", str(cfg))
+    if problem is None:
+        assert rc == 0, err
+    else:
+        assert rc == 1
+        assert any(line.endswith(f"foreground_slice_us in [[driver]] #1 ('reference') "
+                                 f"{problem}") for line in err), err

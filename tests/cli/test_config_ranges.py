@@ -80,6 +80,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "quiet_window_us"): (-5, "must be >= 0 (0 = off), not -5"),
     ("driver", "quiet_tail_us"): (-5, "must be >= 0 (0 = none), not -5"),
     ("driver", "burst_anticipate_us"): (-5, "must be >= 0 (0 = off), not -5"),
+    ("driver", "foreground_slice_us"): (
+        50, "must be 0 (the kernel's own) or between 100 and 100000, not 50"),
     ("driver", "background_starve_ms"): (-1, "must be >= 0 (0 = no bound), not -1"),
     ("thermal", "poll_interval_s"): (0, "must be >= 0.001, not 0"),
     ("thermal", "thresholds_c"): ({"moderate": 50.0}, "must not decrease from light to "
@@ -185,6 +187,9 @@ def test_a_value_out_of_range_is_named(tmp_path: Path, section: str, key: str) -
     "[policy]\nname = \"turn-taking\"\nthermal_keep_rank = { \"5\" = -1, severe = 1000000 }\n",
     "[[driver]]\nname = \"r\"\nchannels = 1\nreserved_channels = 0\nbackground_nice = 19\n"
     "restart_backoff_s = 1.0\nrestart_backoff_max_s = 1.0\n",
+    "[[driver]]\nname = \"r\"\nforeground_slice_us = 100\n",
+    "[[driver]]\nname = \"r\"\nforeground_slice_us = 100000\n",
+    "[[driver]]\nname = \"r\"\nforeground_slice_us = 0\n",
     "[thermal]\nthresholds_c = { light = 50.0, moderate = 50.0 }\nsources = []\n",
     "[metrics]\nlisten = \":0\"\n[fleet]\nredis_url = \"unix:///run/redis.sock\"\n",
 ])
