@@ -216,6 +216,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "slice-100+app": {"foreground_slice_us": 100, "camera_slice_us": 100},
     "slice-300+app": {"foreground_slice_us": 300, "camera_slice_us": 100},
     "app-slice": {"camera_slice_us": 100},
+    # The lowered background threads and the compile child at a 10 ms slice, set before
+    # they are lowered (background_slice_us): PREEMPT_SHORT lets a woken thread preempt
+    # the running one early only if the wakee's slice is the shorter.
+    "bg-slice-10ms": {"background_slice_us": 10000},
+    "bg-slice-10ms+slice-100+app": {"background_slice_us": 10000,
+                                    "foreground_slice_us": 100, "camera_slice_us": 100},
     # Background threads lowered only around their native runs and session builds
     # (drivers/lowering.py, #15 gil16): at normal priority while they hold the host's GIL.
     # Opt-in: against root-host, loading p99 3.6/2.9/3.6/3.8 vs 2.9/3.2/3.3/3.5 ms in four

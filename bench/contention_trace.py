@@ -561,13 +561,16 @@ def main() -> int:
     bursts = bool(knobs.pop("bursts", True))
     batch_bursts = bool(knobs.pop("batch_bursts", True))
     inflight = int(knobs.pop("embedder_inflight", 1))
+    # The camera app's own thread's slice (rows slice-*+app, app-slice).
+    cam_slice = int(knobs.pop("camera_slice_us", 0))
     # Rows with apps on a second driver host (own_host): the same devices as contention.py.
     devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
     keep = args.keep or tempfile.mkdtemp(prefix="npu-trace-")
     os.makedirs(keep, exist_ok=True)
     run = TraceRun(args.variant, True, timing, build_models(), npud_config(knobs),
                    bursts=bursts, batch_bursts=batch_bursts, embedder_inflight=inflight,
-                   devices=devices, keep=keep, stacks=args.stacks, pyspy=args.pyspy)
+                   devices=devices, keep=keep, stacks=args.stacks, pyspy=args.pyspy,
+                   app_knobs={"camera": {"slice_us": cam_slice}} if cam_slice else None)
     r = run.run()
     alone = r.camera["alone"]
     print(f"{args.variant}: camera alone {camera_cell(alone)}; contended "

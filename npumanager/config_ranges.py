@@ -323,6 +323,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "quiet_release"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
     ("driver", "foreground_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
+    ("driver", "background_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
     ("driver", "background_cpus"): _ANY,  # config.CHOICES
     ("driver", "background_cgroup"): _ANY,  # config.CHOICES
     ("driver", "background_handback"): _ANY,  # a boolean (its type is checked at load)

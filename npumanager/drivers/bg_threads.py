@@ -16,6 +16,7 @@ from typing import Any
 
 from npumanager.drivers.lowering import BACKGROUND_LOWER, arm_this_thread
 from npumanager.hal.idle_cgroup import STEP, IdleGroup
+from npumanager.hal.sched_slice import set_this_thread
 
 log = logging.getLogger("npumanager.drivers.bg_threads")
 
@@ -83,7 +84,7 @@ def name_this_thread() -> None:
 
 def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
                       group: IdleGroup | None = None, kind: str = STEP,
-                      lower: str = "thread") -> None:
+                      lower: str = "thread", slice_us: int = 0) -> None:
     """Lower the calling thread (Linux schedules threads, not processes: the tid).
 
     ``idle``: SCHED_IDLE, the kernel runs the thread only when no normal thread wants
@@ -96,9 +97,13 @@ def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
     (hal/idle_cgroup.py). ``lower = "run"``: the thread stays at normal priority and
     lowers itself only around its native work (.lowering); it joins no group then (the
     group would rank its Python, under the GIL, low again), unless it may not return
-    from lowered, when it is lowered for good as with "thread"."""
+    from lowered, when it is lowered for good as with "thread". ``slice_us``: its EEVDF
+    slice (``background_slice_us``; 0: the kernel's), set first: a SCHED_IDLE thread's
+    cannot be set, one set before is kept (hal/sched_slice.py)."""
     name_this_thread()
     tid = threading.get_native_id()
+    if slice_us:
+        set_this_thread(slice_us, "background_slice_us")
     if cpus:
         try:
             os.sched_setaffinity(tid, cpus)
@@ -130,8 +135,9 @@ def check_background(sched: str, lower: str) -> None:
 
 def background_pool(workers: int, prefix: str, sched: str, nice: int,
                     cpus: set[int] | None = None, group: IdleGroup | None = None,
-                    kind: str = STEP, lower: str = "thread") -> ThreadPoolExecutor:
+                    kind: str = STEP, lower: str = "thread",
+                    slice_us: int = 0) -> ThreadPoolExecutor:
     check_background(sched, lower)
     return ThreadPoolExecutor(workers, thread_name_prefix=prefix,
                               initializer=lower_this_thread,
-                              initargs=(sched, nice, cpus, group, kind, lower))
+                              initargs=(sched, nice, cpus, group, kind, lower, slice_us))

@@ -69,6 +69,7 @@ from npumanager.drivers.compile_starve import (
 from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.hal.idle_cgroup import IdleGroup
 from npumanager.hal.malloc_tune import set_mmap_threshold
+from npumanager.hal.sched_slice import set_slice
 
 log = logging.getLogger("npumanager.drivers.compile_worker")
 
@@ -120,8 +121,11 @@ class CompileWorker:
     meanings, for the whole process)."""
 
     def __init__(self, name: str, sched: str, nice: int, starve_ms: int = 0,
-                 idle_group: IdleGroup | None = None, mmap_threshold_kb: int = 0) -> None:
+                 idle_group: IdleGroup | None = None, mmap_threshold_kb: int = 0,
+                 slice_us: int = 0) -> None:
         self.name = name
+        #: The child's threads' EEVDF slice, set before it lowers itself (0: inherited).
+        self.slice_us = slice_us
         #: glibc's mmap threshold for the child, KiB (hal/malloc_tune.py; 0: glibc's own):
         #: each compile maps and frees model-sized buffers, which a sliding threshold
         #: would keep in the child's heap between compiles (80-112 MiB vs 40 measured).
@@ -174,7 +178,7 @@ class CompileWorker:
         try:
             argv = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m",
                     "npumanager.drivers.compile_worker", str(child.fileno()), self.sched,
-                    str(self.nice), str(self.mmap_threshold_kb)]
+                    str(self.nice), str(self.mmap_threshold_kb), str(self.slice_us)]
             proc = subprocess.Popen(argv, pass_fds=[child.fileno()],
                                     stdin=subprocess.DEVNULL, close_fds=True)
             if self.idle_group is not None:
@@ -351,8 +355,12 @@ class CompileWorker:
 # --- the child ----------------------------------------------------------------------------
 
 
-def _lower_process(sched: str, nice: int) -> None:
-    """Lower every thread this process will have (ONNX Runtime's inherit it)."""
+def _lower_process(sched: str, nice: int, slice_us: int = 0) -> None:
+    """Lower every thread this process will have (ONNX Runtime's inherit it), each given
+    the slice ``slice_us`` first (0: the one inherited)."""
+    if slice_us:
+        for tid in os.listdir("/proc/self/task"):
+            set_slice(slice_us, int(tid))
     try:
         # Every thread: a policy is per thread, and numpy's BLAS pool, started when this
         # module was imported, was found at SCHED_OTHER in a child lowered only here.
@@ -400,7 +408,7 @@ def main(argv: list[str]) -> int:
     set_mmap_threshold(int(argv[3]) if len(argv) > 3 else 0)  # before ONNX Runtime loads
     faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # `kill -USR1`: stacks
     _die_with_parent()
-    _lower_process(sched, nice)
+    _lower_process(sched, nice, int(argv[4]) if len(argv) > 4 else 0)
     sock = socket.socket(fileno=sock_fd)
     import onnxruntime  # noqa: F401  # imported once, before the first request, lowered
 

@@ -109,7 +109,8 @@ class DriverHost:
                                  background_cpus=hc.background_cpus,
                                  background_starve_ms=hc.background_starve_ms,
                                  idle_group=self.preparer.idle_group,
-                                 background_lower=hc.background_lower)
+                                 background_lower=hc.background_lower,
+                                 background_slice_us=hc.background_slice_us)
         self.server: RpcServer | None = None
         self._clients: dict[RpcConnection, ClientConn] = {}
         self._cids = itertools.count(1)

@@ -95,7 +95,8 @@ class Preparer:
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
                                                    sched, hc.background_nice,
                                                    group=self.idle_group, kind=COMPILE,
-                                                   lower=hc.background_lower)
+                                                   lower=hc.background_lower,
+                                                   slice_us=hc.background_slice_us)
         #: Where the host builds a BACKGROUND model's session from compiled artifacts (the
         #: compile child's, the cache's): the lowered pool, or (``background_load =
         #: "normal"``) threads of its own at normal priority.
@@ -110,7 +111,7 @@ class Preparer:
         if hc.background_compile == "process" and self._worker_hook is not None:
             self.worker = CompileWorker(hc.name, sched, hc.background_nice,
                                         hc.background_starve_ms, self.idle_group,
-                                        hc.malloc_mmap_threshold_kb)
+                                        hc.malloc_mmap_threshold_kb, hc.background_slice_us)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first

@@ -145,7 +145,7 @@ class StepRunner:
                  stats: ExecStats | None = None, background_sched: str = "normal",
                  background_nice: int = 19, background_cpus: str = "all",
                  background_starve_ms: int = 0, idle_group: IdleGroup | None = None,
-                 background_lower: str = "thread") -> None:
+                 background_lower: str = "thread", background_slice_us: int = 0) -> None:
         self.inline_limit = inline_limit
         self.max_frame = max_frame
         self.stats = stats if stats is not None else ExecStats()
@@ -175,18 +175,21 @@ class StepRunner:
             self._bg_workers = background_pool(channels, f"npu-{name}-bg",
                                                "nice" if share else background_sched,
                                                background_nice, cpus, idle_group,
-                                               lower=background_lower)
+                                               lower=background_lower,
+                                               slice_us=background_slice_us)
             self._bg_yield = self._bg_workers
         if share:
             self._bg_yield = background_pool(channels, f"npu-{name}-bgy", "idle",
-                                             background_nice, cpus, lower=background_lower)
+                                             background_nice, cpus, lower=background_lower,
+                                             slice_us=background_slice_us)
         #: Background lanes (.runqueue, ``RunStep.lane``): lane k's steps on a thread of
         #: its own kept on the k-th CPU, lowered as the other background threads are.
         self._lanes = [background_pool(1, f"npu-{name}-bgl{k}",
                                        "nice" if share else background_sched,
                                        background_nice,
                                        None if self._steer is not None else {cpu},
-                                       idle_group, lower=background_lower)
+                                       idle_group, lower=background_lower,
+                                       slice_us=background_slice_us)
                        for k, cpu in enumerate(lanes)]
         #: The pools whose threads are SCHED_IDLE, and the normal-priority threads their
         #: starved steps move to (created on first use, as every pool's threads are).

@@ -99,6 +99,9 @@ class HostConfig:
     #: The EEVDF slice of a burst's thread while it serves FOREGROUND steps, µs
     #: (hal/sched_slice.py; 0: the kernel's own, 1.4 ms here).
     foreground_slice_us: int = 0
+    #: The EEVDF slice of the host's lowered background threads and compile child, set
+    #: before they are lowered (a SCHED_IDLE thread's cannot be set), µs (0: the kernel's).
+    background_slice_us: int = 0
     #: Where background steps run: "all" CPUs, "spare" (every CPU but the lowest), or
     #: "lanes" (each background step running at once on a CPU of its own: drivers/runqueue.py),
     #: "steer" (lanes unpinned, each steered off the others' CPUs: drivers/bg_place.py), or
@@ -182,6 +185,7 @@ class HostConfig:
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             burst_poll_turns=bool(d.get("burst_poll_turns", True)),
             foreground_slice_us=int(d.get("foreground_slice_us", 0)),
+            background_slice_us=int(d.get("background_slice_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
             background_cgroup=str(d.get("background_cgroup", "off")),
             background_handback=bool(d.get("background_handback", True)),

@@ -82,6 +82,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "burst_anticipate_us"): (-5, "must be >= 0 (0 = off), not -5"),
     ("driver", "foreground_slice_us"): (
         50, "must be 0 (the kernel's own) or between 100 and 100000, not 50"),
+    ("driver", "background_slice_us"): (
+        -1, "must be 0 (the kernel's own) or between 100 and 100000, not -1"),
     ("driver", "background_starve_ms"): (-1, "must be >= 0 (0 = no bound), not -1"),
     ("thermal", "poll_interval_s"): (0, "must be >= 0.001, not 0"),
     ("thermal", "thresholds_c"): ({"moderate": 50.0}, "must not decrease from light to "
