@@ -97,8 +97,8 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("driver", "background_cpus"): ("all", "spare", "lanes", "steer",
                                   "lanes-except-loads"),
     ("driver", "background_cgroup"): ("auto", "off"),  # hal/idle_cgroup.py
-    ("driver", "background_burst_here"): ("off", "lowered", "nice",
-                                          "normal"),  # drivers/bg_here.py
+    ("driver", "background_burst_here"): ("off", "lowered", "nice", "normal",
+                                          "normal-pass"),  # drivers/bg_here.py, bg_pass.py
 }
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           dict: "a table", list: "a list"}

@@ -240,6 +240,10 @@ class BurstServer:
                 log.exception("burst %d failed; closing it", self.burst_id)
         finally:
             self.closing = True
+            try:  # (steps of other bursts this thread kept run now: drivers/bg_pass.py)
+                self._answered()
+            except Exception:
+                log.exception("burst %d: handing over at its end failed", self.burst_id)
             sock.close()
             os.close(self._stop)
             if self.peer_fd >= 0:

@@ -204,7 +204,7 @@ class BurstExecutions:
         workers)."""
         hc = self.host.hc
         mode = hc.background_burst_here
-        if mode == "normal":
+        if mode in ("normal", "normal-pass"):
             return unlowered()
         if mode not in ("lowered", "nice"):
             return None

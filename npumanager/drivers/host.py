@@ -125,6 +125,7 @@ class DriverHost:
         #: The ends of BACKGROUND burst steps, submitted at normal priority (.bg_ends), or
         #: on the lowered worker that ran the step (``background_ends = "worker"``).
         self.bg_ends = StepEnds.for_host(hc.name, hc.background_ends, self._burst_step_end)
+        self.res.pass_steps = hc.background_burst_here == "normal-pass"
         self.res.burst_step_done = (self._burst_step_end if self.bg_ends is None
                                     else self.bg_ends.put)
         if self.preparer.worker is not None:

@@ -29,8 +29,10 @@ from typing import Any
 
 from npumanager import tensorio
 from npumanager.clock import LoopClock, Timer
+from npumanager.drivers import bg_pass
 from npumanager.drivers import events as ev
 from npumanager.drivers.base import PreparedModel
+from npumanager.drivers.bg_here import unlowered
 from npumanager.drivers.exec_stats import ExecStats
 from npumanager.drivers.messages import ClientConn, job_error
 from npumanager.drivers.npud_link import NpudLink
@@ -77,6 +79,9 @@ class HostResources:
         #: Called on the worker thread when a step of a burst execution ends there (the
         #: host submits it from that thread; None: through the loop like any step).
         self.burst_step_done: Callable[[Execution, str | None, float], None] | None = None
+        #: ``background_burst_here = "normal-pass"`` (.bg_pass): a burst's thread runs the
+        #: queued BACKGROUND steps of other burst executions the state starts at its end.
+        self.pass_steps = False
         #: Stops (True) or continues the background compiles in flight (.load_hold; the
         #: host sets it when it has a compile worker). Safe from any thread.
         self.hold_loads: Callable[[bool], None] = lambda stop: None
@@ -150,6 +155,12 @@ class HostResources:
                     mine = ins  # (a BACKGROUND one: the burst's thread, lowered: .bg_here)
                     continue
                 if not ins.inline:
+                    if (self.pass_steps and here.bg_here == threading.get_ident()
+                            and bg_pass.passable(self.executions.get(ins.ticket), ins)):
+                        # (another burst's, whose thread waits: run here after the answer,
+                        # .bg_pass)
+                        bg_pass.keep(self.executions[ins.ticket], ins)
+                        continue
                     now.append(ins)  # runner.start: a worker thread
                     continue
             elif kind is ev.AbortStep or kind is ev.HoldLoads:
@@ -167,17 +178,34 @@ class HostResources:
 
     def wake_loop(self) -> None:
         """From a burst's thread once its reply is out (or before it waits): hand what it
-        left for the loop over, one wake-up for the lot; nothing when nothing is left."""
+        left for the loop over, one wake-up for the lot; nothing when nothing is left.
+        Then the BACKGROUND steps of other burst executions this thread kept (.bg_pass)."""
         with self.lock:
-            if not self._deferred or self._wake_pending:
-                return
-            self._wake_pending = True
-        loop = self.loop
-        assert loop is not None, "host not started"
-        try:
-            loop.call_soon_threadsafe(self._carry_out_locked)
-        except RuntimeError:
-            pass  # the loop is gone (shutdown)
+            wake = bool(self._deferred) and not self._wake_pending
+            if wake:
+                self._wake_pending = True
+        if wake:
+            loop = self.loop
+            assert loop is not None, "host not started"
+            try:
+                loop.call_soon_threadsafe(self._carry_out_locked)
+            except RuntimeError:
+                pass  # the loop is gone (shutdown)
+        if self.pass_steps:
+            self._run_passed()
+
+    def _run_passed(self) -> None:
+        """On a burst's thread, the lock not held: each step kept for it (.bg_pass) run
+        here at its own (normal) priority, its result handed back as a worker's is."""
+        for ex, step in bg_pass.take():
+            try:
+                error, run_us = self.runner.run_here(ex, step, unlowered())
+            except Exception as exc:
+                log.exception("a passed background step failed")
+                error, run_us = f"{type(exc).__name__}: {exc}", 0.0
+            hb = ex.handback
+            assert hb is not None  # (bg_pass.passable)
+            hb.ran(ex, error, run_us)
 
     def _carry_out_locked(self) -> None:
         with self.lock:
