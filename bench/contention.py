@@ -187,6 +187,45 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "bg-burst-here-root": {"background_burst_here": "lowered", "driver_user": "root"},
     "bg-burst-here-nice-root": {"background_burst_here": "nice", "driver_user": "root"},
     "bg-burst-here-normal-root": {"background_burst_here": "normal", "driver_user": "root"},
+    # #15's embedder target (embed18): the opt-ins that each raised the embedder alone,
+    # combined (README: "The embedder's opt-ins combined"). They do not add up: every
+    # combination with "normal" landed where "normal" alone did (66-72 % of unmanaged in
+    # one quick invocation), bound by the batch's round trip. The step on the burst's own
+    # thread at normal priority, and the workers (the steps it cannot take: those started
+    # later, after the quiet window or a channel) at nice 19 instead of SCHED_IDLE.
+    "bg-burst-here-normal+step-nice": {"background_burst_here": "normal",
+                                       "background_step_nice": 19},
+    # The embedder app opens its burst with a client spin (model.burst(spin_us=N), an
+    # app-side choice as the pipeline is): its thread polls for the answer instead of
+    # sleeping and being woken (the batch's "answer back to the app" stage, and the app's
+    # wake-up that is most of its slowest 10 %: README "Where the embedder's batch goes").
+    # With "normal": 92 % and 76 % of unmanaged in two quick invocations, but the spinning
+    # thread keeps a core busy and the LLM's SCHED_IDLE step loses it (52 %, 59 %), the
+    # camera's contended p99 2.0-2.5 vs 1.0-1.3 ms; alone (the worker's hand-off kept) no
+    # gain; 400 µs, shorter than most answers, no gain; with step-nice the LLM keeps its
+    # share (101 %) and the embedder is back at 70 %.
+    "bg-burst-here-normal+embedder-spin": {"background_burst_here": "normal",
+                                           "embedder_spin_us": 1000},
+    "embedder-spin": {"embedder_spin_us": 1000},
+    "bg-burst-here-normal+embedder-spin-400": {"background_burst_here": "normal",
+                                               "embedder_spin_us": 400},
+    "bg-burst-here-normal+embedder-spin+step-nice": {"background_burst_here": "normal",
+                                                     "embedder_spin_us": 1000,
+                                                     "background_step_nice": 19},
+    # Two batches in flight with "normal-pass" (drivers/bg_pass.py): the batch waiting for
+    # the model runs on the burst thread that ended the other's step, after its answer,
+    # instead of on a SCHED_IDLE worker. One quick invocation: 10178 items/s vs 9308 with
+    # "normal" (one in flight with "normal": 11585), LLM 189 vs 261 tokens/s.
+    "embedder-pipeline+bg-burst-here-normal-pass": {"embedder_inflight": 2,
+                                                    "background_burst_here": "normal-pass"},
+    # Lanes (none while a background model prepares) with the step on the burst's thread.
+    "bg-lanes-except-loads+bg-burst-here-normal": {"background_cpus": "lanes-except-loads",
+                                                   "background_burst_here": "normal"},
+    "bg-lanes-except-loads+step-nice": {"background_cpus": "lanes-except-loads",
+                                        "background_step_nice": 19},
+    "bg-lanes-except-loads+bg-burst-here-normal+step-nice": {
+        "background_cpus": "lanes-except-loads", "background_burst_here": "normal",
+        "background_step_nice": 19},
     # glibc's own sliding mmap threshold in the host and its compile child (hal/
     # malloc_tune.py) instead of a fixed 4 MiB: released models' buffers stay in the heaps.
     "malloc-sliding": {"malloc_mmap_threshold_kb": 0},
@@ -400,13 +439,16 @@ def main() -> int:
         cam_slice = int(knobs.pop("camera_slice_us", 0))
         camera = {**({"spin_us": spin} if spin else {}),
                   **({"slice_us": cam_slice} if cam_slice else {})}
+        embedder_spin = float(knobs.pop("embedder_spin_us", 0))
+        app_knobs = {**({"camera": camera} if camera else {}),
+                     **({"embedder": {"spin_us": embedder_spin}} if embedder_spin else {})}
         devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs) if managed else None
         kind = SplitRun if args.frame_split else ContentionRun
         run = kind(name, managed, timing, models, cfg, bursts=bursts,
                    batch_bursts=batch_bursts, embedder_inflight=inflight,
                    device_probe=args.device_time,
-                   app_knobs={"camera": camera} if camera else None,
+                   app_knobs=app_knobs or None,
                    device_queue=device_queue, ort_config=ort_config, devices=devices,
                    log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                        file=sys.stderr, flush=True))
