@@ -27,13 +27,21 @@ class EventLog:
         self.events: list[Event] = []
         self._cond = threading.Condition()
         self.listeners: list[Callable[[Event], None]] = []
+        self._telling = threading.Lock()  # held while listeners are called (mute)
 
     def add(self, ev: Event) -> None:
         with self._cond:
             self.events.append(ev)
             self._cond.notify_all()
-        for fn in self.listeners:
-            fn(ev)
+        with self._telling:
+            for fn in self.listeners:
+                fn(ev)
+
+    def mute(self) -> None:
+        """No listener is called once this returns (an event being told now is first
+        finished): the demo's narration stops before it says it is stopping."""
+        with self._telling:
+            self.listeners.clear()
 
     def find(self, app: str | None = None, ev: str | None = None, after: float = 0.0,
              pred: Callable[[Event], bool] | None = None) -> list[Event]:

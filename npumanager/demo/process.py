@@ -214,6 +214,25 @@ class AppProcess:
         self._reader.thread.join(1.0)
 
 
+def stop_all(procs: list[AppProcess], timeout: float) -> None:
+    """Ask every app to stop at once, give them ``timeout`` seconds together, then SIGKILL
+    those still running, all at once. One after the other with a wait each (as before),
+    four apps blocked in a prepare took 4 x 3 s: an app reads its ``stop`` only between
+    calls, and a prepare under load takes seconds (2.7 s for the demo's LLM beside twelve
+    busy loops)."""
+    for proc in procs:
+        proc.send("stop")
+    deadline = time.monotonic() + timeout
+    while not all(proc.poll() for proc in procs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for proc in procs:
+        if not proc.poll():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        proc.kill()  # reaps; closes its command pipe and joins its reader
+
+
 class LineQueue:
     """The child's end of the command pipe, read on a thread into ``put`` callbacks."""
 

@@ -38,16 +38,25 @@ from npumanager.demo.cast import (
 from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.narrate import Narrator
 from npumanager.demo.observe import Event, EventLog, HalObserver
-from npumanager.demo.process import AppProcess, signals_held
+from npumanager.demo.process import AppProcess, signals_held, stop_all
 from npumanager.demo.render import Renderer, fmt_ms
 from npumanager.demo.summary import print_summary, status_excerpt, write_outputs
 
 #: How many times its idle-machine timeout :meth:`Scenario.expect` waits for an event.
 PATIENCE = 4.0
 #: Seconds after which the scenes wait no more (``--fast``, full): each wait is cut to
-#: what is left, so a run where events go missing reports them and ends, its cleanup
-#: (up to ~30 s: apps, npud, driver host) included, within ~90 s / ~3 min.
+#: what is left, so a run where events go missing reports them and ends, its stop (a few
+#: seconds at most: STOP_APPS_S, STOP_NPUD_S) included, within ~90 s / ~3 min.
 TIME_UP_S = (60.0, 150.0)
+#: How long the apps get, together, to stop on their own before they are killed: at the
+#: demo's end (they release, report and exit), and when it is interrupted. An app reads
+#: its stop between calls: 0.02-0.1 s beside twelve busy loops on the 2 CPUs, unless it is
+#: in a prepare (the LLM's compile: 2.7 s there), which an interrupt need not wait for.
+STOP_APPS_S = {"end": 3.0, "interrupted": 1.0}
+#: npud's and then its driver host's bound, each, from SIGTERM to SIGKILL. Measured
+#: beside twelve busy loops: 0.15-0.35 s for both, the host's in-flight compile killed
+#: (drivers/compile_worker.py, ``kill``) rather than waited for.
+STOP_NPUD_S = 3.0
 
 
 class NotAdmin(Exception):
@@ -80,6 +89,12 @@ class Scenario:
         self.rt = ""
         self.cache_root = ""
         self.time_up = time.monotonic() + TIME_UP_S[0 if opts.fast else 1]
+        #: Set by the first Ctrl-C / SIGTERM (:meth:`on_stop_signal`) or when the run ends:
+        #: from then on a stop signal is ignored, so a second Ctrl-C cannot cut the stop
+        #: short (leaving apps, npud or temp dirs behind); each of its waits is bounded.
+        self.stopping = False
+        #: When the demo was interrupted (its stop's start), else None.
+        self.t_stop: float | None = None
 
     # --- helpers ---------------------------------------------------------------
 
@@ -460,20 +475,25 @@ class Scenario:
 
     # --- run ---------------------------------------------------------------------------
 
-    def stop_apps(self) -> None:
-        for proc in list(self.apps.values()):
-            proc.send("stop")
-        for proc in list(self.apps.values()):
-            proc.stop(timeout=3.0)
+    def stop_apps(self, timeout: float = STOP_APPS_S["end"]) -> None:
+        stop_all(list(self.apps.values()), timeout)
         self.apps.clear()
 
-    def cleanup(self) -> None:
+    def on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT / SIGTERM: the first one stops the demo, later ones are ignored."""
+        if self.stopping:
+            return
+        self.stopping = True
+        raise KeyboardInterrupt
+
+    def cleanup(self, interrupted: bool = False) -> None:
+        self.stopping = True
         if self.tracer is not None:  # interrupted: stop recording, write nothing
             with contextlib.suppress(Exception):
-                self.tracer.stop()
+                self.tracer.abandon()
             self.tracer = None
         with contextlib.suppress(Exception):
-            self.stop_apps()
+            self.stop_apps(STOP_APPS_S["interrupted" if interrupted else "end"])
         for proc in list(self.apps.values()):
             with contextlib.suppress(Exception):
                 proc.kill()
@@ -490,7 +510,7 @@ class Scenario:
                 self.admin.close()
         if self.npud is not None:
             with contextlib.suppress(Exception):
-                self.npud.stop()
+                self.npud.stop(STOP_NPUD_S)
         for d in self.tmp:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -508,8 +528,17 @@ class Scenario:
             print_summary(self.out, self.log, self.run_rec, self.hal, self.specs,
                           time.monotonic() - t0)
             self.write_outputs()
+        except KeyboardInterrupt:
+            # Said at once: the stop takes up to a few seconds. What the apps report
+            # meanwhile (npud and the driver going away under them) is not the demo's story.
+            self.t_stop = time.monotonic()
+            self.log.mute()
+            self.out.warn("interrupted: stopping the apps"
+                          + (", npud and its driver host" if self.own_npud else "")
+                          + " and removing the temp dirs")
+            raise
         finally:
-            self.cleanup()
+            self.cleanup(interrupted=self.t_stop is not None)
             undo_diag()
         if self.run_rec.failures and self.root:
             return 1
@@ -519,18 +548,19 @@ class Scenario:
 def run_demo(opts: DemoOptions) -> int:
     """Run the demo; 0 when everything it shows happened, 1 if something did not."""
     out = Renderer(color=opts.color)
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, on_term)
+    scenario = Scenario(opts, out)
+    old = {sig: signal.signal(sig, scenario.on_stop_signal)
+           for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return Scenario(opts, out).run()
+        return scenario.run()
     except KeyboardInterrupt:
-        out.warn("interrupted: stopped the apps and npud, removed the temp dirs")
+        took = time.monotonic() - (scenario.t_stop or time.monotonic())
+        out.warn(f"stopped in {took:.1f} s: nothing it started is left running, its temp "
+                 "dirs are removed")
         return 130
     except NotAdmin as exc:
         out.warn(str(exc))
         return 1  # refused by npud: a failure, not a usage error
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

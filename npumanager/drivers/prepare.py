@@ -119,6 +119,8 @@ class Preparer:
         self.fleet = open_tier(hc.fleet, driver, cache_counts)
 
     def close(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()  # before the pools' waits: a compile under way ends now
         self.compile_pool.shutdown(wait=True, cancel_futures=True)
         if self.bg_compile_pool is not self.compile_pool:
             self.bg_compile_pool.shutdown(wait=True, cancel_futures=True)

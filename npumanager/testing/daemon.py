@@ -227,7 +227,7 @@ class DaemonProcess:
             return self.returncode
         stop_driver_hosts(self.runtime_dir, timeout)
         if self._reader is not None:
-            self._reader.join(5)
+            self._reader.join(min(5.0, timeout))
         self.returncode = self.proc.returncode
         self._cleanup()
         return self.returncode

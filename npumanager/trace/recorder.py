@@ -192,6 +192,21 @@ class TraceRecorder:
             if story:
                 self.rec.stories[f"{uid}:{rid}"] = story
 
+    def abandon(self, timeout: float = 1.0) -> None:
+        """Stop recording and keep nothing (an interrupted demo): none of :meth:`stop`'s
+        last polls and story pages, RPCs to an npud that may be going away. The polling
+        thread gets ``timeout`` to end; one still in a call keeps its connections (they
+        close with the process) rather than have them closed under it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return
+        for c in self._drivers.values():
+            c.close()
+        self._drivers.clear()
+        self._mgr.close()
+
     def stop(self) -> Recording:
         self._stop.set()
         if self._thread is not None:

@@ -265,3 +265,52 @@ def test_the_workers_blobs_are_those_of_a_prepacked_compile() -> None:
                                               min_external_bytes=MIN_EXTERNAL_BYTES)
             assert packed[1:] == unpacked[1:]
             assert sum(len(b) for b in unpacked[2]) > 0  # the weights went to the data blob
+
+
+def test_a_preparer_closed_mid_compile_ends_the_compile_instead_of_waiting_for_it(
+        preparer: Preparer) -> None:
+    """The host stopping (SIGTERM: its close) with a background compile under way: the
+    child is killed, the compile fails at once and no other child starts. Before, the
+    close waited for the compile to finish (the demo's Ctrl-C: its host held 1.3 s by the
+    LLM's compile beside thirty busy loops). The child is held stopped here, so a close
+    that waits for the compile never returns."""
+    import threading
+
+    from npumanager.errors import GeneralFailure
+
+    prepare(preparer, mlp())  # the child is up
+    worker = preparer.worker
+    assert worker is not None and worker.pid is not None
+    pid = worker.pid
+    worker.hold(True)
+    wait_state(pid, True)
+    errors: list[BaseException] = []
+
+    def compile_held() -> None:
+        try:
+            prepare(preparer, mlp(seed=5))
+        except BaseException as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=compile_held)
+    th.start()
+    th.join(0.3)
+    assert th.is_alive(), "a stopped worker compiled"
+    closer = threading.Thread(target=preparer.close)
+    closer.start()
+    closer.join(30)
+    if closer.is_alive():  # pragma: no cover - the failure: unblock, then report
+        worker.hold(False)
+        closer.join(60)
+        pytest.fail("the close waited for the compile under way")
+    th.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], GeneralFailure), errors
+    assert worker.started == 1 and worker.pid is None  # none started after the kill
+    wait_dead_or_gone(pid)
+
+
+def wait_dead_or_gone(pid: int) -> None:
+    try:
+        wait_dead(pid)
+    except FileNotFoundError:
+        pass  # reaped
