@@ -250,8 +250,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # app's own thread too (model.burst(slice_us=100)), paired with "unmanaged-slice" (the
     # unmanaged camera's thread at the same slice: a gain is not the slice given to one
     # side only). Not kept: one quick screen, loading p99 4.9 / 5.2 ms host-side only vs
-    # 3.9 managed; a full invocation, 4.6 (slice-100+app) / 4.5 (app-slice) vs 4.0, and the
-    # unmanaged camera at 100 µs 2.6 vs 0.4 ms (README: "Per-task slices").
+    # 3.9 managed; two full invocations, 4.6 / 5.2 (slice-100+app) vs 4.0 / 3.0, app-slice
+    # 4.5 vs 4.0, the unmanaged camera at 100 µs 2.6 vs 0.4 ms (README: "Per-task slices").
     "slice-100": {"foreground_slice_us": 100},
     "slice-300": {"foreground_slice_us": 300},
     "slice-100+app": {"foreground_slice_us": 100, "camera_slice_us": 100},
@@ -259,7 +259,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "app-slice": {"camera_slice_us": 100},
     # The lowered background threads and the compile child at a 10 ms slice, set before
     # they are lowered (background_slice_us): PREEMPT_SHORT lets a woken thread preempt
-    # the running one early only if the wakee's slice is the shorter.
+    # the running one early only if the wakee's slice is the shorter. Not kept: one full
+    # pair, loading p99 4.5 vs 3.0 ms managed, contended 1.3 vs 1.3.
     "bg-slice-10ms": {"background_slice_us": 10000},
     "bg-slice-10ms+slice-100+app": {"background_slice_us": 10000,
                                     "foreground_slice_us": 100, "camera_slice_us": 100},
