@@ -229,6 +229,26 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # glibc's own sliding mmap threshold in the host and its compile child (hal/
     # malloc_tune.py) instead of a fixed 4 MiB: released models' buffers stay in the heaps.
     "malloc-sliding": {"malloc_mmap_threshold_kb": 0},
+    # The loading phase's load work (#15, load18; bench/load_cpu.py: the compile child 86 %
+    # system time, 131 k minor faults a second, the host's session build 73 %): glibc's
+    # tunables for the compile child (compile_malloc, hal/malloc_tune.py): "keep" reuses
+    # the last compile's memory, "hugepages" faults 2 MiB at a time. compile-keep, three
+    # full invocations against managed: the load's p50 241 / 225 / 237 vs 334 / 347 / 342
+    # ms, the child 0.25-0.27 vs 0.42-0.43 cores; camera p99 loading 4.0 / 2.6 / 3.7 vs
+    # 3.0 / 4.0 / 3.4 ms, contended 1.5 / 1.4 / 1.4 vs 1.1 / 1.1 / 1.1 (README:
+    # compile_malloc). Opt-in.
+    "compile-keep": {"compile_malloc": "keep"},
+    "compile-hugepages": {"compile_malloc": "hugepages"},
+    "compile-keep-hugepages": {"compile_malloc": "keep-hugepages"},
+    # The compile child and the background session builds on the highest CPU only
+    # (load_cpus = "last", drivers/load_place.py), the other CPU free of load work; with
+    # "split" the FOREGROUND burst threads also keep off it while a background model
+    # loads. Camera p99 loading, three full invocations: last 5.8 / 5.1 / 2.8, split 5.5 /
+    # 5.2 / 5.1, compile-keep+load-split 4.4 / 4.8 / 4.8 vs managed 3.0 / 4.0 / 3.4 ms:
+    # worse (README: load_cpus). Opt-in.
+    "load-last": {"load_cpus": "last"},
+    "load-split": {"load_cpus": "split"},
+    "compile-keep+load-split": {"compile_malloc": "keep", "load_cpus": "split"},
     # One channel, like a small NPU (what `npu demo` configures; nothing to reserve).
     "1-channel": {"channels": 1},
     # The camera's own path (#15, cam15g). Driver anticipation (drivers/anticipate.py; on

@@ -99,6 +99,9 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("driver", "background_cgroup"): ("auto", "off"),  # hal/idle_cgroup.py
     ("driver", "background_burst_here"): ("off", "lowered", "nice", "normal",
                                           "normal-pass"),  # drivers/bg_here.py, bg_pass.py
+    ("driver", "compile_malloc"): ("default", "keep", "hugepages",
+                                   "keep-hugepages"),  # hal/malloc_tune.py
+    ("driver", "load_cpus"): ("all", "last", "split"),  # drivers/load_place.py
 }
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           dict: "a table", list: "a list"}

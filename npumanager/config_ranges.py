@@ -314,6 +314,8 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "background_compile"): _ANY,  # config.CHOICES
     ("driver", "background_ends"): _ANY,  # config.CHOICES
     ("driver", "background_load"): _ANY,  # config.CHOICES
+    ("driver", "compile_malloc"): _ANY,  # config.CHOICES
+    ("driver", "load_cpus"): _ANY,  # config.CHOICES
     ("driver", "background_lower"): _ANY,  # config.CHOICES
     ("driver", "malloc_mmap_threshold_kb"): between(0, 32768, " (0 = glibc's own)"),
     ("driver", "switch_interval_us"): at_least(0, " (0 = Python's 5000)"),

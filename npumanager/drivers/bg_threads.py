@@ -82,6 +82,15 @@ def name_this_thread() -> None:
         pass
 
 
+def pin_this_thread(cpus: set[int] | None) -> None:
+    """Keep the calling thread on ``cpus`` (None: leave it as it is)."""
+    if cpus:
+        try:
+            os.sched_setaffinity(threading.get_native_id(), cpus)
+        except OSError as exc:
+            log.warning("a background thread stays on every CPU: %s", exc)
+
+
 def lower_this_thread(sched: str, nice: int, cpus: set[int] | None = None,
                       group: IdleGroup | None = None, kind: str = STEP,
                       lower: str = "thread", slice_us: int = 0) -> None:

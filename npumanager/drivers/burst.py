@@ -59,6 +59,7 @@ from npumanager.drivers.anticipate import (
 )
 from npumanager.drivers.burst_exec import BurstExecutions
 from npumanager.drivers.burst_fixed import FixedRequest
+from npumanager.drivers.load_place import LoadPlace, Placed
 from npumanager.drivers.messages import ClientConn
 from npumanager.drivers.poll_turns import FirstCome, PollTurns
 from npumanager.drivers.steps import Execution, Reply
@@ -99,8 +100,8 @@ class BurstServer:
                                    tuple[Reply, FixedRequest | None] | None],
                  answered: Callable[[], None],
                  prepare_next: Callable[[BurstServer], None],
-                 ended: Callable[[BurstServer], bool], anticipate: Anticipate | None = None
-                 ) -> None:
+                 ended: Callable[[BurstServer], bool], anticipate: Anticipate | None = None,
+                 place: LoadPlace | None = None) -> None:
         self.burst_id = burst_id
         self.client = client
         self.uid = client.conn.peer.uid
@@ -142,6 +143,8 @@ class BurstServer:
         self.foreground, self.run_us = False, 0.0
         #: Its thread has foreground_slice_us's slice (.burst_exec, ``_slice``).
         self.sliced = False
+        #: Its CPUs while a background load runs (``load_cpus = "split"``: .load_place).
+        self.placed = Placed(place)
         self.counters = bc.BurstCounters()
         #: Where the request being served is (``time.perf_counter_ns`` per ``bc`` mark).
         self.marks = [0] * bc.MARKS
@@ -185,6 +188,7 @@ class BurstServer:
             low_timer_slack()  # (its timed sleep before the window: drivers/anticipate.py)
         try:
             pace, counters, ns = self.pace, self.counters, time.perf_counter_ns
+            placed = self.placed
             self.marks = marks = bc.new_marks()  # (on this thread: see bc.CpuMarks)
             while not self.closing:
                 # The header first, then the wait: a drain below can take the ring of a
@@ -193,6 +197,8 @@ class BurstServer:
                 seq, length = layout.read_request_header(self.pool.buf)
                 how = bc.AHEAD
                 if seq == last:
+                    if placed.place is not None:  # (load_cpus = "split")
+                        placed.update(self.foreground)
                     counters.waiting()
                     how = bc.RUNG
                     if pace is not None and self.foreground:
@@ -438,7 +444,7 @@ class Bursts(BurstExecutions):
         client.bursts[pool_id] = burst_id  # (no plain execute names this memory)
         server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
                              self.execute, host.res.wake_loop, self.prepare_next,
-                             self._ended, self._anticipate)
+                             self._ended, self._anticipate, host.preparer.place)
         self._servers[burst_id] = server
         server.start()
         peer = server.peer_fd

@@ -69,7 +69,7 @@ from npumanager.drivers.compile_starve import (
 )
 from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.hal.idle_cgroup import IdleGroup
-from npumanager.hal.malloc_tune import set_mmap_threshold
+from npumanager.hal.malloc_tune import KEEP_IDLE_S, set_mmap_threshold, trim, tunables_env
 from npumanager.hal.sched_slice import set_slice
 
 log = logging.getLogger("npumanager.drivers.compile_worker")
@@ -123,10 +123,17 @@ class CompileWorker:
 
     def __init__(self, name: str, sched: str, nice: int, starve_ms: int = 0,
                  idle_group: IdleGroup | None = None, mmap_threshold_kb: int = 0,
-                 slice_us: int = 0) -> None:
+                 slice_us: int = 0, malloc: str = "default",
+                 cpus: set[int] | None = None) -> None:
         self.name = name
         #: The child's threads' EEVDF slice, set before it lowers itself (0: inherited).
         self.slice_us = slice_us
+        #: glibc's tunables for the child (``compile_malloc``: hal/malloc_tune.py).
+        self.env = tunables_env(malloc, dict(os.environ))
+        #: The CPUs every thread of the child runs on (``load_cpus``; None: all).
+        self.cpus = sorted(cpus) if cpus else []
+        #: How long the child waits idle before it gives kept memory back (0: never).
+        self.trim_s = KEEP_IDLE_S if malloc.startswith("keep") else 0.0
         #: glibc's mmap threshold for the child, KiB (hal/malloc_tune.py; 0: glibc's own):
         #: each compile maps and frees model-sized buffers, which a sliding threshold
         #: would keep in the child's heap between compiles (80-112 MiB vs 40 measured).
@@ -181,8 +188,9 @@ class CompileWorker:
         try:
             argv = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m",
                     "npumanager.drivers.compile_worker", str(child.fileno()), self.sched,
-                    str(self.nice), str(self.mmap_threshold_kb), str(self.slice_us)]
-            proc = subprocess.Popen(argv, pass_fds=[child.fileno()],
+                    str(self.nice), str(self.mmap_threshold_kb), str(self.slice_us),
+                    ",".join(map(str, self.cpus)), str(self.trim_s)]
+            proc = subprocess.Popen(argv, pass_fds=[child.fileno()], env=self.env,
                                     stdin=subprocess.DEVNULL, close_fds=True)
             if self.idle_group is not None:
                 # Every thread it has (its own, numpy's): it cannot be taken out again,
@@ -388,6 +396,19 @@ def _lower_process(sched: str, nice: int, slice_us: int = 0) -> None:
         print(f"compile worker stays at normal priority: {exc}", file=sys.stderr)
 
 
+def _pin_process(cpus: str) -> None:
+    """Every thread this process has (numpy's pool's among them) and will have on
+    ``cpus`` ("0,1"; "": left as they are)."""
+    if not cpus:
+        return
+    want = {int(c) for c in cpus.split(",")}
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), want)
+    except (OSError, ValueError) as exc:
+        print(f"compile worker stays on every CPU: {exc}", file=sys.stderr)
+
+
 def _die_with_parent() -> None:
     try:
         import ctypes
@@ -426,11 +447,18 @@ def main(argv: list[str]) -> int:
     set_mmap_threshold(int(argv[3]) if len(argv) > 3 else 0)  # before ONNX Runtime loads
     faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # `kill -USR1`: stacks
     _die_with_parent()
+    _pin_process(argv[5] if len(argv) > 5 else "")
     _lower_process(sched, nice, int(argv[4]) if len(argv) > 4 else 0)
     sock = socket.socket(fileno=sock_fd)
     import onnxruntime  # noqa: F401  # imported once, before the first request, lowered
 
+    # compile_malloc = "keep": the heap keeps what a compile freed for the next one, and
+    # goes back to the kernel once no compile came for trim_s (hal/malloc_tune.py).
+    trim_s, kept = (float(argv[6]) if len(argv) > 6 else 0.0), False
     while True:
+        if kept and not select.select([sock], [], [], trim_s)[0]:
+            trim()
+            kept = False
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 1)
         except OSError:
@@ -445,6 +473,7 @@ def main(argv: list[str]) -> int:
         try:
             if len(fds) != 1:
                 raise InvalidArgument("a compile request carries one memfd")
+            kept = trim_s > 0
             reply, out = _serve_one(json.loads(data), fds[0])
         except InvalidArgument as exc:
             reply = {"ok": False, "type": "InvalidArgument", "error": str(exc)}

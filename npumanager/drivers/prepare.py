@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check_prepared_model
-from npumanager.drivers.bg_threads import background_pool
+from npumanager.drivers.bg_threads import background_pool, pin_this_thread
 from npumanager.drivers.cache_store import DriverCache
 from npumanager.drivers.compile_worker import CompileWorker
 from npumanager.drivers.external_data import bind, sent_files
 from npumanager.drivers.fleet_tier import open_tier
+from npumanager.drivers.load_place import LoadPlace
 from npumanager.drivers.staged import CacheRewriter
 from npumanager.errors import DriverRefused, GeneralFailure, InvalidArgument
 from npumanager.hal.host_config import HostConfig
@@ -89,11 +90,16 @@ class Preparer:
         self.bg_compile_pool = self.compile_pool
         # (fair share among background apps is for their steps: compiles stay idle)
         sched = "idle" if hc.background_sched == "share" else hc.background_sched
+        #: Where a background load's work runs (``load_cpus``: .load_place), and the
+        #: foreground's burst threads meanwhile.
+        self.place = LoadPlace(hc.load_cpus)
+        self.load_cpus = self.place.load_cpus
         #: The cpu.idle cgroup npud made for this host's background threads (none: "").
         self.idle_group = IdleGroup(hc.background_cgroup_dir, hc.background_sched)
         if sched != "normal":
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
                                                    sched, hc.background_nice,
+                                                   cpus=self.load_cpus,
                                                    group=self.idle_group, kind=COMPILE,
                                                    lower=hc.background_lower,
                                                    slice_us=hc.background_slice_us)
@@ -102,7 +108,9 @@ class Preparer:
         #: "normal"``) threads of its own at normal priority.
         self.bg_load_pool = self.bg_compile_pool
         if hc.background_load == "normal":
-            self.bg_load_pool = ThreadPoolExecutor(2, thread_name_prefix=f"npu-{hc.name}-bgload")
+            self.bg_load_pool = ThreadPoolExecutor(2, thread_name_prefix=f"npu-{hc.name}-bgload",
+                                                   initializer=pin_this_thread,
+                                                   initargs=(self.load_cpus,))
         #: BACKGROUND models a driver can compile elsewhere (``compile_in_worker``) compile
         #: in a lowered child process, off this process's GIL (drivers/compile_worker.py).
         self.worker: CompileWorker | None = None
@@ -111,7 +119,8 @@ class Preparer:
         if hc.background_compile == "process" and self._worker_hook is not None:
             self.worker = CompileWorker(hc.name, sched, hc.background_nice,
                                         hc.background_starve_ms, self.idle_group,
-                                        hc.malloc_mmap_threshold_kb, hc.background_slice_us)
+                                        hc.malloc_mmap_threshold_kb, hc.background_slice_us,
+                                        hc.compile_malloc, self.load_cpus)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first
@@ -175,6 +184,13 @@ class Preparer:
         """Compile (after :meth:`check_prepare`); write the cache files when asked, as an
         entry of ``uid`` (the caller's kernel-verified uid). ``background``: the model's
         execution class is BACKGROUND (compiled on a background thread)."""
+        if not background:
+            return await self._prepare_model(msg, fds, uid, background=False)
+        with self.place.loading():
+            return await self._prepare_model(msg, fds, uid, background=True)
+
+    async def _prepare_model(self, msg: pb.PrepareModel, fds: list[int], uid: int, *,
+                             background: bool) -> Prepared:
         loop = asyncio.get_running_loop()
         pool = self.bg_compile_pool if background else self.compile_pool
         n_cache = msg.n_model_cache + msg.n_data_cache
@@ -254,6 +270,13 @@ class Preparer:
                                  uid: int, *, background: bool = False) -> Prepared:
         """Load cache files verified against ``uid``'s entry (after
         :meth:`check_from_cache`)."""
+        if not background:
+            return await self._from_cache(msg, fds, uid, background=False)
+        with self.place.loading():
+            return await self._from_cache(msg, fds, uid, background=True)
+
+    async def _from_cache(self, msg: pb.PrepareModelFromCache, fds: list[int], uid: int, *,
+                          background: bool) -> Prepared:
         loop = asyncio.get_running_loop()
         model_fds, data_fds = fds[: msg.n_model_cache], fds[msg.n_model_cache :]
         model_bufs, data_bufs = await loop.run_in_executor(

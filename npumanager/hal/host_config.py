@@ -75,6 +75,14 @@ class HostConfig:
     #: glibc's mmap threshold for the host process and its compile child, KiB
     #: (hal/malloc_tune.py; 0: glibc's own, which slides up to 32 MiB).
     malloc_mmap_threshold_kb: int = 4096
+    #: glibc's tunables for the compile child: "default", "keep" (no mappings, no trim:
+    #: the next compile reuses the memory), "hugepages" (THP on malloc's memory) or
+    #: "keep-hugepages" (hal/malloc_tune.py says what each cuts).
+    compile_malloc: str = "default"
+    #: Where a background load's work runs: "all" CPUs, "last" (the compile child and the
+    #: host's lowered session builds on the highest CPU only) or "split" ("last", and the
+    #: FOREGROUND burst threads off that CPU while a background load runs): .load_place.
+    load_cpus: str = "all"
     #: The host process's GIL switch interval in microseconds (sys.setswitchinterval;
     #: 0 or less: Python's own, 5000): how long a thread that wants the GIL waits before it asks
     #: the holder to drop it (drivers/classes.py says what it bought).
@@ -177,6 +185,8 @@ class HostConfig:
             background_load=str(d.get("background_load", "lowered")),
             background_lower=str(d.get("background_lower", "thread")),
             malloc_mmap_threshold_kb=int(d.get("malloc_mmap_threshold_kb", 4096)),
+            compile_malloc=str(d.get("compile_malloc", "default")),
+            load_cpus=str(d.get("load_cpus", "all")),
             switch_interval_us=int(d.get("switch_interval_us", 0)),
             quiet_window_us=int(d.get("quiet_window_us", 1000)),
             quiet_tail_us=int(d.get("quiet_tail_us", 0)),

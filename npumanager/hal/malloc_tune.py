@@ -44,3 +44,57 @@ def set_mmap_threshold(kb: int) -> bool:
     if not ok:
         log.warning("libc refused an mmap threshold of %d KiB", kb)
     return ok
+
+
+#: ``compile_malloc``'s choices: glibc tunables (``GLIBC_TUNABLES``) for the compile child.
+#: A compile faults in every model-sized buffer afresh: with the 4 MiB threshold each is a
+#: mapping of its own, unmapped when freed, and the next compile's buffers are zeroed and
+#: faulted in again, 4 KiB at a time (bench/load_cpu.py: the child 86 % system time,
+#: 131 k minor faults a second while the contention bench's 32 MiB LLM loads again and
+#: again, 57 % of its samples in page faults). "keep": no mappings at all (``mmap_max=0``)
+#: and no trimming of the heap, so the next compile reuses the memory the last one freed
+#: (the child keeps its peak while compiles come back to back, and gives it back once idle
+#: for ``KEEP_IDLE_S``: compile_worker.py); "hugepages": glibc asks for transparent huge pages
+#: (``madvise``) on the memory it maps or grows, so a fault brings 2 MiB, not 4 KiB
+#: (the kernel's ``transparent_hugepage`` set to ``madvise`` or ``always``);
+#: "keep-hugepages": both. Measured (README: ``compile_malloc``): "keep" makes the bench's
+#: loads a third faster at half the child's CPU; the camera's tail while a model loads
+#: did not move beyond the spread in three full paired runs, so an opt-in.
+COMPILE_MALLOC: dict[str, str] = {
+    "default": "",
+    "keep": f"glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={1 << 62}",
+    "hugepages": "glibc.malloc.hugetlb=1",
+    "keep-hugepages": f"glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={1 << 62}"
+                      ":glibc.malloc.hugetlb=1",
+}
+
+
+#: A "keep" compile child idle this long gives its kept memory back (``trim``).
+KEEP_IDLE_S = 1.0
+
+
+def trim() -> bool:
+    """Give the heap's free memory back to the kernel (``malloc_trim(0)``: the top of each
+    heap, and whole free pages inside them). True if some was released."""
+    try:
+        libc = ctypes.CDLL(None)
+        malloc_trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))
+
+
+def tunables_env(mode: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``GLIBC_TUNABLES`` for ``compile_malloc = mode`` added to any already
+    there (a copy; ``env`` itself when the mode adds nothing). ValueError for an unknown
+    mode."""
+    if mode not in COMPILE_MALLOC:
+        raise ValueError(f"compile_malloc must be one of {', '.join(COMPILE_MALLOC)}, "
+                         f"not {mode!r}")
+    add = COMPILE_MALLOC[mode]
+    if not add:
+        return env
+    old = env.get("GLIBC_TUNABLES", "")
+    return {**env, "GLIBC_TUNABLES": f"{old}:{add}" if old else add}

@@ -62,7 +62,9 @@ def test_every_driver_key_of_the_wrong_type_is_named(tmp_path: Path, key: str) -
                                        ("background_compile", "fork"),
                                        ("background_ends", "loop"),
                                        ("background_load", "idle"),
-                                       ("background_lower", "step")])
+                                       ("background_lower", "step"),
+                                       ("compile_malloc", "huge"),
+                                       ("load_cpus", "first")])
 def test_driver_values_of_the_right_type_but_no_meaning_are_named(
         tmp_path: Path, key: str, value: Any) -> None:
     """A bool is an int to Python, never to this config; a word key takes its words."""
