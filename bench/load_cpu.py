@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contention import SECOND_HOST, VARIANTS, npud_config
 
+from npumanager.demo import contention_probe
 from npumanager.demo.contention import ContentionRun, Timing, build_models, camera_cell
 from npumanager.demo.contention_memory import descendants
 
@@ -80,22 +81,9 @@ def kernel_entry(frames: list[str]) -> str:
 
 
 def thread_stat(pid: int) -> dict[int, tuple[str, int, int, int]]:
-    """tid -> (comm, utime, stime, minflt) of each thread of ``pid``."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        rest = stat.rpartition(")")[2].split()
-        out[int(tid)] = (comm, int(rest[11]), int(rest[12]), int(rest[7]))
-    return out
+    """tid -> (comm, utime, stime, minflt) of each thread of ``pid``
+    (demo/contention_probe.thread_stats, which the bench's CPU probe reads too)."""
+    return contention_probe.thread_stats(pid)
 
 
 def _cmdline(pid: int) -> str:

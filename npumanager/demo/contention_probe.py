@@ -34,10 +34,10 @@ from typing import Any
 from npumanager.demo.contention_cpu import CpuMark
 
 
-def thread_jiffies(pid: int) -> dict[str, int]:
-    """utime + stime of each thread of ``pid`` grouped by its kernel name with a
-    trailing ``_N`` or number dropped (``npu-bg_0`` and ``npu-bg_1`` -> ``npu-bg``)."""
-    out: dict[str, int] = {}
+def thread_stats(pid: int) -> dict[int, tuple[str, int, int, int]]:
+    """tid -> (kernel name, utime, stime, minor faults) of each thread of ``pid`` from
+    /proc (clock ticks; a thread that ends while read is left out)."""
+    out: dict[int, tuple[str, int, int, int]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -50,8 +50,17 @@ def thread_jiffies(pid: int) -> dict[str, int]:
             continue
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         rest = stat.rpartition(")")[2].split()
+        out[int(tid)] = (comm, int(rest[11]), int(rest[12]), int(rest[7]))
+    return out
+
+
+def thread_jiffies(pid: int) -> dict[str, int]:
+    """utime + stime of each thread of ``pid`` grouped by its kernel name with a
+    trailing ``_N`` or number dropped (``npu-bg_0`` and ``npu-bg_1`` -> ``npu-bg``)."""
+    out: dict[str, int] = {}
+    for comm, utime, stime, _ in thread_stats(pid).values():
         name = re.sub(r"[_-]?\d+$", "", comm) or comm
-        out[name] = out.get(name, 0) + int(rest[11]) + int(rest[12])
+        out[name] = out.get(name, 0) + utime + stime
     return out
 
 
