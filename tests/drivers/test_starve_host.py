@@ -24,14 +24,14 @@ from npumanager.wire.client import SyncRpcClient
 
 pytestmark = pytest.mark.slow
 
-STEPS = 30
+STEPS = 12
 CONFIG = """
 [[driver]]
 name = "reference"
 plugin = "reference"
 channels = 2
 background_sched = "idle"
-background_starve_ms = 50
+background_starve_ms = 20
 """
 
 
@@ -53,7 +53,11 @@ def test_a_background_job_completes_beside_busy_loops_on_every_cpu(
         dev = nn.device("reference", runtime_dir)
         try:
             # Prepared (compiled) before the loops start: the bound is about steps.
-            model = dev.prepare_model(step_model(4, work_dim=160, work_depth=4))
+            # A step of ~1.5 ms CPU (320-wide, 8 deep): at SCHED_IDLE beside the loops its
+            # wait scales with its CPU time, and a 0.2 ms step (160 wide, 4 deep, bound
+            # 50 ms) waited past the bound once in 30 steps here and never in one CI run.
+            # With these, every idle step here waited past the 20 ms bound.
+            model = dev.prepare_model(step_model(4, work_dim=320, work_depth=8))
             state = {"state": np.zeros((1, 4), np.float32)}
             feedback = {"state_out": "state"}
             # job priority 1000: BACKGROUND whoever runs the test (root's app priority is 0).
