@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from npumanager.clock import MonotonicClock
 from npumanager.config import Config
@@ -18,6 +18,9 @@ from npumanager.hal.types import EndReason, SchedulingConfig, WorkInfo
 from npumanager.nn.device import Device
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.testing.conformance.harness import ConformanceTarget
+
+if TYPE_CHECKING:
+    from npumanager.service.supervisor import DriverSupervisor
 
 
 class _Events:
@@ -88,7 +91,7 @@ def check_driver_restart_and_table_push(target: ConformanceTarget, runtime_dir: 
         started.wait(60)
         events.wait_ups(1)
         table = [SchedulingConfig(uid=os.getuid(), app_priority=100, has_direct_access=False)]
-        loop.call_soon_threadsafe(sup.set_scheduling_configs, table)
+        push_table(sup, loop, table)
         model = dev.prepare_model(target.model)
         _expect(DirectAccessDenied, model.execute, target.inputs)
         slot = sup.slots[0]
@@ -106,6 +109,26 @@ def check_driver_restart_and_table_push(target: ConformanceTarget, runtime_dir: 
         loop.call_soon_threadsafe(loop.stop)
         th.join(30)
         loop.close()
+
+
+def push_table(sup: DriverSupervisor, loop: asyncio.AbstractEventLoop,
+               table: list[SchedulingConfig], timeout: float = 60.0) -> None:
+    """Push ``table`` from the supervisor's loop and return once every up driver has
+    applied it: a round trip on its manager connection, whose frames the host handles in
+    order (``wait_applied``).
+
+    Not merely scheduled on the loop: a prepare sent meanwhile reaches the host on its own
+    connection and may come first. The uid has no entry then (priority
+    UNKNOWN_UID_PRIORITY, BACKGROUND), so its model compiles on the host's SCHED_IDLE
+    compile thread, and so do the compiler processes it starts; a machine kept busy by
+    normal-priority work runs those close to never (the check's prepare got no answer for
+    300 s in a loaded full suite; beside three busy loops on 2 vCPUs, 1 of 4 runs)."""
+
+    async def push() -> None:
+        sup.set_scheduling_configs(table)
+        await sup.wait_applied()
+
+    asyncio.run_coroutine_threadsafe(push(), loop).result(timeout)
 
 
 def _expect(exc: type[BaseException], fn: Any, *args: Any) -> None:
