@@ -234,6 +234,8 @@ class DriverHost:
         was_manager = conn is self.npud.manager_conn
         for event in self.npud.disconnected(conn, now):
             self._submit_quietly(event)
+        if was_manager:
+            self.npud.wake_grant_waiters()  # refused now: no grant will come
         if was_manager and self.state.orphaned_at is not None:
             log.warning("npud went away: loading nothing new; %d loaded model(s) keep "
                         "running for %g s unless a manager attaches again",
@@ -251,6 +253,7 @@ class DriverHost:
         idle = self.state.orphaned_at is None and not self.state.manager_attached
         self._submit_quietly(ev.LauncherGone(stimulus_id=self._stimulus("launcher-gone"),
                                              now=self.clock.now()))
+        self.npud.wake_grant_waiters()
         if idle and self.state.orphaned_at is not None:
             log.warning("the npud that started this host is gone; %d loaded model(s) keep "
                         "running for at most %g s unless a manager attaches",

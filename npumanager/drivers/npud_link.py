@@ -123,10 +123,12 @@ class NpudLink:
     async def admit(self, uid: int, grant_id: str) -> str | None:
         """The grant a prepare runs under (None: admission is not enforced). npud tells
         the driver of a grant before the client, but the sockets race: an unknown grant
-        is waited for up to ``grant_wait_s``."""
+        is waited for up to ``grant_wait_s``, unless npud goes away meanwhile (nobody
+        will send it then: NoManagerAttached at once)."""
         deadline = self.clock.now() + self.hc.grant_wait_s
         while True:
             with self._lock:
+                self.state.check_attached(self.clock.now())
                 check = self.state.check_grant(grant_id, uid)
             if check is GrantCheck.LIVE:
                 return grant_id
@@ -149,11 +151,16 @@ class NpudLink:
         self._submit(ev.GrantIssued(stimulus_id=self._stimulus("grant"), now=self.clock.now(),
                                     grant_id=msg.grant_id, uid=msg.uid,
                                     request_id=msg.request_id))
+        self.wake_grant_waiters()
+        return Empty()
+
+    def wake_grant_waiters(self) -> None:
+        """Prepares waiting for a grant look again (after the event that woke them is
+        in the state): a grant came, or npud went away."""
         waiters, self._grant_waiters = self._grant_waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-        return Empty()
 
     def _grant_ended(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.GrantEnded.FromString(payload)

@@ -124,13 +124,19 @@ class ModelRules:
         for model_id in sorted(grant.models):
             self._drop_model(self._models[model_id], why)
 
-    def _on_prepare_begun(self, e: ev.PrepareBegun) -> None:
-        client = self._client(e.conn)
+    def check_attached(self, now: float) -> None:
+        """NoManagerAttached once npud went away (until one attaches again): nothing new
+        is loaded. Asked at a prepare's start and by a prepare waiting for its grant,
+        which no npud will send now."""
         if self.orphaned_at is not None:
             raise NoManagerAttached(
                 f"driver {self.params.name} has no manager attached (npud went away "
-                f"{e.now - self.orphaned_at:.1f} s ago): it loads nothing new until npud is "
+                f"{now - self.orphaned_at:.1f} s ago): it loads nothing new until npud is "
                 "back")
+
+    def _on_prepare_begun(self, e: ev.PrepareBegun) -> None:
+        client = self._client(e.conn)
+        self.check_attached(e.now)
         if e.prepare_id in self._prepares:
             raise InvalidArgument(f"prepare {e.prepare_id} is already in progress")
         if e.nbytes < 0:

@@ -16,7 +16,7 @@ import pytest
 from npumanager import tensorio
 from npumanager.drivers.base import CompileOptions, Driver, DriverCapabilities, PreparedModel
 from npumanager.drivers.host import DriverHost
-from npumanager.errors import GrantRequired, GrantRevoked, WorkCancelled
+from npumanager.errors import GrantRequired, GrantRevoked, NoManagerAttached, WorkCancelled
 from npumanager.hal.host_config import HostConfig
 from npumanager.hal.types import EndReason
 from npumanager.hal.wire import SERVICE
@@ -192,6 +192,27 @@ def test_prepare_waits_for_a_grant_on_the_clock_and_then_gives_up(
             await never
 
     run(runtime_dir, state_dir, body, grant_wait_s=0.5)
+
+
+def test_a_prepare_waiting_for_a_grant_is_refused_at_once_when_npud_goes_away(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """No npud will send the grant now: NoManagerAttached without waiting out
+    grant_wait_s (the virtual clock never moves here, so a wait would be for ever)."""
+    async def body(s: Stack) -> None:
+        waiting = asyncio.ensure_future(s.prepare("late"))
+        await settle()
+        assert not waiting.done(), "an unknown grant is waited for"
+        s.hal.close()  # npud goes away
+        for _ in range(50):
+            await settle()
+            if waiting.done():
+                break
+        assert waiting.done(), "the prepare still waits for a grant nobody will send"
+        with pytest.raises(NoManagerAttached, match="loads nothing new until npud is back"):
+            await waiting
+        assert s.driver.models == [], "nothing was compiled"
+
+    run(runtime_dir, state_dir, body, grant_wait_s=30.0)
 
 
 def test_cancel_aborts_the_running_step_and_revocation_releases_after_it(
