@@ -283,12 +283,6 @@ RANGES: dict[tuple[str, str], Check] = {
     ("manager", "max_pools_per_connection"): at_least(0, _NO_BOUND),
     ("manager", "max_pool_bytes_per_uid"): at_least(0, _NO_BOUND),
     ("manager", "drivers"): _ANY,
-    ("manager", "app_rt_priority"): between(0, 10),
-    ("manager", "app_rt_max_threads"): at_least(1),
-    ("manager", "app_rt_max_cpu_ms"): above(0),
-    ("manager", "app_rt_window_s"): above(0),
-    ("manager", "app_rt_cooldown_s"): at_least(0),
-    ("manager", "app_rt_sample_s"): above(0),
     ("policy", "name"): words(*(p.name for p in Policy)),
     ("policy", "max_budget"): at_least(1),
     ("policy", "weights"): _size_table(1),
@@ -332,6 +326,8 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
     ("driver", "foreground_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
     ("driver", "background_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
+    ("driver", "foreground_rt_priority"): between(0, 10, " (0 = off)"),
+    ("driver", "foreground_rt_max_run_us"): at_least(100),
     ("driver", "background_cpus"): _ANY,  # config.CHOICES
     ("driver", "background_cgroup"): _ANY,  # config.CHOICES
     ("driver", "background_handback"): _ANY,  # a boolean (its type is checked at load)

@@ -132,6 +132,7 @@ async def serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        rt_backstop(hosts, loop)
         # One line (npud reads one): every device is served.
         print("; ".join(f"driver {h.hc.name} ready at {h.socket_path} "
                         f"({h.driver.version}, {h.hc.channels} channels)" for h in hosts),
@@ -149,6 +150,28 @@ async def serve(args: argparse.Namespace) -> int:
         for host in hosts:
             await host.close()
     return 0
+
+
+def rt_backstop(hosts: list[DriverHost], loop: asyncio.AbstractEventLoop) -> None:
+    """With ``foreground_rt_priority`` on: RLIMIT_RTTIME's soft limit, and SIGXCPU (a FIFO
+    thread ran that long without blocking; its default action kills the process) lowering
+    every burst thread at FIFO (drivers/rt_threads.py)."""
+    from npumanager.drivers.rt_threads import set_rttime_soft
+
+    rts = [h.rt for h in hosts if h.rt is not None]
+    if not rts:
+        return
+
+    def demote() -> None:
+        n = sum(rt.demote_all() for rt in rts)
+        # The kernel raised the soft limit by a second when it sent SIGXCPU (above the
+        # hard one: the next thread would go straight to SIGKILL): set it again.
+        set_rttime_soft()
+        log.warning("SIGXCPU: a burst thread ran at SCHED_FIFO past RLIMIT_RTTIME's soft "
+                    "limit; %d thread(s) lowered", n)
+
+    loop.add_signal_handler(signal.SIGXCPU, demote)
+    set_rttime_soft()
 
 
 def apply_switch_interval(hcs: list[HostConfig]) -> None:
@@ -278,8 +301,13 @@ def become(spec: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from npumanager.hal.rt_sched import bound_own_rttime
     from npumanager.service.logs import setup_logging
 
+    # Before root is given up: a bound on how long any thread of the host may run at
+    # SCHED_FIFO without blocking that no unprivileged process can lift (npud grants
+    # foreground_rt_priority only to a host that has it: service/host_rt.py).
+    bound_own_rttime()
     if args.run_as:
         become(args.run_as)
     # The same format as npud's (and journald-aware under systemd): one log stream.

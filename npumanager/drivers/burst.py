@@ -62,6 +62,7 @@ from npumanager.drivers.burst_fixed import FixedRequest
 from npumanager.drivers.load_place import LoadPlace, Placed
 from npumanager.drivers.messages import ClientConn
 from npumanager.drivers.poll_turns import FirstCome, PollTurns
+from npumanager.drivers.rt_policy import RtPolicy
 from npumanager.drivers.steps import Execution, Reply
 from npumanager.errors import (
     GeneralFailure,
@@ -143,6 +144,10 @@ class BurstServer:
         self.foreground, self.run_us = False, 0.0
         #: Its thread has foreground_slice_us's slice (.burst_exec, ``_slice``).
         self.sliced = False
+        #: Its thread's SCHED_FIFO state (foreground_rt_priority: .rt_threads), and what
+        #: lowers it when the thread ends (None: off).
+        self.rt = RtPolicy()
+        self.rt_closed: Callable[[RtPolicy], None] | None = None
         #: Its CPUs while a background load runs (``load_cpus = "split"``: .load_place).
         self.placed = Placed(place)
         self.counters = bc.BurstCounters()
@@ -250,6 +255,8 @@ class BurstServer:
                 self._answered()
             except Exception:
                 log.exception("burst %d: handing over at its end failed", self.burst_id)
+            if self.rt_closed is not None:
+                self.rt_closed(self.rt)
             sock.close()
             os.close(self._stop)
             if self.peer_fd >= 0:
@@ -446,6 +453,8 @@ class Bursts(BurstExecutions):
                              self.execute, host.res.wake_loop, self.prepare_next,
                              self._ended, self._anticipate, host.preparer.place)
         self._servers[burst_id] = server
+        if host.rt is not None:
+            server.rt_closed = host.rt.closed
         server.start()
         peer = server.peer_fd
         # The reply carries the client's end; the host closes it once sent.

@@ -131,6 +131,12 @@ class BurstExecutions:
         server.foreground = fg = step is not None and not step.background
         if host.hc.foreground_slice_us and (fg or step is not None) and fg != server.sliced:
             self._slice(server, fg)
+        rt = host.rt
+        if (rt is not None and (fg or step is not None) and fg != server.rt.want
+                and not rt.refused):
+            # SCHED_FIFO while it serves FOREGROUND steps (.rt_threads: asked of npud once
+            # per change; while backing off after a long run, each call finds nothing to do).
+            rt.serve(server.rt, fg)
         hb = ex.handback
         here = self._lowering() if ex.bg_here else None
         ran: Ran | None = None
@@ -145,6 +151,8 @@ class BurstExecutions:
                         error, run_us = host.runner.run(ex, step)
                     marks[bc.M_RUN1] = ns()
                     server.run_us = run_us
+                    if rt is not None and server.rt.want:
+                        rt.ran(server.rt, run_us)  # (a long run at FIFO lowers it)
                 else:
                     # (a lowered worker ran it, .bg_handback: RUN0..RUN1 is the wait for it)
                     (error, run_us), ran = ran, None
@@ -283,6 +291,9 @@ class BurstExecutions:
         marks[bc.M_RUN1] = marks[bc.M_LOCKED2] = ns()
         ended = clock.now()
         server.run_us = run_us
+        rt = host.rt
+        if rt is not None and server.rt.want:
+            rt.ran(server.rt, run_us)  # (a long run at FIFO lowers it: .rt_threads)
         same = (error is None and ex.result is not None
                 and ex.result[0] is fixed.result)
         if same:

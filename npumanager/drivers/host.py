@@ -58,6 +58,7 @@ from npumanager.drivers.prepare import Preparer
 from npumanager.drivers.prepare_calls import PrepareCalls
 from npumanager.drivers.quiet_release import QuietReleases
 from npumanager.drivers.resources import HostResources
+from npumanager.drivers.rt_threads import RtThreads
 from npumanager.drivers.state import DriverState
 from npumanager.drivers.state_fast import FastKey
 from npumanager.drivers.steps import Execution, Reply, StepRunner
@@ -132,6 +133,14 @@ class DriverHost:
             self.res.hold_loads = self.preparer.worker.hold
         if hc.quiet_release:
             self.res.releases = QuietReleases(self.clock, self._quiet_hold_end)
+        #: Burst threads at SCHED_FIFO while they serve FOREGROUND work, applied by npud
+        #: (``foreground_rt_priority``; None: off).
+        self.rt: RtThreads | None = None
+        if hc.foreground_rt_priority:
+            self.rt = RtThreads(hc.foreground_rt_priority, hc.foreground_rt_max_run_us,
+                                self.clock, lambda fn: self.loop.call_soon_threadsafe(fn),
+                                self.npud.ask_rt)
+            self.npud.on_rt_applied = self.rt.applied
         self.bursts = Bursts(self)
         self.prepares = PrepareCalls(self)
         self.res.pool_closing = self.bursts.forget_pool
@@ -326,6 +335,8 @@ class DriverHost:
                            "background": self.runner.background_stats(),
                            # The compile child's starvation bound (compile_starve.py).
                            "compile_child": None if worker is None else worker.starve.counts(),
+                           # Burst threads at SCHED_FIFO (rt_threads.py; None: off).
+                           "rt": None if self.rt is None else self.rt.counts(),
                            **self.exec_stats.snapshot()}).encode()
 
     def _trace(self, ctx: CallContext, payload: bytes) -> bytes:

@@ -24,6 +24,7 @@ from npumanager.drivers.base import Driver
 from npumanager.drivers.state import DriverState, GrantCheck
 from npumanager.errors import GrantRequired, InvalidArgument, PermissionDenied
 from npumanager.fds import close_fds
+from npumanager.hal import rt_wire
 from npumanager.hal.host_config import HostConfig
 from npumanager.hal.wire import configs_from_payload, work_to_msg
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -70,6 +71,8 @@ class NpudLink:
         #: (every model is released then; ``npu driver --exit-with-manager`` exits);
         #: cleared when a manager attaches.
         self.orphan_expired = asyncio.Event()
+        #: npud's answers to ``ask_rt`` (tid, ok, why): drivers/rt_threads.py's.
+        self.on_rt_applied: Callable[[int, bool, str], None] | None = None
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -81,6 +84,7 @@ class NpudLink:
             "hal.grant_ended": admin(self._grant_ended),
             "hal.set_thermal_status": admin(self._set_thermal),
             "hal.get_temperature": admin(self._get_temperature),
+            rt_wire.APPLIED: admin(self._rt_applied),
         }
 
     def disconnected(self, conn: RpcConnection, now: float) -> list[ev.Event]:
@@ -112,6 +116,21 @@ class NpudLink:
         log.warning("no manager attached again within %g s: released %d model(s)",
                     self.hc.orphan_grace_s, ins.models)
         self.orphan_expired.set()
+
+    def ask_rt(self, tid: int, priority: int) -> bool:
+        """Ask npud to put this process's thread ``tid`` at SCHED_FIFO ``priority`` (on the
+        loop); False with no npud attached. Its answer comes as ``hal.rt_applied``."""
+        conn = self.manager_conn
+        if conn is None or conn.closed:
+            return False
+        conn.push(rt_wire.REQUEST, rt_wire.encode_request(tid, priority))
+        return True
+
+    def _rt_applied(self, ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+        tid, ok, why = rt_wire.decode_applied(payload)
+        if self.on_rt_applied is not None:
+            self.on_rt_applied(tid, ok, why)
 
     def cache_result(self, result: bytes) -> None:
         """Tell npud how a cache load went (its npu_cache_loads_total metric)."""

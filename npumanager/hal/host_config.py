@@ -107,6 +107,12 @@ class HostConfig:
     #: The EEVDF slice of a burst's thread while it serves FOREGROUND steps, µs
     #: (hal/sched_slice.py; 0: the kernel's own, 1.4 ms here).
     foreground_slice_us: int = 0
+    #: A burst's thread at SCHED_FIFO this priority while it serves FOREGROUND steps,
+    #: applied by npud (drivers/rt_threads.py; 0: off, 1..10).
+    foreground_rt_priority: int = 0
+    #: A run at FIFO longer than this (µs) lowers the thread, which then does not ask
+    #: again for a second (drivers/rt_policy.py).
+    foreground_rt_max_run_us: int = 5000
     #: The EEVDF slice of the host's lowered background threads and compile child, set
     #: before they are lowered (a SCHED_IDLE thread's cannot be set), µs (0: the kernel's).
     background_slice_us: int = 0
@@ -195,6 +201,8 @@ class HostConfig:
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             burst_poll_turns=bool(d.get("burst_poll_turns", True)),
             foreground_slice_us=int(d.get("foreground_slice_us", 0)),
+            foreground_rt_priority=int(d.get("foreground_rt_priority", 0)),
+            foreground_rt_max_run_us=int(d.get("foreground_rt_max_run_us", 5000)),
             background_slice_us=int(d.get("background_slice_us", 0)),
             background_cpus=str(d.get("background_cpus", "all")),
             background_cgroup=str(d.get("background_cgroup", "off")),

@@ -181,3 +181,42 @@ def set_other(tid: int = 0) -> RtSet:
     flag = os.SCHED_RESET_ON_FORK if now.reset_on_fork else 0
     why = _setscheduler(tid, os.SCHED_OTHER | flag, 0)
     return RtSet(not why, why)
+
+
+#: The RLIMIT_RTTIME hard limit (µs) of a process whose threads npud puts at FIFO: a thread
+#: that runs this long at RT without blocking is killed by the kernel (SIGKILL). A driver
+#: host lowers its own to this before it gives up root (cli/driver.py), which no
+#: unprivileged process can undo; npud checks it (:func:`rttime_limits`) before a grant.
+RTTIME_HARD_US = 500_000
+
+
+def rttime_limits(pid: int) -> tuple[int | None, int | None] | None:
+    """Process ``pid``'s RLIMIT_RTTIME (soft, hard) in µs, None for unlimited, read from
+    /proc/<pid>/limits (prlimit of another uid's process needs CAP_SYS_RESOURCE; this
+    does not); None when the process is gone or the line unreadable."""
+    try:
+        with open(f"/proc/{pid}/limits", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Max realtime timeout"):
+                    soft, hard = line.split()[3:5]
+                    return (None if soft == "unlimited" else int(soft),
+                            None if hard == "unlimited" else int(hard))
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def bound_own_rttime(hard_us: int = RTTIME_HARD_US) -> str:
+    """This process's RLIMIT_RTTIME hard limit to at most ``hard_us`` (its soft one kept at
+    or below it): lowering needs no privilege, raising it back CAP_SYS_RESOURCE. '' when
+    done, else why not."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_RTTIME)
+        new_hard = hard_us if hard == resource.RLIM_INFINITY else min(hard, hard_us)
+        new_soft = new_hard if soft == resource.RLIM_INFINITY else min(soft, new_hard)
+        resource.setrlimit(resource.RLIMIT_RTTIME, (new_soft, new_hard))
+    except (OSError, ValueError) as e:
+        return f"RLIMIT_RTTIME not lowered: {e}"
+    return ""

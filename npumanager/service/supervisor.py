@@ -30,6 +30,7 @@ from typing import Any
 from npumanager.clock import LoopClock, wait_first, wait_for
 from npumanager.config import Config
 from npumanager.errors import ServiceUnavailable, UnsafePath
+from npumanager.hal import rt_wire
 from npumanager.hal.host_config import device_entries
 from npumanager.hal.wire import SERVICE
 from npumanager.paths import default_state_dir, ensure_drivers_dir
@@ -42,6 +43,7 @@ from npumanager.service.driver_link import DriverEvents, event_handlers
 from npumanager.service.driver_slots import Backoff, DriverSlot, host_listens, wait_settled
 from npumanager.service.events import HeldGrant
 from npumanager.service.host_process import HostProcess
+from npumanager.service.host_rt import HostRtGrants
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import RpcConnection
 
@@ -68,6 +70,8 @@ class DriverSupervisor(DriverFeed):
         #: A restart-safe stop (:meth:`detach`): attached hosts are left running, orphaned.
         self.detaching = False
         self.slots: list[DriverSlot] = []
+        #: Driver hosts' burst threads npud put at SCHED_FIFO (service/host_rt.py).
+        self.rt_grants = HostRtGrants()
         hosts: dict[str, DriverSlot] = {}
         for i, entry in enumerate(device_entries(cfg)):
             name = str(entry["name"])
@@ -486,7 +490,14 @@ class DriverSupervisor(DriverFeed):
         slot.temperature = None if t != t else t
 
     def _handlers(self, slot: DriverSlot) -> dict[str, object]:
-        return event_handlers(slot.name, self.events)
+        def host_pid() -> int | None:
+            # The process this npud spawned for the slot's host (its leader's), alive.
+            proc = (slot.leader or slot).proc
+            return proc.pid if proc is not None and proc.returncode is None else None
+
+        configured = int(slot.entry.get("foreground_rt_priority", 0) or 0)
+        return {**event_handlers(slot.name, self.events),
+                rt_wire.REQUEST: self.rt_grants.handler(host_pid, configured)}
 
     def _mark_down(self, slot: DriverSlot) -> None:
         slot.up = False

@@ -40,12 +40,6 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
         "max_steps", "max_jobs_per_uid", "max_jobs_per_connection", "max_models_per_uid",
         "max_model_bytes_per_uid", "max_prepare_bytes_per_uid", "max_pools_per_uid",
         "max_pools_per_connection", "max_pool_bytes_per_uid")},
-    ("manager", "app_rt_priority"): (11, "must be between 0 and 10, not 11"),
-    ("manager", "app_rt_max_threads"): (0, "must be >= 1, not 0"),
-    ("manager", "app_rt_max_cpu_ms"): (0.0, "must be > 0, not 0.0"),
-    ("manager", "app_rt_window_s"): (0.0, "must be > 0, not 0.0"),
-    ("manager", "app_rt_cooldown_s"): (-1.0, "must be >= 0, not -1.0"),
-    ("manager", "app_rt_sample_s"): (0.0, "must be > 0, not 0.0"),
     ("policy", "name"): ("FAIR", "must be one of 'STATUS_QUO', 'TURN_TAKING', 'BUDGET', "
                          "'MEMORY', not 'FAIR'"),
     ("policy", "max_budget"): (0, "must be >= 1, not 0"),
@@ -91,6 +85,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "background_slice_us"): (
         -1, "must be 0 (the kernel's own) or between 100 and 100000, not -1"),
     ("driver", "background_starve_ms"): (-1, "must be >= 0 (0 = no bound), not -1"),
+    ("driver", "foreground_rt_priority"): (11, "must be between 0 and 10 (0 = off), not 11"),
+    ("driver", "foreground_rt_max_run_us"): (50, "must be >= 100, not 50"),
     ("thermal", "poll_interval_s"): (0, "must be >= 0.001, not 0"),
     ("thermal", "thresholds_c"): ({"moderate": 50.0}, "must not decrease from light to "
                                   "shutdown, not moderate = 50 below light = 60"),
@@ -198,6 +194,8 @@ def test_a_value_out_of_range_is_named(tmp_path: Path, section: str, key: str) -
     "[[driver]]\nname = \"r\"\nforeground_slice_us = 100\n",
     "[[driver]]\nname = \"r\"\nforeground_slice_us = 100000\n",
     "[[driver]]\nname = \"r\"\nforeground_slice_us = 0\n",
+    "[[driver]]\nname = \"r\"\nforeground_rt_priority = 10\n",
+    "[[driver]]\nname = \"r\"\nforeground_rt_priority = 0\n",
     "[thermal]\nthresholds_c = { light = 50.0, moderate = 50.0 }\nsources = []\n",
     "[metrics]\nlisten = \":0\"\n[fleet]\nredis_url = \"unix:///run/redis.sock\"\n",
 ])

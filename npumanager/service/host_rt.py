@@ -1,0 +1,127 @@
+"""npud's side of a driver host's burst threads at SCHED_FIFO (``[[driver]]
+foreground_rt_priority``; README: "Real-time foreground threads").
+
+The host runs as the unprivileged ``driver_user`` and cannot enter SCHED_FIFO itself; it
+asks (``hal.request_rt``, a push on the link npud opened to it) and npud applies it here,
+to a thread it has checked, and answers (``hal.rt_applied``). What npud checks:
+
+* the driver's config has the key on, and the priority asked for is the configured one;
+* the host is a process this npud started (its pid from the spawn, never the socket's
+  peer credentials: npud bound that socket, so they name npud) and has not exited: an
+  adopted host (an earlier npud's) gets nothing;
+* the thread id is a thread of that process, checked before and after the call
+  (hal/rt_sched.set_fifo with ``tgid``), so no other process's thread, npud's included;
+* at most ``MAX_THREADS`` of that process's threads are at FIFO at once (threads gone or
+  lowered since are not counted).
+
+* the host process's RLIMIT_RTTIME hard limit is at most hal/rt_sched.RTTIME_HARD_US
+  (500 ms), a bound it cannot lift: the host lowers it itself before it gives up root
+  (cli/driver.py; npud cannot prlimit another uid's process without CAP_SYS_RESOURCE,
+  which root lacks here), so a host thread that runs that long at FIFO without blocking
+  is killed by the kernel (SIGKILL; npud restarts the host as after any crash).
+
+The host's own bounds come well before: a run longer than ``foreground_rt_max_run_us``
+lowers the thread, and RLIMIT_RTTIME's soft limit (50 ms) sends SIGXCPU, on which it
+lowers every FIFO thread it has (drivers/rt_threads.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from npumanager.fds import close_fds
+from npumanager.hal import rt_sched, rt_wire
+from npumanager.hal.rt_sched import RtSet
+from npumanager.wire.conn import CallContext
+
+log = logging.getLogger("npumanager.service.host_rt")
+
+#: A host's threads at FIFO at once (one per FOREGROUND burst being served).
+MAX_THREADS = 8
+
+
+class HostRtGrants:
+    """The FIFO threads npud granted, per host process."""
+
+    def __init__(self) -> None:
+        self._granted: dict[int, set[int]] = {}
+        self._warned = False
+        self.granted = self.refused = 0
+
+    def grant(self, pid: int | None, tid: int, priority: int, configured: int) -> RtSet:
+        """Put host process ``pid``'s thread ``tid`` at FIFO ``priority`` if every check
+        holds (``configured``: the driver's foreground_rt_priority)."""
+        got = self._grant(pid, tid, priority, configured)
+        if got.ok:
+            self.granted += 1
+        else:
+            self.refused += 1
+            if "not permitted" in got.why and not self._warned:
+                self._warned = True
+                log.warning("cannot put driver hosts' burst threads at SCHED_FIFO (%s): "
+                            "npud lacks CAP_SYS_NICE; they go on without", got.why)
+        return got
+
+    def _grant(self, pid: int | None, tid: int, priority: int, configured: int) -> RtSet:
+        if configured <= 0:
+            return RtSet(False, "foreground_rt_priority is off for this driver")
+        if not rt_sched.MIN_PRIORITY <= priority <= rt_sched.MAX_PRIORITY:
+            return RtSet(False, f"priority {priority} is outside {rt_sched.MIN_PRIORITY}.."
+                                f"{rt_sched.MAX_PRIORITY}")
+        if priority != configured:
+            return RtSet(False, f"priority {priority} is not this driver's "
+                                f"foreground_rt_priority ({configured})")
+        if pid is None:
+            return RtSet(False, "not a host this npud started (adopted, or exited)")
+        if tid <= 0 or not rt_sched.is_thread_of(tid, pid):
+            return RtSet(False, f"thread {tid} is not a thread of host process {pid}")
+        self._prune()
+        mine = self._granted.setdefault(pid, set())
+        if tid not in mine and len(mine) >= MAX_THREADS:
+            return RtSet(False, f"host process {pid} has {len(mine)} threads at SCHED_FIFO "
+                                f"already (at most {MAX_THREADS})")
+        limits = rt_sched.rttime_limits(pid)
+        hard = None if limits is None else limits[1]
+        if hard is None or hard > rt_sched.RTTIME_HARD_US:
+            return RtSet(False, f"host process {pid}'s RLIMIT_RTTIME hard limit is "
+                                f"{'unlimited' if hard is None else hard} µs, not at most "
+                                f"{rt_sched.RTTIME_HARD_US}")
+        got = rt_sched.set_fifo(tid, priority, tgid=pid)
+        if got.ok:
+            mine.add(tid)
+        return got
+
+    def _prune(self) -> None:
+        """Forget threads gone, lowered, or no longer their process's; and empty hosts."""
+        for pid, tids in list(self._granted.items()):
+            for tid in list(tids):
+                s = rt_sched.sched_of(tid)
+                if s is None or not s.fifo or not rt_sched.is_thread_of(tid, pid):
+                    tids.discard(tid)
+            if not tids:
+                del self._granted[pid]
+
+    def at_fifo(self, pid: int) -> set[int]:
+        """Host ``pid``'s threads npud granted FIFO that still have it."""
+        self._prune()
+        return set(self._granted.get(pid, ()))
+
+    def handler(self, pid_of: Callable[[], int | None], configured: int
+                ) -> Callable[[CallContext, bytes], None]:
+        """The ``hal.request_rt`` handler of one driver's link: ``pid_of()`` is the pid of
+        the host process npud started for it (None: none, or it exited)."""
+
+        def on_request(ctx: CallContext, payload: bytes) -> None:
+            close_fds(ctx.fds)
+            try:
+                tid, priority = rt_wire.decode_request(payload)
+            except ValueError as e:
+                log.warning("driver host sent a bad %s: %s", rt_wire.REQUEST, e)
+                return
+            got = self.grant(pid_of(), tid, priority, configured)
+            if not ctx.conn.closed:
+                ctx.conn.push(rt_wire.APPLIED, rt_wire.encode_applied(tid, got.ok, got.why))
+
+        return on_request
+
