@@ -293,6 +293,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # whose root lacks that capability (this VM) only a host running as root shows it:
     # "root-host" is the same-run baseline of "lower-run-root" (the bench's
     # "driver_user" sets [manager] driver_user).
+    # The camera app's executing thread at SCHED_FIFO 2, granted by npud (npud's
+    # [manager] app_rt_priority = 2, model.burst(realtime=True); service/rt_apps.py);
+    # priority 2 so that it stays above a host thread at FIFO 1. Paired with
+    # "unmanaged-rt". README "Real-time app threads".
+    "app-rt": {"camera_realtime": 2},
     # The camera's burst thread in the driver host at SCHED_FIFO 1 while it serves its
     # FOREGROUND frames (foreground_rt_priority: the unprivileged host asks, npud applies;
     # drivers/rt_threads.py, service/host_rt.py), with and without the host's GIL switch
@@ -382,6 +387,10 @@ UNMANAGED: dict[str, dict[str, Any]] = {
     # The camera app's thread at a 100 µs EEVDF slice (hal/sched_slice.py): the baseline
     # of the slice-*+app rows, whose managed camera asks for the same.
     "unmanaged-slice": {"camera_slice_us": 100},
+    # The camera app's frame thread at SCHED_FIFO 2, set by the bench as root (an admin
+    # by hand): the baseline of the rows whose managed camera asks npud for the same
+    # (camera_realtime: model.burst(realtime=True), npud's [manager] app_rt_priority).
+    "unmanaged-rt": {"camera_realtime": 2},
 }
 
 
@@ -402,6 +411,9 @@ def pairs(names: list[str]) -> list[tuple[str, str]]:
     each one-queue run against unmanaged-1q."""
     out = [("unmanaged", n) for n in ("managed", *OWN_HOST) if n in names] \
         if "unmanaged" in names else []
+    if "unmanaged-rt" in names:
+        out += [("unmanaged-rt", n) for n in names
+                if VARIANTS.get(n, {}).get("camera_realtime")]
     if "unmanaged-slice" in names:
         out += [("unmanaged-slice", n) for n in names
                 if VARIANTS.get(n, {}).get("camera_slice_us")]
@@ -469,13 +481,17 @@ def main() -> int:
         inflight = int(knobs.pop("embedder_inflight", 1))
         spin = float(knobs.pop("camera_spin_us", 0))
         cam_slice = int(knobs.pop("camera_slice_us", 0))
+        cam_rt = int(knobs.pop("camera_realtime", 0))
         camera = {**({"spin_us": spin} if spin else {}),
-                  **({"slice_us": cam_slice} if cam_slice else {})}
+                  **({"slice_us": cam_slice} if cam_slice else {}),
+                  **({"realtime": cam_rt} if cam_rt else {})}
         embedder_spin = float(knobs.pop("embedder_spin_us", 0))
         app_knobs = {**({"camera": camera} if camera else {}),
                      **({"embedder": {"spin_us": embedder_spin}} if embedder_spin else {})}
         devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs) if managed else None
+        if cfg is not None and cam_rt:
+            cfg["manager"]["app_rt_priority"] = cam_rt
         kind = SplitRun if args.frame_split else ContentionRun
         run = kind(name, managed, timing, models, cfg, bursts=bursts,
                    batch_bursts=batch_bursts, embedder_inflight=inflight,

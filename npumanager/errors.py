@@ -136,6 +136,12 @@ class UnsafePath(ServiceError):
     uid, or writable by others); the message names the path and what is wrong."""
 
 
+class RealtimeUnavailable(ServiceError):
+    """npud grants no real-time thread here: the feature is off in its config
+    (``[manager] app_rt_priority = 0``) or the kernel refused (no CAP_SYS_NICE). The SDK
+    goes on without real-time priority."""
+
+
 class InternalError(ServiceError):
     """A bug on the service side; the daemon logged it and kept serving."""
 

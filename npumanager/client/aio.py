@@ -44,6 +44,7 @@ from .request import (
     ListenerBase,
     ModelLoadRequest,
     ModelLoadRequestCallback,
+    RealtimeInfo,
     ThermalInfo,
 )
 
@@ -238,6 +239,11 @@ class AsyncNpuManager:
 
     async def devices(self) -> list[DeviceSummary]:
         return await self._do(calls.devices())
+
+    async def set_thread_realtime(self, tid: int) -> RealtimeInfo:
+        """As NpuManager.set_thread_realtime; ``tid`` is required (the event loop's
+        thread is rarely the one meant)."""
+        return await self._do(calls.set_thread_realtime(tid))
 
     async def thermal_status(self) -> ThermalInfo:
         return await self._do(calls.thermal_status())

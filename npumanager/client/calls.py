@@ -15,20 +15,29 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from google.protobuf.message import Message
 
 from npumanager.constants import ThermalStatus
+from npumanager.errors import InvalidArgument
 from npumanager.proto.v1.manager_pb2 import (
     DecisionsSince,
     DeviceList,
     JsonReply,
     LoadRequest,
+    RealtimeGrant,
     RequestRef,
     SetImportance,
     StoryRequest,
     ThermalOverride,
     ThermalReply,
+    ThreadRealtime,
 )
 from npumanager.proto.v1.wire_pb2 import Empty
 
-from .request import DeviceSummary, ModelLoadRequest, ThermalInfo, policy_message
+from .request import (
+    DeviceSummary,
+    ModelLoadRequest,
+    RealtimeInfo,
+    ThermalInfo,
+    policy_message,
+)
 
 T = TypeVar("T")
 
@@ -100,3 +109,14 @@ def thermal_override(status: ThermalStatus | int) -> Call[ThermalInfo]:
 
 def thermal_reset() -> Call[ThermalInfo]:
     return Call("thermal_reset", Empty(), _thermal)
+
+
+def _realtime(payload: bytes) -> RealtimeInfo:
+    return RealtimeInfo.from_proto(RealtimeGrant.FromString(payload))
+
+
+def set_thread_realtime(tid: int) -> Call[RealtimeInfo]:
+    """One of the caller's own threads to SCHED_FIFO (service/rt_apps.py)."""
+    if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 1 << 32:
+        raise InvalidArgument(f"a thread id is a whole number > 0, not {tid!r}")
+    return Call("set_thread_realtime", ThreadRealtime(tid=tid), _realtime)

@@ -54,6 +54,7 @@ from .request import (
     ModelLoadRequest,
     ModelLoadRequestCallback,
     ModelLoadStatusListener,
+    RealtimeInfo,
     ThermalInfo,
 )
 
@@ -221,6 +222,18 @@ class NpuManager:
 
     def devices(self) -> list[DeviceSummary]:
         return self._do(calls.devices())
+
+    def set_thread_realtime(self, tid: int | None = None) -> RealtimeInfo:
+        """Put one of this process's own threads (``tid``; default: the calling thread)
+        at SCHED_FIFO, as Android's SchedulingPolicyService.requestPriority: for
+        FOREGROUND apps when npud's ``[manager] app_rt_priority`` is set. npud checks the
+        thread is this process's and this uid's, the uid's importance, and at most
+        ``app_rt_max_threads`` per uid; it demotes the thread when it uses more than
+        ``max_cpu_ms`` of CPU in a window, when the uid stops being FOREGROUND, or when
+        this connection closes. Refusals: PermissionDenied, LimitExceeded,
+        InvalidArgument, RealtimeUnavailable (off, or the kernel refused)."""
+        return self._do(calls.set_thread_realtime(
+            threading.get_native_id() if tid is None else tid))
 
     def thermal_status(self) -> ThermalInfo:
         return self._do(calls.thermal_status())

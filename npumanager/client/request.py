@@ -19,7 +19,7 @@ from npumanager.constants import (
 )
 from npumanager.errors import InvalidArgument
 from npumanager.proto.v1.common_pb2 import DeviceInfo
-from npumanager.proto.v1.manager_pb2 import SetPolicy, ThermalReply
+from npumanager.proto.v1.manager_pb2 import RealtimeGrant, SetPolicy, ThermalReply
 
 #: Extension key of a policy bundle: the MEMORY policy's budget in bytes.
 KEY_MEMORY_BUDGET_BYTES = "memoryBudgetBytes"
@@ -229,3 +229,20 @@ class ThermalInfo:
         return cls(status=ThermalStatus(m.status), overridden=m.overridden,
                    headroom=None if math.isnan(m.headroom) else m.headroom,
                    details=json.loads(m.details_json) if m.details_json else {})
+
+
+@dataclass(frozen=True)
+class RealtimeInfo:
+    """A real-time grant (``set_thread_realtime``): the thread's SCHED_FIFO priority and
+    the watchdog's bound (it is demoted after using more than ``max_cpu_ms`` of CPU in
+    any ``window_s``); ``max_threads``: how many one uid may hold."""
+
+    priority: int
+    max_cpu_ms: float
+    window_s: float
+    max_threads: int
+
+    @classmethod
+    def from_proto(cls, m: RealtimeGrant) -> RealtimeInfo:
+        return cls(priority=m.priority, max_cpu_ms=m.max_cpu_ms, window_s=m.window_s,
+                   max_threads=m.max_threads)

@@ -244,6 +244,30 @@ class ContentionRun:
             self.procs[name] = AppProcess(name, self.uid(name), main, self.events.add,
                                           log_path)
 
+    def camera_realtime(self, after: bool = False) -> None:
+        """The camera's frame thread at SCHED_FIFO (its ``realtime`` knob), once it runs:
+        unmanaged, the bench sets it on the app's frame thread (its main thread) as root
+        would by hand; managed, the app asked npud for it (model.burst(realtime=True)),
+        and what npud granted is said (``after``: at the run's end, what the watchdog
+        demoted)."""
+        prio = int(self.app_knobs.get("camera", {}).get("realtime", 0))
+        if not prio or (after and not self.managed):
+            return
+        if not self.managed and not after:
+            from npumanager.hal.rt_sched import set_fifo
+
+            pid = self.procs["camera"].pid
+            got = set_fifo(pid, prio, tgid=pid)
+            self.say(f"{self.name}: camera frame thread {pid} at SCHED_FIFO {prio}: "
+                     f"{'ok' if got.ok else got.why}")
+            return
+        from npumanager.client import NpuManager
+
+        with NpuManager(self.rt, client_name="bench") as m:
+            rt = m.dump().get("realtime", {})
+        self.say(f"{self.name}: npud granted SCHED_FIFO {rt.get('priority')} to "
+                 f"{len(rt.get('granted', []))} thread(s), demoted {rt.get('demoted_total')}")
+
     def wait_for(self, name: str, ev: str, after: float, timeout: float = 60.0) -> Event:
         got = self.events.wait(name, ev, timeout, after)
         if got is None:
@@ -318,6 +342,7 @@ class ContentionRun:
                 t0 = time.monotonic()
                 self.spawn("camera")
                 self.wait_for("camera", "frame", t0)
+                self.camera_realtime()
                 time.sleep(t.settle_s)  # a new session's first runs warm up
                 self.phase("alone", t.alone_s)
                 self.say(f"{self.name}: camera alone measured; background apps start")
@@ -340,6 +365,7 @@ class ContentionRun:
                     self.spawn("loader")
                     self.wait_for("loader", "loading", t0)
                     self.phase("loading", t.loading_s)
+                self.camera_realtime(after=True)
                 self.stop_apps()
         finally:
             result.mem_peak_mib, result.rss_peak_mib = mem.stop()

@@ -71,6 +71,11 @@ class BenchApp:
     #: (hal/sched_slice.py) so that both sides are offered the same (bench rows
     #: slice-*+app and unmanaged-slice).
     slice_us: int = 0
+    #: The SCHED_FIFO priority of the app's executing thread (0: none): managed, npud's
+    #: ``[manager] app_rt_priority`` granted through ``model.burst(realtime=True)``;
+    #: unmanaged, set by the bench as root on the app's frame thread, as an admin would
+    #: by hand (bench rows app-rt, rt+app and their baseline unmanaged-rt).
+    realtime: int = 0
     #: Managed, the device the app asks npud for and prepares on (``[[driver]]`` name):
     #: bench rows loader-own-host and bg-own-host put apps on a second driver host.
     device: str = "reference"
@@ -198,7 +203,8 @@ class NpuEngine:
     def _burst(self, prepared: Any) -> Any:
         if not self.stream:
             return None
-        return prepared.burst(spin_us=self.app.spin_us, slice_us=self.app.slice_us)
+        return prepared.burst(spin_us=self.app.spin_us, slice_us=self.app.slice_us,
+                              realtime=bool(self.app.realtime))
 
     def run(self, handle: Any, inputs: dict[str, np.ndarray], steps: int,
             feedback: dict[str, str]) -> dict[str, Any]:

@@ -30,6 +30,11 @@ own threads' slices; a slice is not more CPU), set at its first execution; ``sli
 says whether the kernel took it, and a close on that thread gives it the kernel's slice
 back. README "foreground_slice_us" has what it measured.
 
+``realtime`` (default False) asks npud, once per executing thread, to put that thread at
+SCHED_FIFO for the burst's life (:mod:`npumanager.nn.realtime`: FOREGROUND apps only,
+bounded by npud's watchdog); ``realtime_granted`` says whether it did, a refusal is
+logged once and the burst goes on without it. README "Real-time app threads".
+
 Inputs in the model's ``input_buffers()`` (memory registered once, NNAPI's
 ``ANeuralNetworksMemory``) are not copied: the request names them where they
 lie, so a stream that fills them in place (a camera frame) sends no tensor bytes
@@ -61,6 +66,7 @@ from npumanager.errors import (
 from npumanager.fds import close_fds
 from npumanager.hal.sched_slice import check_slice_us, set_slice, set_this_thread
 from npumanager.nn.burst_repeat import FixedLayout
+from npumanager.nn.realtime import RealtimeLink
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import burst as layout
 
@@ -95,7 +101,8 @@ class _Grow(Exception):
 class Burst:
     """A burst of executions of one model; see the module docstring."""
 
-    def __init__(self, model: Model, *, spin_us: float = 0.0, slice_us: int = 0) -> None:
+    def __init__(self, model: Model, *, spin_us: float = 0.0, slice_us: int = 0,
+                 realtime: bool = False) -> None:
         if spin_us < 0:
             raise InvalidArgument(f"spin_us must be >= 0, got {spin_us}")
         self.model = model
@@ -105,6 +112,12 @@ class Burst:
         self.slice_us = check_slice_us(slice_us)
         self._sliced_tid = 0
         self.sliced = False
+        #: npud's real-time grant (nn/realtime.py): the link, the thread asked for, and
+        #: whether npud granted it.
+        self._realtime: RealtimeLink | None = (
+            RealtimeLink(getattr(model.device, "runtime_dir", None)) if realtime else None)
+        self._rt_tid = 0
+        self.realtime_granted = False
         self._misses = 0  # spins in a row that ended without the answer
         self.closed = False
         self._lock = threading.Lock()
@@ -214,6 +227,9 @@ class Burst:
             if self.sliced and self._sliced_tid == threading.get_native_id():
                 set_slice(0)  # (another thread's is left: its id may be reused by now)
                 self.sliced = False
+            if self._realtime is not None:
+                self._realtime.close()  # npud demotes the thread it granted
+                self.realtime_granted = False
         self.model._forget_burst(self)
 
     def __enter__(self) -> Burst:
@@ -250,6 +266,9 @@ class Burst:
                                       else "this model was released")
             if self.slice_us and self._sliced_tid != threading.get_native_id():
                 self._slice_this_thread()
+            if self._realtime is not None and self._rt_tid != threading.get_native_id():
+                self._rt_tid = threading.get_native_id()
+                self.realtime_granted = self._realtime.ask()
             fixed = self._fixed
             if (fixed is not None and steps == 1 and not feedback and group_id is None
                     and fixed.put(inputs, (job_priority, feature_id, original_uid),

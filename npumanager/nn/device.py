@@ -145,6 +145,8 @@ class Device:
         #: Its index in ``nn.devices()`` (what ``WorkInfo.device_number`` says); None when
         #: opened by name without listing.
         self.number = number
+        #: npud's runtime dir (its socket: ``model.burst(realtime=True)`` asks npud).
+        self.runtime_dir = runtime_dir
         self.socket_path = socket_path or str(paths.driver_socket(name, runtime_dir))
         self._lock = threading.Lock()
         self._rpc: SyncRpcClient | None = None

@@ -345,17 +345,19 @@ class Model:
 
     # --- bursts ------------------------------------------------------------------------
 
-    def burst(self, *, spin_us: float = 0.0, slice_us: int = 0) -> Burst:
+    def burst(self, *, spin_us: float = 0.0, slice_us: int = 0,
+              realtime: bool = False) -> Burst:
         """A burst of executions at a stream's own pace (NNAPI's ANeuralNetworksBurst):
         ``with model.burst() as b: b.execute(...)``. Sets up a shared-memory channel with
         the driver once; each execution is then one wake-up each way. ``spin_us``: poll
         for the answer that long first; ``slice_us``: the executing thread's EEVDF slice
-        (0: the kernel's). See :mod:`npumanager.nn.burst`."""
+        (0: the kernel's); ``realtime``: ask npud to put the executing thread at
+        SCHED_FIFO (:mod:`npumanager.nn.realtime`). See :mod:`npumanager.nn.burst`."""
         from npumanager.nn.burst import Burst
 
         if self.released:
             raise InvalidArgument("this model was released")
-        b = Burst(self, spin_us=spin_us, slice_us=slice_us)
+        b = Burst(self, spin_us=spin_us, slice_us=slice_us, realtime=realtime)
         with self._lock:
             self._bursts.append(b)
         return b

@@ -43,6 +43,7 @@ from npumanager.service.integrations import Integrations
 from npumanager.service.logs import DECISIONS, decision
 from npumanager.service.observe import call as observe
 from npumanager.service.policy import ManagerParams
+from npumanager.service.rt_apps import AppRealtime
 from npumanager.service.state import ManagerState
 from npumanager.service.supervisor import DriverSupervisor
 from npumanager.version import __version__
@@ -128,6 +129,8 @@ class Daemon:
         self.internal_errors = 0
         #: Thermal monitor, process importance, [[app]] table (when installed).
         self.extras = Integrations(self)
+        #: Real-time threads granted to FOREGROUND apps and their watchdog (rt_apps.py).
+        self.realtime = AppRealtime(self)
         #: Metrics, systemd notify, traces (service/observe.py); empty = no cost.
         self.observers: list[Any] = []
         self._runners = self._make_runners()
@@ -300,6 +303,7 @@ class Daemon:
         if client is None:
             return
         self.conns.pop(client.cid, None)
+        self.realtime.conn_closed(client.cid)
         if self.stopping:
             return
         if client.seen:
@@ -399,6 +403,7 @@ class Daemon:
             "settings": self.settings.info(),
         }
         out["thermal"] = {**out.get("thermal", {}), **self.thermal_info()}
+        out["realtime"] = self.realtime.watch.info()
         down = getattr(self.drivers, "down_reasons", None)
         reasons: dict[str, str] = down() if callable(down) else {}
         out["devices"] = [device_dict(d, reasons.get(d.name)) for d in self.drivers.devices()]
@@ -445,6 +450,7 @@ class Daemon:
         already (saved at each change); requests are rebuilt from both sides."""
         self.stopping = True
         self.extras.stop()
+        self.realtime.stop()
         for key in list(self._timers):
             self._disarm(key)
         if self.server is not None:

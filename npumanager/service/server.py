@@ -27,6 +27,7 @@ from npumanager.proto.v1.manager_pb2 import (
     StoryRequest,
     ThermalOverride,
     ThermalReply,
+    ThreadRealtime,
 )
 from npumanager.service import events as ev
 from npumanager.service.observe import call as observe
@@ -287,6 +288,13 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         d.settings.remember_thermal_override(None)
         return _thermal_reply()
 
+    def set_thread_realtime(ctx: CallContext, payload: bytes) -> HandlerResult:
+        """One of the caller's own threads to SCHED_FIFO (service/rt_apps.py checks whose
+        it is, the caller's importance and the per-uid bound)."""
+        m = ThreadRealtime()
+        _parse(m, payload)
+        return d.realtime.request(ctx, m.tid)
+
     return {
         "request": request,
         "reclaim": reclaim,
@@ -302,4 +310,5 @@ def manager_handlers(d: Daemon) -> dict[str, Handler]:
         "thermal_status": thermal_status,
         "thermal_override": thermal_override,
         "thermal_reset": thermal_reset,
+        "set_thread_realtime": set_thread_realtime,
     }

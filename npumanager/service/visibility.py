@@ -41,6 +41,13 @@ def own_view(dump: dict[str, Any], keys: set[int]) -> dict[str, Any]:
     if isinstance(uids, dict):
         names = {str(k) for k in keys}
         out["uids"] = {u: v for u, v in uids.items() if u in names}
+    rt = dump.get("realtime")
+    if isinstance(rt, dict):  # real-time threads (service/rt_watch.py): its own only
+        out["realtime"] = {
+            **rt,
+            "granted": [g for g in rt.get("granted") or [] if g.get("uid") in keys],
+            "cooldown": {u: t for u, t in (rt.get("cooldown") or {}).items()
+                         if u in {str(k) for k in keys}}}
     for name in KEY_LISTS:
         value = dump.get(name)
         if isinstance(value, list):

@@ -40,6 +40,12 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
         "max_steps", "max_jobs_per_uid", "max_jobs_per_connection", "max_models_per_uid",
         "max_model_bytes_per_uid", "max_prepare_bytes_per_uid", "max_pools_per_uid",
         "max_pools_per_connection", "max_pool_bytes_per_uid")},
+    ("manager", "app_rt_priority"): (11, "must be between 0 and 10, not 11"),
+    ("manager", "app_rt_max_threads"): (0, "must be >= 1, not 0"),
+    ("manager", "app_rt_max_cpu_ms"): (0.0, "must be > 0, not 0.0"),
+    ("manager", "app_rt_window_s"): (0.0, "must be > 0, not 0.0"),
+    ("manager", "app_rt_cooldown_s"): (-1.0, "must be >= 0, not -1.0"),
+    ("manager", "app_rt_sample_s"): (0.0, "must be > 0, not 0.0"),
     ("policy", "name"): ("FAIR", "must be one of 'STATUS_QUO', 'TURN_TAKING', 'BUDGET', "
                          "'MEMORY', not 'FAIR'"),
     ("policy", "max_budget"): (0, "must be >= 1, not 0"),

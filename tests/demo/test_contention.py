@@ -60,7 +60,11 @@ def test_a_run_measures_every_phase(models: dict[str, object], managed: bool) ->
     check(r)
     assert r.streams == 1  # one batch in flight by default
     # Each app's CPU, and (managed) the driver host's by thread and the device per app.
-    assert r.cpu_roles["contended"]["embedder"] > 0
+    # The role is measured (its value may round to 0: a 0.6 s phase is ~150 jiffies of the
+    # machine, and on a loaded machine the managed embedder, which mostly waits on its
+    # batches' answers, was once given none of them: "embedder CPU 0", passing alone).
+    assert r.cpu_roles["contended"]["embedder"] >= 0
+    assert {"camera", "voice", "llm"} <= set(r.cpu_roles["contended"])
     assert ("driver" in r.cpu_roles["contended"]) == managed
     if managed:
         assert r.host_threads["contended"]

@@ -148,3 +148,21 @@ class ThermalReply(_message.Message):
     headroom: float
     details_json: str
     def __init__(self, status: _Optional[int] = ..., overridden: _Optional[bool] = ..., headroom: _Optional[float] = ..., details_json: _Optional[str] = ...) -> None: ...
+
+class ThreadRealtime(_message.Message):
+    __slots__ = ("tid",)
+    TID_FIELD_NUMBER: _ClassVar[int]
+    tid: int
+    def __init__(self, tid: _Optional[int] = ...) -> None: ...
+
+class RealtimeGrant(_message.Message):
+    __slots__ = ("priority", "max_cpu_ms", "window_s", "max_threads")
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_CPU_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_THREADS_FIELD_NUMBER: _ClassVar[int]
+    priority: int
+    max_cpu_ms: float
+    window_s: float
+    max_threads: int
+    def __init__(self, priority: _Optional[int] = ..., max_cpu_ms: _Optional[float] = ..., window_s: _Optional[float] = ..., max_threads: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,59 @@
+"""``model.burst(realtime=True)``: npud's real-time grant for the thread that executes.
+
+A camera's frame thread blocks for the driver's answer and is then woken; while a model
+loads, the woken thread waits for a CPU behind normal threads (#15's ``after`` column of
+``bench/contention.py --frame-split``). An app cannot put its own thread at SCHED_FIFO
+(its RLIMIT_RTPRIO is 0), so the burst asks npud (``set_thread_realtime``, service/
+rt_apps.py) once per executing thread, on a connection of its own that lives as long as
+the burst: closing the burst ends the grant. A refusal (not FOREGROUND, over the bound,
+the feature off, a kernel that refuses) is logged once per process and the burst goes on
+without real-time priority.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from npumanager import paths
+from npumanager.errors import NpuError
+from npumanager.proto.v1.manager_pb2 import RealtimeGrant, ThreadRealtime
+from npumanager.wire.client import SyncRpcClient
+
+log = logging.getLogger("npumanager.nn")
+_warned = threading.Lock()
+
+
+class RealtimeLink:
+    """A connection to npud that asks for real-time priority for the calling thread."""
+
+    def __init__(self, runtime_dir: str | os.PathLike[str] | None) -> None:
+        self.path = str(paths.manager_socket(runtime_dir))
+        self._rpc: SyncRpcClient | None = None
+        #: The last refusal, if any (what ``Burst.realtime_error`` says).
+        self.error: NpuError | None = None
+
+    def ask(self) -> bool:
+        """The calling thread to SCHED_FIFO; True when npud granted it."""
+        tid = threading.get_native_id()
+        try:
+            if self._rpc is None or self._rpc.closed:
+                self._rpc = SyncRpcClient(self.path, "manager", threaded=False,
+                                          client_name="realtime")
+            payload, _ = self._rpc.call("set_thread_realtime", ThreadRealtime(tid=tid))
+        except NpuError as exc:
+            self.error = exc
+            if _warned.acquire(blocking=False):
+                log.warning("model.burst(realtime=True): thread %d goes on without "
+                            "real-time priority: %s: %s", tid, type(exc).__name__, exc)
+            return False
+        got = RealtimeGrant.FromString(payload)
+        log.debug("thread %d at SCHED_FIFO %d", tid, got.priority)
+        return True
+
+    def close(self) -> None:
+        """Ends every grant this link asked for (npud demotes them)."""
+        if self._rpc is not None:
+            self._rpc.close()
+            self._rpc = None
