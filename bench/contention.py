@@ -307,6 +307,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Off by default (README "Real-time foreground threads").
     "rt": {"foreground_rt_priority": 1, "switch_interval_us": 500},
     "rt-nosw": {"foreground_rt_priority": 1},
+    # Both: the host's burst thread at FIFO 1 while it serves the camera's FOREGROUND
+    # frames and the camera app's executing thread at FIFO 2 (npud's grant, "app-rt"),
+    # with "rt"'s switch interval. Paired with "unmanaged-rt". README "Real-time app threads".
+    "rt+app": {"foreground_rt_priority": 1, "switch_interval_us": 500, "camera_realtime": 2},
     "lower-run": {"background_lower": "run"},
     "root-host": {"driver_user": "root"},
     "lower-run-root": {"background_lower": "run", "driver_user": "root"},
