@@ -20,6 +20,11 @@ to a thread it has checked, and answers (``hal.rt_applied``). What npud checks:
   which root lacks here), so a host thread that runs that long at FIFO without blocking
   is killed by the kernel (SIGKILL; npud restarts the host as after any crash).
 
+* the host is not cooling down: npud samples every thread it granted (service/
+  host_rt_watch.py) and demotes one that used more than 200 ms of CPU in the last second
+  (a thread that blocks now and then escapes RLIMIT_RTTIME, whose count restarts at each
+  block); its host then gets no grant for 10 s.
+
 The host's own bounds come well before: a run longer than ``foreground_rt_max_run_us``
 lowers the thread, and RLIMIT_RTTIME's soft limit (50 ms) sends SIGXCPU, on which it
 lowers every FIFO thread it has (drivers/rt_threads.py).
@@ -27,12 +32,15 @@ lowers every FIFO thread it has (drivers/rt_threads.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
+from npumanager.clock import LoopClock
 from npumanager.fds import close_fds
 from npumanager.hal import rt_sched, rt_wire
 from npumanager.hal.rt_sched import RtSet
+from npumanager.service.host_rt_watch import MAX_CPU_MS, SAMPLE_S, WINDOW_S, HostRtWatch
 from npumanager.wire.conn import CallContext
 
 log = logging.getLogger("npumanager.service.host_rt")
@@ -44,10 +52,16 @@ MAX_THREADS = 8
 class HostRtGrants:
     """The FIFO threads npud granted, per host process."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: LoopClock, watch: HostRtWatch | None = None,
+                 sample_s: float = SAMPLE_S) -> None:
+        self._clock = clock
         self._granted: dict[int, set[int]] = {}
         self._warned = False
         self.granted = self.refused = 0
+        #: The CPU each granted thread uses, sampled every ``sample_s`` while any is.
+        self.watch = watch or HostRtWatch()
+        self._sample_s = sample_s
+        self._task: asyncio.Task[None] | None = None
 
     def grant(self, pid: int | None, tid: int, priority: int, configured: int) -> RtSet:
         """Put host process ``pid``'s thread ``tid`` at FIFO ``priority`` if every check
@@ -74,6 +88,11 @@ class HostRtGrants:
                                 f"foreground_rt_priority ({configured})")
         if pid is None:
             return RtSet(False, "not a host this npud started (adopted, or exited)")
+        now = self._clock.now()
+        if self.watch.cooling(pid, now):
+            return RtSet(False, f"host process {pid} is cooling down: a thread of it used "
+                                f"more than {MAX_CPU_MS:g} ms of CPU at SCHED_FIFO in "
+                                f"{WINDOW_S:g} s")
         if tid <= 0 or not rt_sched.is_thread_of(tid, pid):
             return RtSet(False, f"thread {tid} is not a thread of host process {pid}")
         self._prune()
@@ -89,8 +108,53 @@ class HostRtGrants:
                                 f"{rt_sched.RTTIME_HARD_US}")
         got = rt_sched.set_fifo(tid, priority, tgid=pid)
         if got.ok:
+            if tid not in mine:
+                self.watch.granted(pid, tid, now, rt_sched.cpu_ns(tid, pid) or 0)
             mine.add(tid)
+            self._ensure_watchdog()
         return got
+
+    def tick(self) -> list[tuple[int, int]]:
+        """One watchdog sample: each granted thread's CPU time; the threads that used more
+        than their budget back to SCHED_OTHER (one whose id no longer names that host's
+        thread is left alone). Returns those demoted."""
+        cpu: dict[tuple[int, int], int | None] = {}
+        for pid, tid in self.watch.watched():
+            s = rt_sched.sched_of(tid)
+            cpu[(pid, tid)] = (rt_sched.cpu_ns(tid, pid) if s is not None and s.fifo
+                               and rt_sched.is_thread_of(tid, pid) else None)
+        out = self.watch.tick(self._clock.now(), cpu)
+        for pid, tid in out:
+            self._granted.get(pid, set()).discard(tid)
+            if rt_sched.is_thread_of(tid, pid):
+                got = rt_sched.set_other(tid)
+                log.warning("driver host %d's thread %d used more than %g ms of CPU at "
+                            "SCHED_FIFO in %g s: back to SCHED_OTHER%s; no grant to that "
+                            "host for %g s", pid, tid, MAX_CPU_MS, WINDOW_S,
+                            "" if got.ok else f" (failed: {got.why})",
+                            self.watch.cooldown_s)
+        return out
+
+    def _ensure_watchdog(self) -> None:
+        if self._task is None or self._task.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # (a grant made off any loop, as a test does: :meth:`tick` by hand)
+            self._task = loop.create_task(self._watchdog())
+
+    async def _watchdog(self) -> None:
+        while self.watch.watched():
+            await self._clock.sleep(self._sample_s)
+            try:
+                self.tick()
+            except Exception:
+                log.exception("driver hosts' real-time watchdog tick failed")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
     def _prune(self) -> None:
         """Forget threads gone, lowered, or no longer their process's; and empty hosts."""

@@ -71,7 +71,7 @@ class DriverSupervisor(DriverFeed):
         self.detaching = False
         self.slots: list[DriverSlot] = []
         #: Driver hosts' burst threads npud put at SCHED_FIFO (service/host_rt.py).
-        self.rt_grants = HostRtGrants()
+        self.rt_grants = HostRtGrants(clock)
         hosts: dict[str, DriverSlot] = {}
         for i, entry in enumerate(device_entries(cfg)):
             name = str(entry["name"])
@@ -116,6 +116,7 @@ class DriverSupervisor(DriverFeed):
 
     async def stop(self) -> None:
         self.stopping = True
+        self.rt_grants.stop()
         for slot in self.slots:
             if slot.task is not None:
                 slot.task.cancel()

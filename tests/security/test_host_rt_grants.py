@@ -3,8 +3,9 @@ hostile host, under real uids: a stand-in host process runs as the driver's user
 real host does once it gave up root), and the test plays npud (root) with npud's own
 code. Only the host's own threads get FIFO, never another uid's or npud's, at most
 MAX_THREADS at once, only for a host bounded by RLIMIT_RTTIME; a thread that spins at
-FIFO is lowered by the host's SIGXCPU handler within the soft limit, and a host that
-ignores SIGXCPU is killed at the hard one."""
+FIFO is lowered by the host's SIGXCPU handler within the soft limit, a host that
+ignores SIGXCPU is killed at the hard one, and a thread that blocks now and then (which
+restarts RLIMIT_RTTIME's count) is lowered by npud's CPU watchdog within its budget."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from typing import Any
 import pytest
 
 from npumanager.cli.driver import rt_backstop
+from npumanager.clock import MonotonicClock
 from npumanager.drivers.rt_policy import RtPolicy
 from npumanager.drivers.rt_threads import RTTIME_SOFT_US, RtThreads
 from npumanager.hal import rt_sched as rt
 from npumanager.service.host_rt import MAX_THREADS, HostRtGrants
+from npumanager.service.host_rt_watch import MAX_CPU_MS
 from npumanager.testing import procs
 from npumanager.testing.clock import VirtualClock
 from tests.hal.test_rt_sched import Parked, needs_fifo
@@ -81,7 +84,7 @@ def host() -> Iterator[tuple[procs.Child, list[int]]]:
 def test_the_hosts_own_thread_gets_fifo_and_nothing_else_does(
         host: tuple[procs.Child, list[int]]) -> None:
     child, tids = host
-    grants = HostRtGrants()
+    grants = HostRtGrants(MonotonicClock())
     got = grants.grant(child.pid, tids[0], 1, 1)
     assert got.ok, got.why
     assert rt.sched_of(tids[0]) == rt.ThreadSched(os.SCHED_FIFO, 1, True)
@@ -113,7 +116,7 @@ def test_the_hosts_own_thread_gets_fifo_and_nothing_else_does(
 def test_at_most_max_threads_at_once_and_a_lowered_one_frees_its_place(
         host: tuple[procs.Child, list[int]]) -> None:
     child, tids = host
-    grants = HostRtGrants()
+    grants = HostRtGrants(MonotonicClock())
     for tid in tids[:MAX_THREADS]:
         assert grants.grant(child.pid, tid, 1, 1).ok
     over = grants.grant(child.pid, tids[MAX_THREADS], 1, 1)
@@ -127,7 +130,7 @@ def test_at_most_max_threads_at_once_and_a_lowered_one_frees_its_place(
 
 
 def test_a_thread_gone_or_a_host_without_the_rttime_bound_gets_nothing() -> None:
-    grants = HostRtGrants()
+    grants = HostRtGrants(MonotonicClock())
     child = procs.spawn_as(None, None, stand_in_host, 1, False)
     try:
         _, (tid,) = child.expect(lambda e: e[0] == "tids")
@@ -208,7 +211,7 @@ def test_a_spinning_fifo_thread_is_lowered_by_sigxcpu_within_the_soft_limit() ->
     child = procs.spawn_as(None, None, spinning_host, False, timeout=60)
     try:
         _, tid = child.expect(lambda e: e[0] == "tid")
-        assert HostRtGrants().grant(child.pid, tid, 1, 1).ok
+        assert HostRtGrants(MonotonicClock()).grant(child.pid, tid, 1, 1).ok
         out = child.wait(30)
     finally:
         child.kill()
@@ -226,7 +229,7 @@ def test_a_host_that_ignores_sigxcpu_is_killed_at_the_hard_limit() -> None:
     try:
         _, tid = child.expect(lambda e: e[0] == "tid")
         t0 = time.monotonic()
-        assert HostRtGrants().grant(child.pid, tid, 1, 1).ok
+        assert HostRtGrants(MonotonicClock()).grant(child.pid, tid, 1, 1).ok
         with pytest.raises(procs.ChildFailed):
             child.wait(30)
         took = time.monotonic() - t0
@@ -235,3 +238,63 @@ def test_a_host_that_ignores_sigxcpu_is_killed_at_the_hard_limit() -> None:
     assert child.exit_status is not None and os.WIFSIGNALED(child.exit_status)
     assert os.WTERMSIG(child.exit_status) == signal.SIGKILL
     assert took >= rt.RTTIME_HARD_US / 1e6 * 0.9
+
+
+def sleepy_spinner() -> dict[str, Any]:
+    """A host whose thread, once at FIFO, spins 2 ms of CPU at a time with a 0.1 ms sleep
+    between (each sleep restarts RLIMIT_RTTIME's count: SIGXCPU never comes)."""
+    assert rt.bound_own_rttime() == ""
+    os.setgroups([])
+    os.setgid(expected_user().pw_gid)
+    os.setuid(DRIVER_USER)
+    out: dict[str, Any] = {}
+
+    def burst() -> None:
+        procs.announce(("tid", threading.get_native_id()))
+        while not (s := rt.sched_of(0)) or not s.fifo:
+            time.sleep(0.001)
+        t0 = rt.cpu_ns(0) or 0
+        while (s := rt.sched_of(0)) is not None and s.fifo:
+            if (rt.cpu_ns(0) or 0) - t0 > 3_000_000_000:
+                break
+            start = rt.cpu_ns(0) or 0
+            while (rt.cpu_ns(0) or 0) - start < 2_000_000:
+                pass
+            time.sleep(0.0001)
+        out["fifo_cpu_ms"] = ((rt.cpu_ns(0) or 0) - t0) / 1e6
+        out["policy_after"] = rt.sched_of(0)
+
+    t = threading.Thread(target=burst)  # (the main thread blocked, off the GIL)
+    t.start()
+    t.join(30)
+    return out
+
+
+def test_a_thread_that_blocks_now_and_then_is_demoted_by_npuds_cpu_watchdog() -> None:
+    child = procs.spawn_as(None, None, sleepy_spinner, timeout=60)
+    try:
+        _, tid = child.expect(lambda e: e[0] == "tid")
+
+        async def npud() -> tuple[list[tuple[int, int]], str]:
+            grants = HostRtGrants(MonotonicClock())
+            got = grants.grant(child.pid, tid, 1, 1)
+            assert got.ok, got.why
+            try:
+                while grants.watch.watched():
+                    await asyncio.sleep(0.02)
+                again = grants.grant(child.pid, tid, 1, 1)
+                return [(child.pid, tid)] * grants.watch.demoted, again.why
+            finally:
+                grants.stop()
+
+        demoted, again = asyncio.run(npud())
+        out = child.wait(30)
+    finally:
+        child.kill()
+    print("CPU at FIFO before npud's watchdog lowered it:", out["fifo_cpu_ms"], "ms")
+    assert demoted == [(child.pid, tid)]
+    assert "cooling down" in again
+    assert out["policy_after"] == rt.ThreadSched(os.SCHED_OTHER, 0, True)
+    # The budget (200 ms in any second) plus about one sampling period (150 ms); slack
+    # for the sampler's own wait for a CPU on a busy machine.
+    assert MAX_CPU_MS * 0.9 <= out["fifo_cpu_ms"] < MAX_CPU_MS + 400
