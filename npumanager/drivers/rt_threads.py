@@ -125,12 +125,14 @@ class RtThreads:
                 policy.want = False
 
     def applied(self, tid: int, ok: bool, why: str) -> None:
-        """npud's answer to the request for ``tid``."""
+        """npud's answer to the request for ``tid``. A refusal backs the thread off like a
+        long run (else a FOREGROUND stream would ask again at every frame while npud says
+        no, e.g. while its host cools down after a watchdog demotion)."""
         with self._lock:
             policy = self._threads.get(tid)
             wanted = policy is not None and policy.want
             if not ok and policy is not None:
-                policy.want = False
+                policy.demoted(self._clock.now(), self.backoff_s)
         if ok:
             self.granted += 1
             # (it stopped wanting it, or its burst closed, meanwhile: lowered, if the id is

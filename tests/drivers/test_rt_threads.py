@@ -174,3 +174,19 @@ def test_no_npud_attached_asks_again_at_the_next_change(
     npud.attached = True
     w.do(lambda: rts.serve(p, True))
     assert npud.asked == [(w.tid, 1)]
+
+
+def test_a_refusal_backs_off_instead_of_asking_every_frame(
+        parts: tuple[RtThreads, Npud, Worker, VirtualClock]) -> None:
+    rts, npud, w, clock = parts
+    p = RtPolicy()
+    w.do(lambda: rts.serve(p, True))
+    rts.applied(w.tid, False, "host process 1 is cooling down")
+    assert not rts.refused and not p.want
+    for _ in range(10):  # frames within the back-off: no request
+        clock.advance(0.05)
+        w.do(lambda: rts.serve(p, True))
+    assert len(npud.asked) == 1
+    clock.advance(0.51)  # (the back-off, 1 s, is over)
+    w.do(lambda: rts.serve(p, True))
+    assert len(npud.asked) == 2
