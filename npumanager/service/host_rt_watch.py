@@ -15,14 +15,15 @@ Pure: samples in with ``now``, what to demote out.
 
 from __future__ import annotations
 
-from collections import deque
+from npumanager.service.rt_watch import CpuWindow, RtLimits
 
-#: CPU a granted thread may use in any WINDOW_S (ms), and how often npud samples it.
-MAX_CPU_MS = 200.0
-WINDOW_S = 1.0
-SAMPLE_S = 0.15
-#: After a demotion, how long the host gets no grant.
-COOLDOWN_S = 10.0
+#: CPU a granted thread may use in any WINDOW_S (ms), how often npud samples it, and how
+#: long its host then gets no grant: the defaults of the app threads' limits.
+_APP = RtLimits()
+MAX_CPU_MS = _APP.max_cpu_ms
+WINDOW_S = _APP.window_s
+SAMPLE_S = _APP.sample_s
+COOLDOWN_S = _APP.cooldown_s
 
 
 class HostRtWatch:
@@ -33,12 +34,13 @@ class HostRtWatch:
         self.max_cpu_ns = int(max_cpu_ms * 1e6)
         self.window_s = window_s
         self.cooldown_s = cooldown_s
-        self._samples: dict[tuple[int, int], deque[tuple[float, int]]] = {}
+        self._samples: dict[tuple[int, int], CpuWindow] = {}
         self._cooling: dict[int, float] = {}
         self.demoted = 0
 
     def granted(self, pid: int, tid: int, now: float, cpu_ns: int) -> None:
-        self._samples[(pid, tid)] = deque([(now, cpu_ns)])
+        w = self._samples[(pid, tid)] = CpuWindow(self.window_s)
+        w.add(now, cpu_ns)
 
     def cooling(self, pid: int, now: float) -> bool:
         """Host ``pid`` is in its cooldown (no grant now)."""
@@ -63,11 +65,7 @@ class HostRtWatch:
             if ns is None:
                 del self._samples[key]
                 continue
-            q = self._samples[key]
-            q.append((now, ns))
-            while len(q) > 2 and q[1][0] <= now - self.window_s:
-                q.popleft()  # (the oldest kept is at or before the window's start)
-            if ns - q[0][1] > self.max_cpu_ns:
+            if self._samples[key].add(now, ns) > self.max_cpu_ns:
                 out.append(key)
                 del self._samples[key]
                 self._cooling[key[0]] = now + self.cooldown_s

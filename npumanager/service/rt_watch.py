@@ -44,6 +44,36 @@ from npumanager.errors import (
 RT_IMPORTANCE = int(Importance.FOREGROUND)
 
 
+class CpuWindow:
+    """A granted thread's CPU samples (time, ns) over the last ``window_s``: what both
+    watchdogs (app threads here, driver-host threads in .host_rt_watch) bound. The newest
+    sample at or before the window's start is kept as the base, so the sum covers the
+    whole window."""
+
+    __slots__ = ("samples", "window_s")
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, cpu_ns: int) -> int:
+        """One sample; the CPU used over the window now."""
+        q = self.samples
+        q.append((now, cpu_ns))
+        while len(q) > 2 and q[1][0] <= now - self.window_s:
+            q.popleft()
+        return self.used_ns()
+
+    def used_ns(self) -> int:
+        """CPU used between the oldest sample kept and the newest."""
+        q = self.samples
+        return q[-1][1] - q[0][1] if len(q) >= 2 else 0
+
+    def span_s(self) -> float:
+        q = self.samples
+        return q[-1][0] - q[0][0] if q else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class RtLimits:
     """The ``[manager] app_rt_*`` keys."""
@@ -71,7 +101,7 @@ class RtLimits:
 @dataclass(slots=True)
 class RtGrant:
     """One granted thread: whose (peer uid and pid, npud's key for it, the connection
-    that asked) and its CPU samples (time, ns) over the last window."""
+    that asked) and its CPU over the last window (set when it is granted)."""
 
     uid: int
     pid: int
@@ -79,13 +109,7 @@ class RtGrant:
     conn: int
     tid: int
     since: float
-    samples: deque[tuple[float, int]] = field(default_factory=deque)
-
-    def used_ns(self) -> int:
-        """CPU used between the oldest sample kept and the newest."""
-        if len(self.samples) < 2:
-            return 0
-        return self.samples[-1][1] - self.samples[0][1]
+    cpu: CpuWindow = field(default_factory=lambda: CpuWindow(1.0))
 
 
 class Demote(NamedTuple):
@@ -162,8 +186,10 @@ class RtWatch:
         if grant.tid not in self.grants:
             self.granted_total += 1
         self.grants[grant.tid] = grant
-        if cpu_ns is not None and not grant.samples:
-            grant.samples.append((now, cpu_ns))
+        if not grant.cpu.samples:
+            grant.cpu.window_s = self.limits.window_s
+            if cpu_ns is not None:
+                grant.cpu.add(now, cpu_ns)
 
     def tick(self, now: float, cpu_ns: Mapping[int, int | None],
              importance: Callable[[int], int]) -> list[Demote]:
@@ -179,17 +205,12 @@ class RtWatch:
             if cpu is None:
                 out.append(self._demote(g, "gone", f"thread {g.tid} of pid {g.pid} is gone"))
                 continue
-            g.samples.append((now, cpu))
-            # Keep the newest sample at or before the window's start as the base, so the
-            # sum covers the whole window.
-            while len(g.samples) > 2 and g.samples[1][0] <= now - lim.window_s:
-                g.samples.popleft()
-            used = g.used_ns()
+            used = g.cpu.add(now, cpu)
             if used > budget_ns:
                 self.cooldown_until[g.uid] = now + lim.cooldown_s
                 out.append(self._demote(
                     g, "cpu", f"thread {g.tid} used {used / 1e6:.0f} ms of CPU in "
-                    f"{now - g.samples[0][0]:.2f} s (bound {lim.max_cpu_ms:g} ms in "
+                    f"{g.cpu.span_s():.2f} s (bound {lim.max_cpu_ms:g} ms in "
                     f"{lim.window_s:g} s); uid {g.uid} gets no grant for {lim.cooldown_s:g} s"))
                 continue
             imp = importance(g.key)
@@ -217,7 +238,7 @@ class RtWatch:
         """For the dump (an admin's view)."""
         return {"priority": self.limits.priority,
                 "granted": [{"uid": g.uid, "pid": g.pid, "tid": g.tid, "since": g.since,
-                             "cpu_ms_in_window": round(g.used_ns() / 1e6, 1)}
+                             "cpu_ms_in_window": round(g.cpu.used_ns() / 1e6, 1)}
                             for g in self.grants.values()],
                 "cooldown": {str(u): t for u, t in self.cooldown_until.items()},
                 "granted_total": self.granted_total,
