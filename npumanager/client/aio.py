@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from npumanager.constants import LoadStatus, RequestStatus, ThermalStatus, UnloadReason
 from npumanager.errors import NpuError, RequestEnded, ServiceUnavailable
 from npumanager.fds import close_fds
+from npumanager.hal import rt_backstop
 from npumanager.paths import manager_socket
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import RpcConnection
@@ -242,8 +243,15 @@ class AsyncNpuManager:
 
     async def set_thread_realtime(self, tid: int) -> RealtimeInfo:
         """As NpuManager.set_thread_realtime; ``tid`` is required (the event loop's
-        thread is rarely the one meant)."""
-        return await self._do(calls.set_thread_realtime(tid))
+        thread is rarely the one meant). This process is bounded first, as there
+        (hal/rt_backstop.py: call its ``install()`` from the main thread for the SIGXCPU
+        lowering when this runs elsewhere)."""
+        rt_backstop.prepare(tid)
+        try:
+            return await self._do(calls.set_thread_realtime(tid))
+        except BaseException:
+            rt_backstop.refused(tid)
+            raise
 
     async def thermal_status(self) -> ThermalInfo:
         return await self._do(calls.thermal_status())

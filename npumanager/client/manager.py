@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from npumanager.constants import ThermalStatus
 from npumanager.fds import close_fds
+from npumanager.hal import rt_backstop
 from npumanager.paths import manager_socket
 from npumanager.wire.client import SyncRpcClient
 
@@ -230,10 +231,19 @@ class NpuManager:
         thread is this process's and this uid's, the uid's importance, and at most
         ``app_rt_max_threads`` per uid; it demotes the thread when it uses more than
         ``max_cpu_ms`` of CPU in a window, when the uid stops being FOREGROUND, or when
-        this connection closes. Refusals: PermissionDenied, LimitExceeded,
-        InvalidArgument, RealtimeUnavailable (off, or the kernel refused)."""
-        return self._do(calls.set_thread_realtime(
-            threading.get_native_id() if tid is None else tid))
+        this connection closes. Before it asks, this process bounds its own real-time
+        threads so that the bound holds without npud (RLIMIT_RTTIME: SIGXCPU lowers them
+        after 50 ms at FIFO without blocking, the kernel kills the process at 500 ms;
+        hal/rt_backstop.py). Refusals: PermissionDenied, LimitExceeded, InvalidArgument,
+        RealtimeUnavailable (off, the kernel refused, or this process cannot be
+        bounded)."""
+        tid = threading.get_native_id() if tid is None else tid
+        rt_backstop.prepare(tid)  # (bounds this process first: hal/rt_backstop.py)
+        try:
+            return self._do(calls.set_thread_realtime(tid))
+        except BaseException:
+            rt_backstop.refused(tid)
+            raise
 
     def thermal_status(self) -> ThermalInfo:
         return self._do(calls.thermal_status())

@@ -30,10 +30,8 @@ log = logging.getLogger("npumanager.drivers.rt")
 
 #: How long a thread lowered for a long run (or by SIGXCPU) waits before asking again.
 BACKOFF_S = 1.0
-#: RLIMIT_RTTIME's soft limit the host sets for itself, µs: a FIFO thread that runs this
-#: long without blocking gets SIGXCPU (50 ms: ten times foreground_rt_max_run_us's default,
-#: two frames of a 30 fps camera).
-RTTIME_SOFT_US = 50_000
+#: RLIMIT_RTTIME's soft limit the host sets for itself, µs (hal/rt_sched.RTTIME_SOFT_US).
+RTTIME_SOFT_US = rt_sched.RTTIME_SOFT_US
 
 
 def set_rttime_soft(us: int = RTTIME_SOFT_US) -> bool:

@@ -188,6 +188,11 @@ def set_other(tid: int = 0) -> RtSet:
 #: host lowers its own to this before it gives up root (cli/driver.py), which no
 #: unprivileged process can undo; npud checks it (:func:`rttime_limits`) before a grant.
 RTTIME_HARD_US = 500_000
+#: RLIMIT_RTTIME's soft limit (µs) such a process sets for itself: a FIFO thread that runs
+#: this long without blocking gets SIGXCPU, on which the process lowers its FIFO threads
+#: (drivers/rt_threads.py for a host, hal/rt_backstop.py for an app): 50 ms, ten times
+#: foreground_rt_max_run_us's default, two frames of a 30 fps camera.
+RTTIME_SOFT_US = 50_000
 
 
 def rttime_limits(pid: int) -> tuple[int | None, int | None] | None:

@@ -6,18 +6,21 @@ loads, the woken thread waits for a CPU behind normal threads (#15's ``after`` c
 (its RLIMIT_RTPRIO is 0), so the burst asks npud (``set_thread_realtime``, service/
 rt_apps.py) once per executing thread, on a connection of its own that lives as long as
 the burst: closing the burst ends the grant. A refusal (not FOREGROUND, over the bound,
-the feature off, a kernel that refuses) is logged once per process and the burst goes on
-without real-time priority.
+the feature off, a kernel that refuses, a process that cannot bound its real-time threads:
+hal/rt_backstop.py) is logged once per process and the burst goes on without real-time
+priority.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 
 from npumanager import paths
 from npumanager.errors import NpuError
+from npumanager.hal import rt_backstop
 from npumanager.proto.v1.manager_pb2 import RealtimeGrant, ThreadRealtime
 from npumanager.wire.client import SyncRpcClient
 
@@ -33,16 +36,23 @@ class RealtimeLink:
         self._rpc: SyncRpcClient | None = None
         #: The last refusal, if any (what ``Burst.realtime_error`` says).
         self.error: NpuError | None = None
+        # The SIGXCPU backstop now, if this is the main thread (a burst is usually opened
+        # there and executed elsewhere, where Python cannot install a signal handler); a
+        # process that cannot have it is refused at the first ask.
+        with contextlib.suppress(NpuError):
+            rt_backstop.install()
 
     def ask(self) -> bool:
         """The calling thread to SCHED_FIFO; True when npud granted it."""
         tid = threading.get_native_id()
         try:
+            rt_backstop.prepare(tid)  # (this process bounded first: hal/rt_backstop.py)
             if self._rpc is None or self._rpc.closed:
                 self._rpc = SyncRpcClient(self.path, "manager", threaded=False,
                                           client_name="realtime")
             payload, _ = self._rpc.call("set_thread_realtime", ThreadRealtime(tid=tid))
         except NpuError as exc:
+            rt_backstop.refused(tid)
             self.error = exc
             if _warned.acquire(blocking=False):
                 log.warning("model.burst(realtime=True): thread %d goes on without "

@@ -10,10 +10,13 @@ a grant is live: every ``app_rt_sample_s`` it reads each granted thread's CPU ti
 what the pure core decides. A demotion first re-reads whose the thread id is: one whose
 process exited and whose id now names someone else's thread is forgotten, not touched.
 
-If npud dies without stopping, its grants stay until their threads exit; the kernel's RT
-throttling (950 ms of each 1 s here) and 6.18's fair deadline server still leave normal
-threads some CPU, and every thread npud granted has SCHED_RESET_ON_FORK (its children
-and new threads start normal).
+If npud dies without stopping, its grants stay until their threads exit, and no watchdog
+is left: so npud grants only to a process whose RLIMIT_RTTIME hard limit is at most
+500 ms (:func:`_check_rttime`, from /proc/PID/limits), which the kernel enforces without
+npud (SIGKILL to a process whose RT thread runs that long without blocking); the client
+lowers its own limit before it asks, and with its soft limit (50 ms) its SIGXCPU handler
+lowers the thread first (hal/rt_backstop.py). Every thread npud granted has
+SCHED_RESET_ON_FORK (its children and new threads start normal).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class AppRealtime:
             owner=(owner.tgid, owner.uid) if owner is not None else None,
             importance=self.d.state.importance(client.key), npud_pid=self._pid)
         if grant.tid not in self.watch.grants:
+            _check_rttime(peer.pid)
             got = rt_sched.set_fifo(tid, lim.priority, tgid=peer.pid)
             if not got.ok:
                 if "not permitted" in got.why:
@@ -112,3 +116,24 @@ class AppRealtime:
             level = logging.WARNING if dm.why == "cpu" else logging.INFO
             log.log(level, "real-time thread %d of pid %d (uid %d) back to SCHED_OTHER: %s%s",
                     g.tid, g.pid, g.uid, dm.detail, "" if got.ok else f" (failed: {got.why})")
+
+
+def _check_rttime(pid: int) -> None:
+    """PermissionDenied unless process ``pid``'s RLIMIT_RTTIME hard limit is at most
+    rt_sched.RTTIME_HARD_US: the bound on its FIFO threads that holds without npud (the
+    kernel kills a process whose RT thread runs that long without blocking; no
+    unprivileged process can raise the limit again). One /proc read, at a new grant."""
+    limits = rt_sched.rttime_limits(pid)
+    hard = None if limits is None else limits[1]
+    if hard is not None and hard <= rt_sched.RTTIME_HARD_US:
+        return
+    now = ("unreadable" if limits is None else "unlimited" if hard is None
+           else f"{hard} µs")
+    raise PermissionDenied(
+        f"process {pid}'s RLIMIT_RTTIME hard limit is {now}: npud grants real-time threads "
+        f"only to a process that bounds them itself, at most {rt_sched.RTTIME_HARD_US} µs "
+        "(the kernel then kills a thread that runs that long at SCHED_FIFO without "
+        "blocking, also when npud is gone). Lower it before asking: "
+        f"resource.setrlimit(resource.RLIMIT_RTTIME, ({rt_sched.RTTIME_SOFT_US}, "
+        f"{rt_sched.RTTIME_HARD_US})) with a SIGXCPU handler that lowers the thread; "
+        "npumanager's client does both (hal/rt_backstop.py)")
