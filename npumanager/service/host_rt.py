@@ -6,9 +6,13 @@ asks (``hal.request_rt``, a push on the link npud opened to it) and npud applies
 to a thread it has checked, and answers (``hal.rt_applied``). What npud checks:
 
 * the driver's config has the key on, and the priority asked for is the configured one;
-* the host is a process this npud started (its pid from the spawn, never the socket's
-  peer credentials: npud bound that socket, so they name npud) and has not exited: an
-  adopted host (an earlier npud's) gets nothing;
+* the host is a process this npud started (its pid from the spawn) and has not exited,
+  or one it adopted after a restart that it can tie to the records of the npud that
+  started it (service/host_records.py: that npud's root-owned record of the pid, the
+  same process by its start time, so a recycled pid is refused, running as the driver's
+  user; checked again at each grant). The socket's peer credentials alone are not
+  enough: they name whichever process last listened on it, which a host could hand to
+  any process of its user;
 * the thread id is a thread of that process, checked before and after the call
   (hal/rt_sched.set_fifo with ``tgid``), so no other process's thread, npud's included;
 * at most ``MAX_THREADS`` of that process's threads are at FIFO at once (threads gone or
@@ -63,9 +67,11 @@ class HostRtGrants:
         self._sample_s = sample_s
         self._task: asyncio.Task[None] | None = None
 
-    def grant(self, pid: int | None, tid: int, priority: int, configured: int) -> RtSet:
+    def grant(self, pid: int | str | None, tid: int, priority: int, configured: int
+              ) -> RtSet:
         """Put host process ``pid``'s thread ``tid`` at FIFO ``priority`` if every check
-        holds (``configured``: the driver's foreground_rt_priority)."""
+        holds (``configured``: the driver's foreground_rt_priority; ``pid`` a str: why
+        there is no host process to grant to)."""
         got = self._grant(pid, tid, priority, configured)
         if got.ok:
             self.granted += 1
@@ -77,7 +83,8 @@ class HostRtGrants:
                             "npud lacks CAP_SYS_NICE; they go on without", got.why)
         return got
 
-    def _grant(self, pid: int | None, tid: int, priority: int, configured: int) -> RtSet:
+    def _grant(self, pid: int | str | None, tid: int, priority: int, configured: int
+               ) -> RtSet:
         if configured <= 0:
             return RtSet(False, "foreground_rt_priority is off for this driver")
         if not rt_sched.MIN_PRIORITY <= priority <= rt_sched.MAX_PRIORITY:
@@ -86,8 +93,8 @@ class HostRtGrants:
         if priority != configured:
             return RtSet(False, f"priority {priority} is not this driver's "
                                 f"foreground_rt_priority ({configured})")
-        if pid is None:
-            return RtSet(False, "not a host this npud started (adopted, or exited)")
+        if pid is None or isinstance(pid, str):
+            return RtSet(False, pid or "not a host this npud started or adopted")
         now = self._clock.now()
         if self.watch.cooling(pid, now):
             return RtSet(False, f"host process {pid} is cooling down: a thread of it used "
@@ -171,10 +178,11 @@ class HostRtGrants:
         self._prune()
         return set(self._granted.get(pid, ()))
 
-    def handler(self, pid_of: Callable[[], int | None], configured: int
+    def handler(self, pid_of: Callable[[], int | str], configured: int
                 ) -> Callable[[CallContext, bytes], None]:
         """The ``hal.request_rt`` handler of one driver's link: ``pid_of()`` is the pid of
-        the host process npud started for it (None: none, or it exited)."""
+        the host process npud started for it or adopted and tied to its records (a str:
+        why there is none to grant to)."""
 
         def on_request(ctx: CallContext, payload: bytes) -> None:
             close_fds(ctx.fds)

@@ -37,6 +37,7 @@ from npumanager.paths import default_state_dir, ensure_drivers_dir
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
+from npumanager.service import host_records
 from npumanager.service.driver_feed import DriverFeed
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents, event_handlers
@@ -98,6 +99,23 @@ class DriverSupervisor(DriverFeed):
 
     def _socket(self, name: str) -> Path:
         return self.runtime_dir / "drivers" / f"{name}.sock"
+
+    def _record(self, slot: DriverSlot) -> Path:
+        """npud's record of the host it started for ``slot`` (service/host_records.py)."""
+        return host_records.record_path(self._socket(slot.name))
+
+    def _tie(self, slot: DriverSlot, pid: int) -> host_records.HostRecord | str:
+        """The record tying adopted host ``pid`` to the npud that started it, or why not
+        (then its threads get no real-time grant)."""
+        try:
+            uid = driver_user(str(self.cfg.section("manager").get("driver_user", ""))).uid
+        except LookupError as exc:
+            return str(exc)
+        rec = host_records.adopt(self._record(slot), pid, uid)
+        if isinstance(rec, str) and int(slot.entry.get("foreground_rt_priority", 0) or 0):
+            log.warning("driver %s: its adopted host (pid %d) gets no real-time grants: %s",
+                        slot.name, pid, rec)
+        return rec
 
     # --- DriverControl ------------------------------------------------------------
 
@@ -294,6 +312,11 @@ class DriverSupervisor(DriverFeed):
         launch.close()  # the host holds the listening socket now
         slot.launch = launch
         slot.proc = proc
+        why = host_records.write(self._record(slot), proc.pid, launch.user.uid)
+        if why:
+            log.warning("driver %s: no record of its host (%s): an npud that adopts it "
+                        "after a restart grants its threads no real-time priority",
+                        slot.name, why)
         slot.settled.clear()  # starting: a detach waits for it to attach (see detach)
         exited = asyncio.ensure_future(proc.wait())
         try:
@@ -407,6 +430,7 @@ class DriverSupervisor(DriverFeed):
         slot.info.available = True
         if adopt:
             slot.adopted_pid = conn.peer.pid
+            slot.adopted_record = self._tie(slot, conn.peer.pid)
             log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.name,
                      conn.peer.pid)
             if len(slot.group) > 1:
@@ -491,10 +515,16 @@ class DriverSupervisor(DriverFeed):
         slot.temperature = None if t != t else t
 
     def _handlers(self, slot: DriverSlot) -> dict[str, object]:
-        def host_pid() -> int | None:
-            # The process this npud spawned for the slot's host (its leader's), alive.
-            proc = (slot.leader or slot).proc
-            return proc.pid if proc is not None and proc.returncode is None else None
+        def host_pid() -> int | str:
+            # The process this npud spawned for the slot's host (its leader's), alive; or
+            # the one it adopted, while it is still the host an earlier npud recorded.
+            leader = slot.leader or slot
+            proc = leader.proc
+            if proc is not None:
+                return proc.pid if proc.returncode is None else "its host exited"
+            if leader.adopted_pid > 0:
+                return host_records.grantable(leader.adopted_record, leader.adopted_pid)
+            return "not a host this npud started or adopted"
 
         configured = int(slot.entry.get("foreground_rt_priority", 0) or 0)
         return {**event_handlers(slot.name, self.events),
@@ -513,6 +543,9 @@ class DriverSupervisor(DriverFeed):
             self._leave_running(slot)
             return
         pid, slot.adopted_pid = slot.adopted_pid, 0
+        slot.adopted_record = ""
+        if pid > 0 or slot.proc is not None:
+            host_records.remove(self._record(slot))  # (this npud stops the host it names)
         if pid > 0:
             with contextlib.suppress(OSError):  # gone already, or not ours to signal
                 os.kill(pid, signal.SIGTERM)
@@ -528,7 +561,8 @@ class DriverSupervisor(DriverFeed):
     def _leave_running(slot: DriverSlot) -> None:
         """Forget an attached host without signalling it; its socket file stays, for the
         next npud to find and attach to."""
-        slot.adopted_pid = 0
+        slot.adopted_pid = 0  # (its record stays, for the next npud)
+        slot.adopted_record = ""
         slot.launch = None  # npud's copy of the listener is closed already (_run_once)
         proc, slot.proc = slot.proc, None
         if proc is not None:

@@ -127,3 +127,46 @@ def test_a_long_run_at_fifo_lowers_the_thread(
     # Lowered within a run of being made FIFO: at most the odd frame sees it at FIFO
     # (between npud's grant and the run that ends above the bound).
     assert sum(bool(s) for s in seen) <= 3, seen
+
+
+def _restarted(start_npud: StartDaemon, runtime_dir: Path, forget: bool) -> int:
+    """npud started, SIGKILLed (no stop: its host orphaned, its record of it left), and
+    started again: the new npud adopts the same host process. ``forget``: the record
+    removed before the restart. Returns the host's pid."""
+    manager = {"orphan_grace_s": 60.0}
+    npud = start_npud(drivers=True, driver=_driver(), manager=manager)
+    pid = driver_pid(runtime_dir)
+    record = runtime_dir / "drivers" / "reference.host"
+    st = record.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o644)  # npud's, in npud's dir
+    npud.proc.kill()  # type: ignore[union-attr]
+    npud.proc.wait(10)  # type: ignore[union-attr]
+    if forget:
+        record.unlink()
+    start_npud(drivers=True, driver=_driver(), manager=manager)
+    assert driver_pid(runtime_dir) == pid  # adopted, not started anew
+    return pid
+
+
+def test_a_host_adopted_by_a_restarted_npud_gets_its_burst_thread_at_fifo(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    pid = _restarted(start_npud, runtime_dir, forget=False)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    seen, after = stream(runtime_dir, add_model(), x, lambda: fifo_threads(pid))
+    assert seen[-1] and len(seen[-1]) == 1, seen
+    (tid, (s, owner, _comm)), = seen[-1].items()
+    assert s == rt.ThreadSched(os.SCHED_FIFO, 1, True)
+    assert owner == rt.ThreadOwner(pid, expected_user().pw_uid) and tid != pid
+    assert after == {}
+    st = host_stats(runtime_dir)["rt"]
+    assert st["granted"] >= 1 and st["refused"] == 0, st
+
+
+def test_a_host_adopted_without_npuds_record_gets_nothing(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    pid = _restarted(start_npud, runtime_dir, forget=True)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    seen, after = stream(runtime_dir, add_model(), x, lambda: fifo_threads(pid))
+    assert not any(seen) and after == {}, seen
+    st = host_stats(runtime_dir)["rt"]
+    assert st["granted"] == 0 and st["refused"] >= 1, st
