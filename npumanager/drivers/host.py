@@ -141,6 +141,7 @@ class DriverHost:
                                 self.clock, lambda fn: self.loop.call_soon_threadsafe(fn),
                                 self.npud.ask_rt)
             self.npud.on_rt_applied = self.rt.applied
+            self.npud.on_manager_gone = self.rt.npud_gone
         self.bursts = Bursts(self)
         self.prepares = PrepareCalls(self)
         self.res.pool_closing = self.bursts.forget_pool

@@ -73,6 +73,8 @@ class NpudLink:
         self.orphan_expired = asyncio.Event()
         #: npud's answers to ``ask_rt`` (tid, ok, why): drivers/rt_threads.py's.
         self.on_rt_applied: Callable[[int, bool, str], None] | None = None
+        #: npud's manager connection closed (drivers/rt_threads.py lowers its threads).
+        self.on_manager_gone: Callable[[], object] | None = None
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -97,6 +99,8 @@ class NpudLink:
         if conn is self.manager_conn:
             self.manager_conn = None
             out.append(ev.ManagerGone(stimulus_id=self._stimulus("manager-gone"), now=now))
+            if self.on_manager_gone is not None:
+                self.on_manager_gone()
         return out
 
     # --- pushes to npud -------------------------------------------------------------

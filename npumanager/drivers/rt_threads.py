@@ -11,7 +11,9 @@ FIFO after it stopped wanting it is lowered when npud's answer comes.
 
 Backstop: with the key on the host sets its RLIMIT_RTTIME soft limit (``RTTIME_SOFT_US``
 of CPU without blocking at RT) and handles SIGXCPU (whose default action would kill the
-host) by lowering every thread it has at FIFO (:meth:`RtThreads.demote_all`).
+host) by lowering every thread it has at FIFO (:meth:`RtThreads.demote_all`). When npud's
+link closes, its CPU watchdog is gone too: every thread at FIFO is lowered
+(:meth:`RtThreads.npud_gone`) and asks the next npud again.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class RtThreads:
         #: Counts: granted by npud, refused by npud, lowered after a long run, lowered on
         #: SIGXCPU, lowered when npud's grant came after the thread stopped wanting it.
         self.granted = self.refusals = self.lowered_long = self.lowered_signal = 0
-        self.lowered_late = 0
+        self.lowered_late = self.lowered_gone = 0
 
     # --- burst threads ----------------------------------------------------------------
 
@@ -165,9 +167,28 @@ class RtThreads:
         self.lowered_signal += n
         return n
 
+    def npud_gone(self) -> int:
+        """npud's link closed (killed, crashed, or a restart): its CPU watchdog over our
+        FIFO threads went with it, so each is lowered; it asks again at its next
+        FOREGROUND step (no back-off), of the next npud to attach, which then watches it.
+        How many were lowered."""
+        with self._lock:
+            tids = list(self._threads)
+            for policy in self._threads.values():
+                policy.want = False
+        me, n = os.getpid(), 0
+        for tid in tids:
+            s = rt_sched.sched_of(tid)
+            if (s is not None and s.fifo and rt_sched.is_thread_of(tid, me)
+                    and rt_sched.set_other(tid).ok):
+                n += 1
+        self.lowered_gone += n
+        return n
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             at_fifo = sum(p.want for p in self._threads.values())
         return {"granted": self.granted, "refused": self.refusals,
                 "lowered_long": self.lowered_long, "lowered_signal": self.lowered_signal,
-                "lowered_late": self.lowered_late, "wanted": at_fifo}
+                "lowered_late": self.lowered_late, "lowered_gone": self.lowered_gone,
+                "wanted": at_fifo}

@@ -190,3 +190,24 @@ def test_a_refusal_backs_off_instead_of_asking_every_frame(
     clock.advance(0.51)  # (the back-off, 1 s, is over)
     w.do(lambda: rts.serve(p, True))
     assert len(npud.asked) == 2
+
+
+def test_npud_gone_lowers_every_fifo_thread_and_the_next_npud_is_asked_at_once(
+        parts: tuple[RtThreads, Npud, Worker, VirtualClock]) -> None:
+    """npud's link closed (its CPU watchdog gone with it): lowered, and asked again at
+    the next FOREGROUND step without a back-off, of whichever npud attaches."""
+    rts, npud, w, _ = parts
+    p = RtPolicy()
+    w.do(lambda: rts.serve(p, True))
+    grant(rts, w.tid)
+    assert w.policy() == os.SCHED_FIFO
+    npud.attached = False
+    assert rts.npud_gone() == 1
+    assert w.policy() == os.SCHED_OTHER and not p.want
+    assert rts.counts()["lowered_gone"] == 1
+    w.do(lambda: rts.serve(p, True))  # no npud: asks, nothing comes
+    assert len(npud.asked) == 1 and not p.want
+    npud.attached = True  # the next npud attached
+    w.do(lambda: rts.serve(p, True))
+    assert npud.asked == [(w.tid, 1)] * 2
+    assert rts.npud_gone() == 0  # (nothing at FIFO: nothing to lower)

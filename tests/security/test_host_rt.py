@@ -170,3 +170,39 @@ def test_a_host_adopted_without_npuds_record_gets_nothing(
     assert not any(seen) and after == {}, seen
     st = host_stats(runtime_dir)["rt"]
     assert st["granted"] == 0 and st["refused"] >= 1, st
+
+
+def test_npud_killed_mid_stream_the_hosts_fifo_thread_is_lowered(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    """npud SIGKILLed while the host's burst thread is at FIFO serving FOREGROUND frames:
+    its CPU watchdog gone, the host lowers the thread (drivers/rt_threads.npud_gone), and
+    it stays normal while no npud is attached (the frames go on: a loaded model keeps
+    running through the orphan grace)."""
+    npud = start_npud(drivers=True, driver=_driver(), manager={"orphan_grace_s": 60.0})
+    pid = driver_pid(runtime_dir)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    with NpuManager(runtime_dir, client_name="camera", reconnect=False) as mgr:
+        cb = Lifecycle()
+        mgr.request_can_load_model(ModelLoadRequest(id=1), cb)
+        cb.wait_for("CAN_LOAD_NOW")
+        dev = nn.device("reference", runtime_dir)
+        try:
+            model = dev.prepare_model(add_model(), grant=cb.listener)
+            with model.burst() as b:
+                for _ in range(100):
+                    b.execute({"x": x})
+                    time.sleep(0.002)
+                before = fifo_threads(pid)
+                npud.proc.kill()  # type: ignore[union-attr]
+                npud.proc.wait(10)  # type: ignore[union-attr]
+                seen = []
+                for _ in range(150):
+                    b.execute({"x": x})
+                    time.sleep(0.002)
+                    seen.append(fifo_threads(pid))
+        finally:
+            dev.close()
+    assert len(before) == 1, before
+    assert not any(seen[-100:]), seen  # (the host sees the close within a few frames)
+    st = host_stats(runtime_dir)["rt"]
+    assert st["lowered_gone"] == 1 and st["wanted"] == 0, st
