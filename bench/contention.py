@@ -366,6 +366,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # background steps): A/A pairs with it, 3.4 vs 2.0 and 1.9 vs 2.7 ms loading p99.
     "bg-own-host+quiet-off": {"own_host": ["llm", "embedder", "loader"],
                               "quiet_window_us": 0},
+    # Both (#15, load20): rt+app's FIFO threads with bg-own-host's second host. Each
+    # removes the other's remaining cause: rt+app's slow loading frames were host-lock
+    # holds and GIL hand-offs in the camera's host (the background shares it), bg-own-host's
+    # the camera's burst thread runnable behind the other host's SCHED_IDLE threads (FIFO
+    # preempts those). "loader-own-host": only the loading app moved. Four full runs (three
+    # --repeat 3 invocations with unmanaged, managed, rt+app), camera p99 while a model loads
+    # 0.5 / 0.4 / 0.4 / 0.4 ms, 0.64-0.96x its own alone (rt+app 1.2 / 1.2 / 1.4, 2.2-3.0x;
+    # managed 4.0 / 2.4 and one run with foreign CPU), contended 0.63-0.90x; LLM -2..-5 %,
+    # embedder -13..+5 % vs managed; loader-own-host 1.1 ms (3.4x). Not a product option yet
+    # (two budgets, apps pointed at the second host by name): README "Real-time threads and
+    # a background host together".
+    "rt+app+bg-own-host": {"foreground_rt_priority": 1, "switch_interval_us": 500,
+                           "camera_realtime": 2, "own_host": ["llm", "embedder", "loader"]},
+    "rt+app+loader-own-host": {"foreground_rt_priority": 1, "switch_interval_us": 500,
+                               "camera_realtime": 2, "own_host": ["loader"]},
 }
 
 #: The second driver host's [[driver]] name (variants with "own_host").
