@@ -92,6 +92,8 @@ class AsyncNpuManager:
         self.reconnect_window_s = reconnect_window_s
         self._generation = 0
         self._closing = False
+        #: Threads the current connection got at SCHED_FIFO: lowered when it ends.
+        self._rt_tids: set[int] = set()
         self._bind(conn)
 
     def _bind(self, conn: RpcConnection) -> None:
@@ -125,6 +127,7 @@ class AsyncNpuManager:
     def _on_lost(self, generation: int, exc: BaseException | None) -> None:
         if generation != self._generation or self._closing:
             return
+        self._lower_rt()
         if self._core.connection_lost(exc):
             self._spawn(self._reconnect())
 
@@ -248,10 +251,21 @@ class AsyncNpuManager:
         lowering when this runs elsewhere)."""
         rt_backstop.prepare(tid)
         try:
-            return await self._do(calls.set_thread_realtime(tid))
+            got = await self._do(calls.set_thread_realtime(tid))
         except BaseException:
             rt_backstop.refused(tid)
             raise
+        self._rt_tids.add(tid)
+        if self._conn.closed:
+            self._lower_rt()
+        return got
+
+    def _lower_rt(self) -> None:
+        """The connection that asked ended: its threads back to SCHED_OTHER (as
+        NpuManager's)."""
+        tids, self._rt_tids = self._rt_tids, set()
+        if tids:
+            rt_backstop.lower(tids)
 
     async def thermal_status(self) -> ThermalInfo:
         return await self._do(calls.thermal_status())
@@ -270,6 +284,7 @@ class AsyncNpuManager:
         self._closing = True
         self._core.close()
         self._conn.close()
+        self._lower_rt()
         for t in list(self._tasks):
             t.cancel()
 

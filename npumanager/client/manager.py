@@ -120,6 +120,8 @@ class NpuManager:
         #: Which connection is current: a close reported by an older one is ignored.
         self._generation = 0
         self._closing = False
+        #: Threads the current connection got at SCHED_FIFO: lowered when it ends.
+        self._rt_tids: set[int] = set()
         try:
             self._rpc = self._open()
         except BaseException:
@@ -234,16 +236,30 @@ class NpuManager:
         this connection closes. Before it asks, this process bounds its own real-time
         threads so that the bound holds without npud (RLIMIT_RTTIME: SIGXCPU lowers them
         after 50 ms at FIFO without blocking, the kernel kills the process at 500 ms;
-        hal/rt_backstop.py). Refusals: PermissionDenied, LimitExceeded, InvalidArgument,
+        hal/rt_backstop.py), and when this connection ends (npud gone, or closed) it
+        lowers the thread itself. Refusals: PermissionDenied, LimitExceeded, InvalidArgument,
         RealtimeUnavailable (off, the kernel refused, or this process cannot be
         bounded)."""
         tid = threading.get_native_id() if tid is None else tid
         rt_backstop.prepare(tid)  # (bounds this process first: hal/rt_backstop.py)
         try:
-            return self._do(calls.set_thread_realtime(tid))
+            got = self._do(calls.set_thread_realtime(tid))
         except BaseException:
             rt_backstop.refused(tid)
             raise
+        with self._lock:
+            self._rt_tids.add(tid)
+        if self._rpc.closed:  # (lost meanwhile: the loss may have lowered the others only)
+            self._lower_rt()
+        return got
+
+    def _lower_rt(self) -> None:
+        """The connection that asked ended: its threads back to SCHED_OTHER (npud gone
+        leaves no watchdog over them; npud alive demotes them as well)."""
+        with self._lock:
+            tids, self._rt_tids = self._rt_tids, set()
+        if tids:
+            rt_backstop.lower(tids)
 
     def thermal_status(self) -> ThermalInfo:
         return self._do(calls.thermal_status())
@@ -262,6 +278,7 @@ class NpuManager:
             self._closing = True
             self._core.close()
         self._rpc.close()
+        self._lower_rt()
         self._dispatcher.stop()
 
     # --- the transport's reader thread ---------------------------------------------
@@ -271,6 +288,8 @@ class NpuManager:
             self._core.on_push(method, payload, fds)
 
     def _on_lost(self, generation: int, exc: BaseException | None) -> None:
+        if generation == self._generation and not self._closing:
+            self._lower_rt()  # (its grants are gone: a new connection does not renew them)
         with self._lock:
             if generation != self._generation or self._closing or not hasattr(self, "_rpc"):
                 return  # a stale connection, a closed manager, or one still being made

@@ -26,6 +26,11 @@ Python installs a handler only from the main thread: until :func:`install` ran t
 (``prepare`` does it when called there), the soft limit stays at the hard one and a
 spinner is killed at 500 ms instead of lowered at 50 (logged once).
 
+The clients also lower the threads a connection asked for when it ends (:func:`lower`:
+npud killed or crashed, or the app closed it), as npud does at a connection's close: with
+an honest client no thread stays at FIFO without npud's watchdog, whether it blocks now
+and then or not; the limits above are what holds for one that does not.
+
 A process that uses SIGXCPU itself (RLIMIT_CPU's signal) keeps its disposition: the
 handler tells RLIMIT_RTTIME's signal by the soft limit the kernel raised, and passes any
 other SIGXCPU on to what was there before (a Python handler is called; SIG_IGN ignores it;
@@ -43,7 +48,7 @@ import os
 import resource
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
@@ -64,8 +69,9 @@ _installed = False
 #: The soft limit :func:`install` set (the handler compares the current one with it).
 _soft = 0
 _warned = False
-#: Counts: SIGXCPUs of RLIMIT_RTTIME handled, threads lowered by them, others passed on.
-counts = {"signals": 0, "lowered": 0, "passed_on": 0}
+#: Counts: SIGXCPUs of RLIMIT_RTTIME handled, threads lowered by them, others passed on,
+#: threads lowered when the connection that asked for them ended (:func:`lower`).
+counts = {"signals": 0, "lowered": 0, "passed_on": 0, "lowered_gone": 0}
 
 
 def _rttime() -> tuple[int, int]:
@@ -164,6 +170,22 @@ def lower_all() -> int:
             continue
         if s.policy in (os.SCHED_FIFO, os.SCHED_RR) and rt_sched.set_other(tid).ok:
             n += 1
+    return n
+
+
+def lower(tids: Iterable[int]) -> int:
+    """The connection that asked for ``tids`` ended (npud gone, or closed here): no npud
+    watches them now, so each that is still this process's and at an RT policy goes back
+    to SCHED_OTHER, as npud does at a connection's close; how many."""
+    me, n = os.getpid(), 0
+    for tid in list(tids):
+        with _lock:
+            _asked.discard(tid)
+        s = rt_sched.sched_of(tid)
+        if (s is not None and s.policy in (os.SCHED_FIFO, os.SCHED_RR)
+                and rt_sched.is_thread_of(tid, me) and rt_sched.set_other(tid).ok):
+            n += 1
+    counts["lowered_gone"] += n
     return n
 
 

@@ -36,6 +36,8 @@ class RealtimeLink:
         self._rpc: SyncRpcClient | None = None
         #: The last refusal, if any (what ``Burst.realtime_error`` says).
         self.error: NpuError | None = None
+        #: Threads this link got at FIFO (lowered when it ends).
+        self._tids: set[int] = set()
         # The SIGXCPU backstop now, if this is the main thread (a burst is usually opened
         # there and executed elsewhere, where Python cannot install a signal handler); a
         # process that cannot have it is refused at the first ask.
@@ -48,8 +50,10 @@ class RealtimeLink:
         try:
             rt_backstop.prepare(tid)  # (this process bounded first: hal/rt_backstop.py)
             if self._rpc is None or self._rpc.closed:
-                self._rpc = SyncRpcClient(self.path, "manager", threaded=False,
-                                          client_name="realtime")
+                # Threaded: its reader sees npud go at once, and the threads it got at
+                # FIFO are lowered then (no npud watches them any more).
+                self._rpc = SyncRpcClient(self.path, "manager", client_name="realtime",
+                                          on_close=lambda exc: self._lower())
             payload, _ = self._rpc.call("set_thread_realtime", ThreadRealtime(tid=tid))
         except NpuError as exc:
             rt_backstop.refused(tid)
@@ -59,11 +63,20 @@ class RealtimeLink:
                             "real-time priority: %s: %s", tid, type(exc).__name__, exc)
             return False
         got = RealtimeGrant.FromString(payload)
+        self._tids.add(tid)
+        if self._rpc is None or self._rpc.closed:
+            self._lower()
         log.debug("thread %d at SCHED_FIFO %d", tid, got.priority)
         return True
 
+    def _lower(self) -> None:
+        tids, self._tids = self._tids, set()
+        if tids:
+            rt_backstop.lower(tids)
+
     def close(self) -> None:
-        """Ends every grant this link asked for (npud demotes them)."""
+        """Ends every grant this link asked for (npud demotes them, and so does this side)."""
         if self._rpc is not None:
             self._rpc.close()
             self._rpc = None
+        self._lower()

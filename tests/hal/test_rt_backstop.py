@@ -28,7 +28,7 @@ def fresh() -> None:
     worker, may have: a test's in-process ask), but for the hard limit, which stays."""
     signal.signal(signal.SIGXCPU, signal.SIG_DFL)
     bs._installed, bs._previous = False, None
-    bs.counts.update(signals=0, lowered=0, passed_on=0)
+    bs.counts.update(signals=0, lowered=0, passed_on=0, lowered_gone=0)
     _soft, hard = resource.getrlimit(resource.RLIMIT_RTTIME)
     resource.setrlimit(resource.RLIMIT_RTTIME, (hard, hard))
 
@@ -95,7 +95,7 @@ def sigxcpu_not_rttimes(previous: str) -> list[Any]:
 def test_a_sigxcpu_that_is_not_rttimes_goes_to_what_the_app_had(previous: str) -> None:
     got = procs.spawn_as(None, None, sigxcpu_not_rttimes, previous).wait(30)
     mine = [("mine", int(signal.SIGXCPU))] if previous == "handler" else []
-    assert got == [*mine, {"signals": 0, "lowered": 0, "passed_on": 1}]
+    assert got == [*mine, {"signals": 0, "lowered": 0, "passed_on": 1, "lowered_gone": 0}]
 
 
 def test_sigxcpus_default_still_ends_the_process() -> None:
@@ -151,7 +151,8 @@ def test_a_spinning_fifo_thread_is_lowered_at_the_soft_limit() -> None:
     got = procs.spawn_as(None, None, spin_at_fifo, False).wait(30)
     print("CPU at FIFO before SIGXCPU lowered it:", got["fifo_cpu_ms"], "ms")
     assert got["after"] == rt.ThreadSched(os.SCHED_OTHER, 0, True), got
-    assert got["counts"] == {"signals": 1, "lowered": 1, "passed_on": 0}, got
+    assert got["counts"] == {"signals": 1, "lowered": 1, "passed_on": 0,
+                             "lowered_gone": 0}, got
     assert got["app_handler"] == [], got  # RLIMIT_RTTIME's signal: not passed on
     assert got["limits"] == (bs.RTTIME_SOFT_US, rt.RTTIME_HARD_US)  # (set again)
     # After the soft limit's CPU at FIFO, before the hard limit that kills.

@@ -8,6 +8,7 @@ nothing to a process that has not bounded itself (hard limit unlimited, or above
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import threading
@@ -23,6 +24,7 @@ from npumanager.hal import rt_backstop, rt_sched
 from npumanager.paths import manager_socket
 from npumanager.proto.v1.manager_pb2 import ThreadRealtime
 from npumanager.testing import procs
+from npumanager.testing.onnx_models import add_model
 from npumanager.wire.client import SyncRpcClient
 from tests.hal.test_rt_sched import needs_fifo
 from tests.security.conftest import StartDaemon
@@ -40,13 +42,23 @@ def _fifo(tid: int = 0) -> bool:
     return s is not None and s.fifo
 
 
+def _until(pred: Any, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not pred():
+        time.sleep(0.005)
+    return bool(pred())
+
+
 def granted_then_spin(rt: str) -> dict[str, Any]:
-    """The app's main thread granted FIFO through the client; once told npud is dead,
-    it spins (2 s of CPU at most) until it is no longer at FIFO."""
-    mgr = NpuManager(rt, reconnect=False)
-    mgr.set_thread_realtime()
-    procs.announce(("granted", threading.get_native_id(),
-                    resource.getrlimit(resource.RLIMIT_RTTIME)))
+    """The app's main thread granted FIFO with the client's backstop but on a connection
+    nothing watches (the clients lower their threads when their connection ends: a raw,
+    unthreaded one here, as a client that does not); once told npud is dead, it spins
+    (2 s of CPU at most) until it is no longer at FIFO."""
+    tid = threading.get_native_id()
+    rt_backstop.prepare(tid)
+    rpc = SyncRpcClient(str(manager_socket(rt)), "manager", threaded=False)
+    rpc.call("set_thread_realtime", ThreadRealtime(tid=tid))
+    procs.announce(("granted", tid, resource.getrlimit(resource.RLIMIT_RTTIME)))
     assert procs.receive(timeout=60) == "spin"
     out: dict[str, Any] = {"fifo_before": _fifo()}
     t0 = rt_sched.cpu_ns(0) or 0
@@ -56,7 +68,7 @@ def granted_then_spin(rt: str) -> dict[str, Any]:
     out["fifo_cpu_ms"] = ((rt_sched.cpu_ns(0) or 0) - t0) / 1e6
     out["after"] = rt_sched.sched_of(0)
     out["counts"] = dict(rt_backstop.counts)
-    mgr.close()
+    rpc.close()
     return out
 
 
@@ -119,3 +131,54 @@ def test_a_process_without_the_rttime_bound_is_refused(
     got = procs.run_as(ATTACKER, None, raw_ask, sock, rt_sched.RTTIME_HARD_US)
     assert got == "granted | fifo=True", got
     assert_served(str(runtime_dir))
+
+
+def granted_then_wait(rt: str, burst: bool) -> dict[str, Any]:
+    """The app's main thread granted FIFO through NpuManager (or the SDK's
+    ``burst(realtime=True)``), then idle until told npud is dead: is it lowered?"""
+    from tests.security.driver_apps import X, granted
+
+    with contextlib.ExitStack() as stack:
+        if burst:
+            dev, grant = stack.enter_context(granted(rt))
+            model = dev.prepare_model(add_model(4, 1.0), grant=grant)
+            b = model.burst(realtime=True)
+            b.execute({"x": X})
+            ok = b.realtime_granted
+        else:
+            mgr = stack.enter_context(NpuManager(rt, reconnect=False))
+            ok = mgr.set_thread_realtime().priority == 1
+        procs.announce(("granted", ok, _fifo()))
+        assert procs.receive(timeout=60) == "npud-dead"
+        t0 = time.monotonic()
+        lowered = _until(lambda: not _fifo(), 5.0)
+        out = {"lowered": lowered, "after_s": time.monotonic() - t0,
+               "counts": dict(rt_backstop.counts), "policy": rt_sched.sched_of(0)}
+        if burst:
+            b.close()
+        return out
+
+
+@pytest.mark.parametrize("burst", [False, True], ids=["NpuManager", "burst"])
+def test_npud_killed_the_client_lowers_its_granted_thread_at_once(
+        start_npud: StartDaemon, runtime_dir: Path, burst: bool) -> None:
+    """The connection that asked ends with npud: the client lowers the thread itself, as
+    npud does at a connection's close, before it has spun at all."""
+    npud = start_npud(manager=RT, drivers=burst)
+    with NpuManager(runtime_dir) as admin:
+        admin.set_uid_importance(ATTACKER, Importance.FOREGROUND)
+    child = procs.spawn_as(ATTACKER, None, granted_then_wait, str(runtime_dir), burst,
+                           timeout=90)
+    try:
+        assert child.expect(lambda e: e[0] == "granted", 60) == ("granted", True, True)
+        npud.proc.kill()  # type: ignore[union-attr]
+        npud.proc.wait(10)  # type: ignore[union-attr]
+        child.send("npud-dead")
+        got = child.wait(30)
+    finally:
+        child.kill()
+    print(f"npud killed; the {'burst' if burst else 'NpuManager'} thread normal",
+          round(got["after_s"] * 1000, 1), "ms after the app was told (0: already)")
+    assert got["lowered"] and got["counts"]["lowered_gone"] == 1, got
+    assert got["counts"]["signals"] == 0, got  # (not the soft limit: it never spun)
+    assert got["policy"] == rt_sched.ThreadSched(os.SCHED_OTHER, 0, True), got
