@@ -93,6 +93,7 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("driver", "background_compile"): ("process", "thread"),
     ("driver", "background_ends"): ("thread", "worker"),  # drivers/bg_ends.py
     ("driver", "background_load"): ("lowered", "normal"),  # drivers/prepare.py
+    ("driver", "compile_raise"): ("self", "npud"),  # drivers/compile_starve.py
     ("driver", "background_lower"): ("thread", "run"),  # drivers/lowering.py
     ("driver", "background_cpus"): ("all", "spare", "lanes", "steer",
                                   "lanes-except-loads"),

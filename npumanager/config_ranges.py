@@ -320,6 +320,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "background_compile"): _ANY,  # config.CHOICES
     ("driver", "background_ends"): _ANY,  # config.CHOICES
     ("driver", "background_load"): _ANY,  # config.CHOICES
+    ("driver", "compile_raise"): _ANY,  # config.CHOICES
     ("driver", "compile_malloc"): _ANY,  # config.CHOICES
     ("driver", "load_cpus"): _ANY,  # config.CHOICES
     ("driver", "background_lower"): _ANY,  # config.CHOICES

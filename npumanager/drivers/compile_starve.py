@@ -23,78 +23,36 @@ its RLIMIT_NICE permits its nice value (sched(7), since 2.6.39: SCHED_IDLE count
 nice 20, nice 0 needs a limit of 20), and the default limit is 0. A host started as root
 (npud as root starts it so, then it becomes its driver user: ``npu driver --run-as``)
 sets its RLIMIT_NICE to 20 before it drops root: its threads and its compile child may
-then return to nice 0, never below (no more than any process starts with). A host
-without that limit keeps its compile child at SCHED_IDLE throughout (``can_raise``
-False; said once in its log and in ``device.stats``).
+then return to nice 0, never below (no more than any process starts with). Root may set
+that limit only with CAP_SYS_RESOURCE, which it lacks in a container (and here): such a
+host asks npud instead (:class:`CompileRaiser`; ``hal.request_raise``, checked and applied
+by service/host_raise.py), and lowers the child again itself (lowering needs no
+privilege). A host with neither (no npud attached, npud refusing) leaves the compile at
+SCHED_IDLE; ``device.stats``' ``compile_child`` says which way it raises and how often
+npud did or refused.
 
-:class:`CompileStarve` is the decision, pure: time and the child's CPU time are passed
-in.
+:class:`CompileStarve` is the decision, pure (hal/starve_bound.py, which npud uses too):
+time and the child's CPU time are passed in. The same bound covers compiles that run in the
+host itself (drivers/compile_watch.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
+from collections.abc import Callable
+
+from npumanager.hal import proc_tree
+from npumanager.hal.starve_bound import CompileStarve
+
+log = logging.getLogger("npumanager.drivers.compile_starve")
+
+__all__ = ["NICE_LIMIT_FOR_NICE_0", "CompileRaiser", "CompileStarve", "allow_nice_0",
+           "can_raise", "process_cpu_s", "set_process_sched"]
 
 #: RLIMIT_NICE that lets a thread at nice 0 leave SCHED_IDLE (20 - nice 0).
 NICE_LIMIT_FOR_NICE_0 = 20
-
-
-class CompileStarve:
-    """When the compile child, lowered, runs at normal priority instead."""
-
-    __slots__ = ("_boosted_at", "_cpu0", "_since", "boosts", "raised", "starve_s")
-
-    def __init__(self, starve_s: float) -> None:
-        #: 0: no bound (the child stays lowered).
-        self.starve_s = starve_s
-        self.raised = False
-        self._since = 0.0
-        self._cpu0 = 0.0
-        self._boosted_at = 0.0
-        self.boosts = 0  # times raised (stats, tests)
-
-    def __repr__(self) -> str:
-        return (f"<CompileStarve {self.starve_s * 1e3:g} ms: "
-                f"{'raised' if self.raised else 'lowered'}, {self.boosts} boosts>")
-
-    def counts(self) -> dict[str, float]:
-        """For ``device.stats`` (``compile_child``): the bound in ms (0: off, as where the
-        host may not raise the child) and how many times it raised the child so far."""
-        return {"starve_ms": self.starve_s * 1e3, "raises": self.boosts}
-
-    def begin(self, now: float, cpu_s: float) -> None:
-        """A compile starts (the child lowered): its wait counts from here."""
-        self.raised = False
-        self.rebase(now, cpu_s)
-
-    def rebase(self, now: float, cpu_s: float) -> None:
-        """What came before ``now`` is not starvation (the child was stopped on purpose)."""
-        self._since, self._cpu0 = now, cpu_s
-
-    def tick(self, now: float, cpu_s: float) -> bool | None:
-        """During a compile: True to raise the child now, False to lower it again, None to
-        leave it as it is. ``cpu_s``: the child's CPU time so far (all its threads)."""
-        if self.starve_s <= 0:
-            return None
-        if self.raised:
-            if now - self._boosted_at >= self.starve_s:
-                self.raised = False
-                self.rebase(now, cpu_s)
-                return False
-            return None
-        waited = (now - self._since) - (cpu_s - self._cpu0)
-        if waited > self.starve_s:
-            self.raised = True
-            self._boosted_at = now
-            self.boosts += 1
-            return True
-        return None
-
-    def end(self) -> bool:
-        """The compile is over: True when the child must be lowered again (it was raised)."""
-        was, self.raised = self.raised, False
-        return was
 
 
 def can_raise(to_nice: int = 0) -> bool:
@@ -143,3 +101,71 @@ def set_process_sched(pid: int, sched: str, nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, tid, nice if sched == "nice" else 0)
         except ProcessLookupError:
             continue
+
+
+class CompileRaiser:
+    """How the host raises a starved compile tree (hal/proc_tree.py: ``(pid, tid)``, tid 0
+    a whole process) and lowers it again: itself where RLIMIT_NICE allows (``local``), by
+    asking npud otherwise (``ask``, set once the host has its link: thread-safe, False when
+    no npud is attached). Lowering is always the host's own."""
+
+    def __init__(self, name: str, local: bool | None = None) -> None:
+        self.name = name
+        self.local = can_raise() if local is None else local
+        self.ask: Callable[[int, int], bool] | None = None
+        #: Ask npud to watch a compile in the host (tree, on): drivers/compile_watch.py.
+        self.ask_watch: Callable[[int, int, bool], bool] | None = None
+        #: npud said it never will (the bound off there, npud without CAP_SYS_NICE).
+        self.refused = ""
+        #: Counts: raised by the host itself, asked of npud, raised by npud, refused by it.
+        self.own = self.asked = self.by_npud = self.npud_refused = 0
+
+    @property
+    def via(self) -> str:
+        """"self", "npud" or "none" (the compile stays at SCHED_IDLE)."""
+        return "self" if self.local else ("npud" if self.ask is not None and not self.refused
+                                          else "none")
+
+    def up(self, pid: int, tid: int = 0, *, children: bool = True) -> bool:
+        """Raise the tree now (or ask npud to); False where nothing can. ``children``
+        False: thread ``tid`` alone (npud is asked with ``-tid``)."""
+        if self.local:
+            try:
+                proc_tree.raise_idle(proc_tree.tree(pid, tid) if children
+                                     else [(pid, tid)])
+                self.own += 1
+                return True
+            except PermissionError as exc:
+                log.info("%s: the host may not raise its compiles (%s): asking npud",
+                         self.name, exc)
+                self.local = False
+        if self.ask is None or self.refused:
+            return False
+        if self.ask(pid, tid if children else -tid):
+            self.asked += 1
+            return True
+        return False
+
+    @staticmethod
+    def down(pid: int, tid: int = 0, *, children: bool = True) -> None:
+        """The tree back to SCHED_IDLE (what is still at nice 0 of it)."""
+        proc_tree.lower_to_idle(proc_tree.tree(pid, tid) if children else [(pid, tid)])
+
+    def applied(self, pid: int, tid: int, ok: bool, why: str) -> None:
+        """npud's answer to a raise asked for ``(pid, tid)``."""
+        if ok:
+            self.by_npud += 1
+            return
+        self.npud_refused += 1
+        if "not permitted" in why or "is off" in why:
+            if not self.refused:
+                log.warning("%s: npud cannot raise starved compiles (%s): they stay at "
+                            "SCHED_IDLE", self.name, why)
+            self.refused = why
+        else:
+            log.info("%s: npud refused to raise compile %d/%d: %s", self.name, pid, tid, why)
+
+    def counts(self) -> dict[str, int]:
+        """For ``device.stats`` (``compile_raises``)."""
+        return {"raised_self": self.own, "asked_npud": self.asked,
+                "raised_npud": self.by_npud, "refused_npud": self.npud_refused}

@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from npumanager.drivers.compile_starve import (
+    CompileRaiser,
     CompileStarve,
     can_raise,
     process_cpu_s,
@@ -124,7 +125,7 @@ class CompileWorker:
     def __init__(self, name: str, sched: str, nice: int, starve_ms: int = 0,
                  idle_group: IdleGroup | None = None, mmap_threshold_kb: int = 0,
                  slice_us: int = 0, malloc: str = "default",
-                 cpus: set[int] | None = None) -> None:
+                 cpus: set[int] | None = None, raiser: CompileRaiser | None = None) -> None:
         self.name = name
         #: The child's threads' EEVDF slice, set before it lowers itself (0: inherited).
         self.slice_us = slice_us
@@ -143,9 +144,12 @@ class CompileWorker:
         self.sched = sched
         self.nice = nice
         #: The starvation bound of a compile at SCHED_IDLE (:mod:`.compile_starve`): off
-        #: when 0, when the child is not lowered to idle, or when the rlimit forbids it.
+        #: when 0, when the child is not lowered to idle, or when the rlimit forbids the
+        #: host to raise it and there is no ``raiser`` to ask npud.
         self.starve = CompileStarve(starve_ms / 1000.0 if sched == "idle" else 0.0)
-        if self.starve.starve_s > 0 and not can_raise():
+        #: How a starved child is raised: by the host itself, or by npud on its request.
+        self.raiser = raiser
+        if self.starve.starve_s > 0 and not can_raise() and raiser is None:
             log.info("%s: RLIMIT_NICE keeps the compile child at SCHED_IDLE (no starvation "
                      "bound for background prepares)", name)
             self.starve.starve_s = 0.0
@@ -322,6 +326,9 @@ class CompileWorker:
                 self._set_sched(pid, raised=move)
 
     def _set_sched(self, pid: int, *, raised: bool) -> None:
+        if raised and self.raiser is not None and not self.raiser.local:
+            self.raiser.up(pid)  # npud raises it (lowering needs no privilege: below)
+            return
         try:
             set_process_sched(pid, "normal" if raised else self.sched, self.nice)
         except PermissionError as exc:

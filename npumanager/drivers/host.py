@@ -142,6 +142,12 @@ class DriverHost:
                                 self.npud.ask_rt)
             self.npud.on_rt_applied = self.rt.applied
             self.npud.on_manager_gone = self.rt.npud_gone
+        # A starved background compile this host may not raise itself, npud raises
+        # (drivers/compile_starve.py; service/host_raise.py checks and applies it).
+        if self.preparer.via_npud:
+            self.preparer.raiser.ask = self._ask_raise
+            self.preparer.raiser.ask_watch = self._ask_watch
+            self.npud.on_raise_applied = self.preparer.raiser.applied
         self.bursts = Bursts(self)
         self.prepares = PrepareCalls(self)
         self.res.pool_closing = self.bursts.forget_pool
@@ -293,6 +299,33 @@ class DriverHost:
     def _capabilities(self, ctx: CallContext, payload: bytes) -> pb.Capabilities:
         return self.capabilities_msg()
 
+    def _ask_raise(self, pid: int, tid: int) -> bool:
+        """(any thread) Ask npud to raise a starved compile, from the loop; False with no
+        npud attached (or no loop yet)."""
+        loop, link = self.res.loop, self.npud
+        if loop is None or link.manager_conn is None or loop.is_closed():
+            return False
+        loop.call_soon_threadsafe(link.ask_raise, pid, tid)
+        return True
+
+    def _ask_watch(self, pid: int, tid: int, on: bool) -> bool:
+        """(the compiling thread) Ask npud to watch a compile of this host; waits (at most
+        1 s, the GIL released) until the loop has sent it, so that the request is out
+        before the compile holds the GIL at SCHED_IDLE."""
+        loop, link = self.res.loop, self.npud
+        if loop is None or link.manager_conn is None or loop.is_closed():
+            return False
+        sent = threading.Event()
+
+        def send() -> None:
+            try:
+                link.ask_watch(pid, tid, on)
+            finally:
+                sent.set()
+
+        loop.call_soon_threadsafe(send)
+        return sent.wait(1.0) if on else True
+
     def _stats(self, ctx: CallContext, payload: bytes) -> bytes:
         """JSON: channels busy, how long orphaned, per-uid executions/s and p50/p99
         latency (`npu top`), and what each burst's thread did (drivers/burst_counters.py)."""
@@ -334,8 +367,15 @@ class DriverHost:
                            "bursts": self.bursts.stats(bytes(payload[:6]) == b"recent"),
                            # Background steps run at normal priority against starvation.
                            "background": self.runner.background_stats(),
-                           # The compile child's starvation bound (compile_starve.py).
-                           "compile_child": None if worker is None else worker.starve.counts(),
+                           # The compile child's starvation bound and how it is raised
+                           # (compile_starve.py): by the host itself or by npud.
+                           "compile_child": None if worker is None else {
+                               **worker.starve.counts(), "via": self.preparer.raiser.via},
+                           # The same bound for in-host compiles (compile_watch.py).
+                           "compile_thread": None if self.preparer.watch is None
+                           else self.preparer.watch.counts(),
+                           # The raises of both, by the host itself or by npud.
+                           "compile_raises": self.preparer.raiser.counts(),
                            # Burst threads at SCHED_FIFO (rt_threads.py; None: off).
                            "rt": None if self.rt is None else self.rt.counts(),
                            **self.exec_stats.snapshot()}).encode()

@@ -24,7 +24,7 @@ from npumanager.drivers.base import Driver
 from npumanager.drivers.state import DriverState, GrantCheck
 from npumanager.errors import GrantRequired, InvalidArgument, PermissionDenied
 from npumanager.fds import close_fds
-from npumanager.hal import rt_wire
+from npumanager.hal import raise_wire, rt_wire
 from npumanager.hal.host_config import HostConfig
 from npumanager.hal.wire import configs_from_payload, work_to_msg
 from npumanager.proto.v1 import driver_pb2 as pb
@@ -75,6 +75,8 @@ class NpudLink:
         self.on_rt_applied: Callable[[int, bool, str], None] | None = None
         #: npud's manager connection closed (drivers/rt_threads.py lowers its threads).
         self.on_manager_gone: Callable[[], object] | None = None
+        #: npud's answers to ``ask_raise`` (pid, tid, ok, why): drivers/compile_starve.py's.
+        self.on_raise_applied: Callable[[int, int, bool, str], None] | None = None
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -87,6 +89,7 @@ class NpudLink:
             "hal.set_thermal_status": admin(self._set_thermal),
             "hal.get_temperature": admin(self._get_temperature),
             rt_wire.APPLIED: admin(self._rt_applied),
+            raise_wire.APPLIED: admin(self._raise_applied),
         }
 
     def disconnected(self, conn: RpcConnection, now: float) -> list[ev.Event]:
@@ -135,6 +138,31 @@ class NpudLink:
         tid, ok, why = rt_wire.decode_applied(payload)
         if self.on_rt_applied is not None:
             self.on_rt_applied(tid, ok, why)
+
+    def ask_raise(self, pid: int, tid: int) -> bool:
+        """Ask npud to raise this host's starved compile tree ``(pid, tid)`` to nice 0 for
+        one bound (on the loop); False with no npud attached. Its answer comes as
+        ``hal.raise_applied``."""
+        conn = self.manager_conn
+        if conn is None or conn.closed:
+            return False
+        conn.push(raise_wire.REQUEST, raise_wire.encode_request(pid, tid))
+        return True
+
+    def ask_watch(self, pid: int, tid: int, on: bool) -> bool:
+        """Ask npud to watch (or stop watching) this host's compile tree ``(pid, tid)``
+        (on the loop); False with no npud attached."""
+        conn = self.manager_conn
+        if conn is None or conn.closed:
+            return False
+        conn.push(raise_wire.WATCH, raise_wire.encode_watch(pid, tid, on))
+        return True
+
+    def _raise_applied(self, ctx: CallContext, payload: bytes) -> None:
+        close_fds(ctx.fds)
+        pid, tid, ok, why = raise_wire.decode_applied(payload)
+        if self.on_raise_applied is not None:
+            self.on_raise_applied(pid, tid, ok, why)
 
     def cache_result(self, result: bytes) -> None:
         """Tell npud how a cache load went (its npu_cache_loads_total metric)."""

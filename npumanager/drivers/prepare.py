@@ -30,10 +30,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check_prepared_model
 from npumanager.drivers.bg_threads import background_pool, pin_this_thread
 from npumanager.drivers.cache_store import DriverCache
+from npumanager.drivers.compile_starve import CompileRaiser
+from npumanager.drivers.compile_watch import CompileWatch
 from npumanager.drivers.compile_worker import CompileWorker
 from npumanager.drivers.external_data import bind, sent_files
 from npumanager.drivers.fleet_tier import open_tier
@@ -45,6 +48,8 @@ from npumanager.hal.idle_cgroup import COMPILE, IdleGroup
 from npumanager.proto.v1 import driver_pb2 as pb
 
 log = logging.getLogger("npumanager.drivers.prepare")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -114,13 +119,31 @@ class Preparer:
         #: BACKGROUND models a driver can compile elsewhere (``compile_in_worker``) compile
         #: in a lowered child process, off this process's GIL (drivers/compile_worker.py).
         self.worker: CompileWorker | None = None
+        #: How a starved background compile is raised: by this host where RLIMIT_NICE
+        #: allows, by npud on its request otherwise (.compile_starve; the host sets
+        #: ``raiser.ask`` once it has its link to npud).
+        self.raiser = CompileRaiser(hc.name)
+        if hc.compile_raise not in ("npud", "self"):
+            raise ValueError(f"compile_raise must be 'npud' or 'self', not "
+                             f"{hc.compile_raise!r}")
+        #: ``compile_raise = "npud"``: npud's raise and the in-host watch (opt-in; "self":
+        #: neither, as before).
+        self.via_npud = hc.compile_raise == "npud"
+        #: The same bound for BACKGROUND compiles run on this process's lowered threads
+        #: (.compile_watch): only at SCHED_IDLE, and not in the idle cgroup (a raised
+        #: thread would stay idle in it, and the host cannot take it out).
+        self.watch: CompileWatch | None = None
+        if (self.via_npud and sched == "idle" and hc.background_starve_ms > 0
+                and self.idle_group.path is None and self.bg_compile_pool is not self.compile_pool):
+            self.watch = CompileWatch(hc.name, hc.background_starve_ms, self.raiser)
         self._worker_hook: Callable[..., PreparedModel | None] | None = getattr(
             driver, "compile_in_worker", None)
         if hc.background_compile == "process" and self._worker_hook is not None:
             self.worker = CompileWorker(hc.name, sched, hc.background_nice,
                                         hc.background_starve_ms, self.idle_group,
                                         hc.malloc_mmap_threshold_kb, hc.background_slice_us,
-                                        hc.compile_malloc, self.load_cpus)
+                                        hc.compile_malloc, self.load_cpus,
+                                        self.raiser if self.via_npud else None)
         self.cache_pool = ThreadPoolExecutor(1, thread_name_prefix=f"npu-{hc.name}-cache")
         self._cache: DriverCache | None = None  # created on the cache thread when first used
         # The fleet tier, opened now so a bad [fleet] is logged at start and the first
@@ -137,6 +160,8 @@ class Preparer:
             self.bg_load_pool.shutdown(wait=True, cancel_futures=True)
         if self.worker is not None:
             self.worker.close()
+        if self.watch is not None:
+            self.watch.close()
         if self.fleet is not None:
             self.fleet.close()
         if self._cache is not None:
@@ -212,9 +237,10 @@ class Preparer:
             worker, hook = self.worker, self._worker_hook
             assert hook is not None
             # (The thread waits for the child, then builds the session from its artifacts.)
-            prepared = await loop.run_in_executor(
-                self.bg_load_pool,
-                lambda: hook(worker, source, opts, caching, self.hc.max_model_bytes))
+            def in_worker() -> PreparedModel | None:
+                return hook(worker, source, opts, caching, self.hc.max_model_bytes)
+
+            prepared = await loop.run_in_executor(self.bg_load_pool, self._watched, in_worker)
             if prepared is not None:
                 return await self._finish(prepared, msg, fds, uid, caching)
         if msg.onnx_in_memfd:
@@ -245,8 +271,21 @@ class Preparer:
                 return Prepared(hit[0], from_cache=True, cache_written=written, from_fleet=True)
         # A driver may produce its cache artifacts in the same compile (optional hook).
         compile_fn = getattr(self.driver, "compile_with_artifacts", None) if caching else None
-        compiled = await loop.run_in_executor(pool, compile_fn or self.driver.compile, onnx, opts)
+        fn = compile_fn or self.driver.compile
+        if background and self.watch is not None:  # (on the lowered pool: bounded)
+            compiled = await loop.run_in_executor(pool, self.watch.run, fn, onnx, opts)
+        else:
+            compiled = await loop.run_in_executor(pool, fn, onnx, opts)
         return await self._finish(compiled, msg, fds, uid, caching)
+
+    def _watched(self, fn: Callable[[], T]) -> T:
+        """(on the background load pool) ``fn()``, its thread alone under the starvation
+        bound where that pool is lowered (.compile_watch): a session built from artifacts
+        at SCHED_IDLE, pinned to a CPU kept busy, waited there without end (seen: the
+        compile child raised, the prepare still hung after it)."""
+        if self.watch is None or self.bg_load_pool is not self.bg_compile_pool:
+            return fn()
+        return self.watch.run_here(fn)
 
     async def _finish(self, prepared: PreparedModel, msg: pb.PrepareModel, fds: list[int],
                       uid: int, caching: bool) -> Prepared:
@@ -284,9 +323,13 @@ class Preparer:
         opts = CompileOptions(preference=msg.preference, priority=msg.priority or 100,
                               background=background)
         pool = self.bg_load_pool if background else self.compile_pool
+        load = self.driver.load_artifacts
         try:
-            prepared = await loop.run_in_executor(
-                pool, self.driver.load_artifacts, model_bufs, data_bufs, opts)
+            if background:
+                prepared = await loop.run_in_executor(
+                    pool, self._watched, lambda: load(model_bufs, data_bufs, opts))
+            else:
+                prepared = await loop.run_in_executor(pool, load, model_bufs, data_bufs, opts)
         except (GeneralFailure, InvalidArgument):
             raise
         except NotImplementedError as exc:

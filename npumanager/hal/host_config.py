@@ -137,6 +137,11 @@ class HostConfig:
     #: A background step that waited longer than this for the CPU at SCHED_IDLE makes the
     #: next one run at normal priority, ms (drivers/starve.py; 0: no bound).
     background_starve_ms: int = 200
+    #: Who raises a starved background compile (drivers/compile_starve.py): "self" (only
+    #: the compile child, only where the host may raise it itself) or "npud" (the host
+    #: itself where RLIMIT_NICE lets it, npud on its request otherwise; compiles in the
+    #: host bounded too: drivers/compile_watch.py). Opt-in: README has the numbers.
+    compile_raise: str = "self"
     options: dict[str, Any] = field(default_factory=dict)
     #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what
     #: ``WorkInfo.device_number`` says, so npud charges work to the right device.
@@ -209,6 +214,7 @@ class HostConfig:
             background_handback=bool(d.get("background_handback", True)),
             background_burst_here=str(d.get("background_burst_here", "off")),
             background_starve_ms=int(d.get("background_starve_ms", 200)),
+            compile_raise=str(d.get("compile_raise", "self")),
             options=dict(d.get("options", {})),
             device_number=number,
             fleet=dict(cfg.section("fleet")),

@@ -30,7 +30,7 @@ from typing import Any
 from npumanager.clock import LoopClock, wait_first, wait_for
 from npumanager.config import Config
 from npumanager.errors import ServiceUnavailable, UnsafePath
-from npumanager.hal import rt_wire
+from npumanager.hal import raise_wire, rt_wire
 from npumanager.hal.host_config import device_entries
 from npumanager.hal.wire import SERVICE
 from npumanager.paths import default_state_dir, ensure_drivers_dir
@@ -43,7 +43,9 @@ from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_
 from npumanager.service.driver_link import DriverEvents, event_handlers
 from npumanager.service.driver_slots import Backoff, DriverSlot, host_listens, wait_settled
 from npumanager.service.events import HeldGrant
+from npumanager.service.host_compile_watch import HostCompileWatch
 from npumanager.service.host_process import HostProcess
+from npumanager.service.host_raise import HostRaises, bound_of
 from npumanager.service.host_rt import HostRtGrants
 from npumanager.wire.client import connect_async
 from npumanager.wire.conn import RpcConnection
@@ -73,6 +75,10 @@ class DriverSupervisor(DriverFeed):
         self.slots: list[DriverSlot] = []
         #: Driver hosts' burst threads npud put at SCHED_FIFO (service/host_rt.py).
         self.rt_grants = HostRtGrants(clock)
+        #: Driver hosts' starved compiles npud raised to nice 0 (service/host_raise.py).
+        self.raises = HostRaises(clock)
+        #: Driver hosts' in-process compiles npud watches for them (host_compile_watch.py).
+        self.compile_watch = HostCompileWatch(clock, self.raises)
         hosts: dict[str, DriverSlot] = {}
         for i, entry in enumerate(device_entries(cfg)):
             name = str(entry["name"])
@@ -135,6 +141,7 @@ class DriverSupervisor(DriverFeed):
     async def stop(self) -> None:
         self.stopping = True
         self.rt_grants.stop()
+        self.compile_watch.stop()
         for slot in self.slots:
             if slot.task is not None:
                 slot.task.cancel()
@@ -527,8 +534,11 @@ class DriverSupervisor(DriverFeed):
             return "not a host this npud started or adopted"
 
         configured = int(slot.entry.get("foreground_rt_priority", 0) or 0)
+        bound = bound_of((slot.leader or slot).entry)
         return {**event_handlers(slot.name, self.events),
-                rt_wire.REQUEST: self.rt_grants.handler(host_pid, configured)}
+                rt_wire.REQUEST: self.rt_grants.handler(host_pid, configured),
+                raise_wire.REQUEST: self.raises.handler(host_pid, bound),
+                raise_wire.WATCH: self.compile_watch.handler(host_pid, bound)}
 
     def _mark_down(self, slot: DriverSlot) -> None:
         slot.up = False
