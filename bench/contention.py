@@ -160,9 +160,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # A starved background compile raised by npud where the host may not raise it (as
     # here: the host runs as its driver user without RLIMIT_NICE), compiles in the host
     # and sessions built on the lowered pool bounded too (service/host_raise.py,
-    # drivers/compile_watch.py). Opt-in: two quick same-run pairs against the default
-    # ("self"), camera p99 while a model loads 3.7 / 4.6 vs 2.6 / 3.2 ms, contended 0.8 /
-    # 1.0 vs 1.4 / 0.6 ms, LLM 472 / 429 vs 467 / 469 tokens/s.
+    # drivers/compile_watch.py). Opt-in: six quick same-run pairs against the default
+    # ("self"), camera p99 while a model loads 3.7, 4.6, 1.9, 1.7, 3.6, 2.7 vs 2.6, 3.2,
+    # 3.4, 2.3, 2.7, 2.7 ms (median 3.2 vs 2.7), contended and throughput within noise.
     "compile-raise-npud": {"compile_raise": "npud"},
     # A BACKGROUND burst step's end through the bg_ends thread, as before the handback
     # (drivers/bg_handback.py: the lowered worker hands the run back to the burst's thread).
