@@ -24,12 +24,13 @@ nice 20, nice 0 needs a limit of 20), and the default limit is 0. A host started
 (npud as root starts it so, then it becomes its driver user: ``npu driver --run-as``)
 sets its RLIMIT_NICE to 20 before it drops root: its threads and its compile child may
 then return to nice 0, never below (no more than any process starts with). Root may set
-that limit only with CAP_SYS_RESOURCE, which it lacks in a container (and here): such a
-host asks npud instead (:class:`CompileRaiser`; ``hal.request_raise``, checked and applied
-by service/host_raise.py), and lowers the child again itself (lowering needs no
-privilege). A host with neither (no npud attached, npud refusing) leaves the compile at
-SCHED_IDLE; ``device.stats``' ``compile_child`` says which way it raises and how often
-npud did or refused.
+that limit only with CAP_SYS_RESOURCE, which it lacks in a container (and here): with
+``compile_raise = "npud"`` (opt-in; README has the numbers) such a host asks npud instead
+(:class:`CompileRaiser`; ``hal.request_raise``, checked and applied by
+service/host_raise.py), and lowers the child again itself (lowering needs no privilege).
+A host with neither (``compile_raise = "self"``, no npud attached, npud refusing) leaves
+the compile at SCHED_IDLE; ``device.stats``' ``compile_child`` says which way it raises
+(``via``) and ``compile_raises`` how often it, or npud, did, and npud's refusals.
 
 :class:`CompileStarve` is the decision, pure (hal/starve_bound.py, which npud uses too):
 time and the child's CPU time are passed in. The same bound covers compiles that run in the
