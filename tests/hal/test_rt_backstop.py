@@ -173,3 +173,49 @@ def test_a_spinner_whose_process_ignores_sigxcpu_is_killed_at_the_hard_limit() -
     assert child.exit_status is not None and os.WIFSIGNALED(child.exit_status)
     assert os.WTERMSIG(child.exit_status) == signal.SIGKILL
     assert took >= rt.RTTIME_HARD_US / 1e6 * 0.9
+
+
+def worker_spins(wait: str) -> dict[str, Any]:
+    """As root: the backstop installed on the main thread; a worker asks for itself
+    (blocking SIGXCPU there), is put at FIFO and spins, while the main thread waits in
+    ``join()`` or an asyncio loop (off the GIL: the worker never waits for it)."""
+    import asyncio
+
+    fresh()
+    bs.install()
+    out: dict[str, Any] = {}
+
+    def spin() -> None:
+        tid = threading.get_native_id()
+        bs.prepare(tid)
+        out["blocked"] = signal.SIGXCPU in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert rt.set_fifo(tid, 1).ok
+        t0 = rt.cpu_ns(0) or 0
+        while (s := rt.sched_of(0)) is not None and s.fifo:
+            if (rt.cpu_ns(0) or 0) - t0 > 2_000_000_000:
+                break
+        out["fifo_cpu_ms"] = ((rt.cpu_ns(0) or 0) - t0) / 1e6
+        out["after"] = rt.sched_of(0)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    if wait == "join":
+        t.join()
+    else:
+        async def main() -> None:
+            while t.is_alive():
+                await asyncio.sleep(0.5)
+
+        asyncio.run(main())
+    out["counts"] = dict(bs.counts)
+    return out
+
+
+@needs_fifo
+@pytest.mark.parametrize("wait", ["join", "asyncio"])
+def test_a_spinning_worker_is_lowered_by_the_main_threads_handler(wait: str) -> None:
+    got = procs.spawn_as(None, None, worker_spins, wait).wait(30)
+    print(f"a worker at FIFO, main in {wait}: lowered after", got["fifo_cpu_ms"], "ms")
+    assert got["blocked"] and got["counts"]["signals"] == 1, got
+    assert got["after"] == rt.ThreadSched(os.SCHED_OTHER, 0, True), got
+    assert bs.RTTIME_SOFT_US / 1000 * 0.9 <= got["fifo_cpu_ms"] < rt.RTTIME_HARD_US / 1000
