@@ -377,10 +377,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # removes the other's remaining cause: rt+app's slow loading frames were host-lock
     # holds and GIL hand-offs in the camera's host (the background shares it), bg-own-host's
     # the camera's burst thread runnable behind the other host's SCHED_IDLE threads (FIFO
-    # preempts those). "loader-own-host": only the loading app moved. Four full runs (three
-    # --repeat 3 invocations with unmanaged, managed, rt+app), camera p99 while a model loads
-    # 0.5 / 0.4 / 0.4 / 0.4 ms, 0.64-0.96x its own alone (rt+app 1.2 / 1.2 / 1.4, 2.2-3.0x;
-    # managed 4.0 / 2.4 and one run with foreign CPU), contended 0.63-0.90x; LLM -2..-5 %,
+    # preempts those). "loader-own-host": only the loading app moved. Five full runs (a
+    # --repeat 3 with unmanaged, managed, rt+app; a --frame-split one; one with
+    # bg-own-host), camera p99 while a model loads 0.5 / 0.4 / 0.4 / 0.4 / 0.4 ms, 0.64-0.96x
+    # its own alone (rt+app 1.2 / 1.2 / 1.4 / 1.8, 2.2-3.2x; managed 4.0 / 2.4 / 2.6, one run
+    # with foreign CPU; bg-own-host 1.9 in the fifth), contended 0.63-0.90x; LLM -2..-5 %,
     # embedder -13..+5 % vs managed; loader-own-host 1.1 ms (3.4x). Not a product option yet
     # (two budgets, apps pointed at the second host by name): README "Real-time threads and
     # a background host together".
