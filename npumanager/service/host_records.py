@@ -26,10 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+from npumanager.service.driver_launch import driver_user
+
+log = logging.getLogger("npumanager.service.supervisor")
 
 FORMAT = 1
 SUFFIX = ".host"
@@ -164,6 +171,22 @@ def adopt(path: Path, pid: int, uid: int) -> HostRecord | str:
         return f"npud's record names uid {rec.uid}, not the driver's user (uid {uid})"
     why = check(rec, pid)
     return why or rec
+
+
+def tie(path: Path, pid: int, manager: Mapping[str, Any], entry: Mapping[str, Any]
+        ) -> HostRecord | str:
+    """:func:`adopt` for the supervisor: the driver's user from ``[manager]
+    driver_user``; a host left without a tie is logged where its ``[[driver]]`` entry
+    wants real-time threads (``foreground_rt_priority``)."""
+    try:
+        uid = driver_user(str(manager.get("driver_user", ""))).uid
+    except LookupError as exc:
+        return str(exc)
+    rec = adopt(path, pid, uid)
+    if isinstance(rec, str) and int(entry.get("foreground_rt_priority", 0) or 0):
+        log.warning("driver %s: its adopted host (pid %d) gets no real-time grants: %s",
+                    entry.get("name", "?"), pid, rec)
+    return rec
 
 
 def grantable(rec: HostRecord | str, pid: int) -> int | str:

@@ -110,18 +110,6 @@ class DriverSupervisor(DriverFeed):
         """npud's record of the host it started for ``slot`` (service/host_records.py)."""
         return host_records.record_path(self._socket(slot.name))
 
-    def _tie(self, slot: DriverSlot, pid: int) -> host_records.HostRecord | str:
-        """The record tying adopted host ``pid`` to the npud that started it, or why not
-        (then its threads get no real-time grant)."""
-        try:
-            uid = driver_user(str(self.cfg.section("manager").get("driver_user", ""))).uid
-        except LookupError as exc:
-            return str(exc)
-        rec = host_records.adopt(self._record(slot), pid, uid)
-        if isinstance(rec, str) and int(slot.entry.get("foreground_rt_priority", 0) or 0):
-            log.warning("driver %s: its adopted host (pid %d) gets no real-time grants: %s",
-                        slot.name, pid, rec)
-        return rec
 
     # --- DriverControl ------------------------------------------------------------
 
@@ -437,7 +425,8 @@ class DriverSupervisor(DriverFeed):
         slot.info.available = True
         if adopt:
             slot.adopted_pid = conn.peer.pid
-            slot.adopted_record = self._tie(slot, conn.peer.pid)
+            slot.adopted_record = host_records.tie(
+                self._record(slot), conn.peer.pid, self.cfg.section("manager"), slot.entry)
             log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.name,
                      conn.peer.pid)
             if len(slot.group) > 1:
