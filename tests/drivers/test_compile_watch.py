@@ -48,9 +48,19 @@ def _via_npud(raises: HostRaises, bound_s: float) -> CompileRaiser:
     return raiser
 
 
+def _state(pid: int) -> bytes:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0]
+
+
 def test_a_blocked_tree_makes_progress_a_runnable_one_only_by_its_cpu() -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
+        # (just forked, it is runnable while it execs and loads: sample once it sleeps,
+        # or a loaded machine shows it runnable with no CPU moved, i.e. starved)
+        deadline = time.monotonic() + 10
+        while _state(sleeper.pid) != b"S" and time.monotonic() < deadline:
+            time.sleep(0.01)
         tree = TreeProgress(sleeper.pid, 0)
         assert tree.sample(10.0) == 0.0
         assert tree.sample(10.5) == 0.5  # asleep: not starved, the whole interval counts
