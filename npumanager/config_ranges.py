@@ -330,6 +330,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "quiet_tail_us"): at_least(0, " (0 = none)"),
     ("driver", "hold_loads"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "quiet_release"): _ANY,  # a boolean (its type is checked at load)
+    ("driver", "background_host"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
     ("driver", "foreground_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
     ("driver", "background_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),

@@ -42,6 +42,24 @@ def driver_socket(name: str, rt: str | os.PathLike[str] | None = None) -> Path:
     return runtime_dir(rt) / "drivers" / f"{name}.sock"
 
 
+#: The one lane a device's second host process serves ([[driver]] background_host).
+BACKGROUND_LANE = "background"
+
+
+def lane_name(name: str, lane: str = "") -> str:
+    """The socket and state-dir name of device ``name``'s host for ``lane`` ("": its main
+    host, ``name`` itself; "background": ``NAME.background``)."""
+    return f"{name}.{lane}" if lane else name
+
+
+def lane_socket(device_socket: str | os.PathLike[str], lane: str = "") -> Path:
+    """The socket of a device's ``lane`` host, next to its main socket (``NAME.sock``)."""
+    path = Path(device_socket)
+    if not lane:
+        return path
+    return path.with_name(lane_name(path.name.removesuffix(".sock"), lane) + ".sock")
+
+
 def default_state_dir() -> Path:
     """Private state (cache maps): $NPU_STATE_DIR, /var/lib/npu as root, else the user's."""
     env = os.environ.get("NPU_STATE_DIR")

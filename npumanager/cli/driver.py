@@ -96,7 +96,9 @@ async def serve(args: argparse.Namespace) -> int:
     rt = Path(os.path.abspath(runtime_dir(args.runtime_dir)))
     state_root = Path(os.path.abspath(args.state_dir)) if args.state_dir \
         else default_state_dir()
-    states = [driver_state_dir(hc.name, state_root) for hc in hcs]
+    # A device's background lane keeps a state dir (its cache map) of its own: two
+    # processes never share one map (hal/host_config.HostConfig.lane).
+    states = [driver_state_dir(hc.lane_name, state_root) for hc in hcs]
     try:
         for state in states:
             ensure_private_dir(state)

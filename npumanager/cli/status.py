@@ -250,7 +250,7 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
     drivers = dump.get("drivers") or {}
     if devices:
         t = Table(title="devices", title_justify="left", box=box.SIMPLE)
-        for col in ("name", "state", "backend", "version", "channels", "memory"):
+        for col in ("name", "state", "backend", "version", "channels", "memory", "hosts"):
             t.add_column(col)
         for d in devices:
             if d.get("available"):
@@ -259,7 +259,7 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
                 state = "DOWN" + (f": {d['down_reason']}" if d.get("down_reason") else "")
             t.add_row(str(d.get("name")), state, fmt.cell(d.get("backend") or None),
                       fmt.cell(d.get("version") or None), fmt.cell(d.get("channels") or None),
-                      fmt.nbytes(d.get("memory_bytes") or None))
+                      fmt.nbytes(d.get("memory_bytes") or None), _hosts(d.get("hosts")))
         console.print(t)
     elif drivers:
         console.print("drivers: " + ", ".join(
@@ -267,3 +267,17 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
     else:
         console.print("devices: none (npud runs without drivers)")
     return out.getvalue()
+
+
+def _hosts(hosts: Any) -> str:
+    """A device's host processes: ``pid 12``, with a background lane ``pid 12 + bg 34``
+    (``bg DOWN: why`` while it is not up)."""
+    if not isinstance(hosts, dict):
+        return "-"
+    main = f"pid {hosts['pid']}" if hosts.get("pid") else "-"
+    bg = hosts.get("background")
+    if not isinstance(bg, dict):
+        return main
+    if not bg.get("up"):
+        return f"{main} + bg DOWN: {bg.get('down_reason') or 'starting'}"
+    return f"{main} + bg {bg.get('pid')}"

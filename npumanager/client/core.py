@@ -76,6 +76,7 @@ class Listener(Protocol):
 
     request: ModelLoadRequest
     grant_id: str | None
+    lane: str
 
 
 class Phase(enum.Enum):
@@ -282,6 +283,7 @@ class ClientCore(Generic[L]):
         if status is LoadStatus.CAN_LOAD_NOW:
             live.state = LiveState.GRANTED
             live.grant_id = live.listener.grant_id = m.grant_id or None
+            live.listener.lane = m.lane
         self._deliver(live.executor, live.callback.on_can_load_model, live.request, status,
                       live.listener)
 

@@ -116,6 +116,9 @@ class ListenerBase:
     def __init__(self, request: ModelLoadRequest) -> None:
         self.request = request
         self.grant_id: str | None = None
+        #: With the grant: which host of the device it is valid on ("": the main one,
+        #: "background": its background lane); ``nn.Device.prepare_model`` goes there.
+        self.lane = ""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} request={self.request.id} grant={self.grant_id}>"

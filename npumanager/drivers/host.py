@@ -97,7 +97,7 @@ class DriverHost:
         self.cache_counts = cache_counts
         self.clock: LoopClock = clock or MonotonicClock()
         self.state = DriverState(params_from(hc))
-        self.socket_path = runtime_dir / "drivers" / f"{hc.name}.sock"
+        self.socket_path = runtime_dir / "drivers" / f"{hc.lane_name}.sock"
         self._listen_sock = listen_sock
         self._manager_uid = manager_uid
         self.preparer = Preparer(hc, driver, cache_counts, state_dir)
@@ -358,6 +358,9 @@ class DriverHost:
                 for g, uid, rid, nbytes, models in grants]
         return json.dumps({"channels": channels, "busy": busy, "queued": queued,
                            "held": held,
+                           # Which of its device's host processes this is (a device with
+                           # background_host has two: service/host_lanes.py).
+                           "pid": os.getpid(), "lane": self.hc.lane,
                            # Seconds since npud went away (None: attached, or never was).
                            "orphaned_s": None if orphaned is None
                            else round(self.clock.now() - orphaned, 3),

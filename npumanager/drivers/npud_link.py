@@ -188,7 +188,7 @@ class NpudLink:
             if self.clock.now() >= deadline:
                 raise GrantRequired(
                     f"driver {self.hc.name} does not know grant {grant_id[:8]}… (not issued by "
-                    "npud, or already ended)")
+                    f"npud, or already ended){self._lane_hint()}")
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._grant_waiters.append(fut)
             timer = wake_at(self.clock, deadline, fut)
@@ -196,6 +196,20 @@ class NpudLink:
                 await fut
             finally:
                 timer.cancel()
+
+    def _lane_hint(self) -> str:
+        """Where a grant this host does not know may be valid: the device's other lane
+        (npud tells each grant to one of its hosts only; service/host_lanes.py)."""
+        if self.hc.lane:
+            return (f"; this is {self.hc.name}'s {self.hc.lane} lane, for BACKGROUND and "
+                    f"OPPORTUNISTIC requests: another request's grant is valid on "
+                    f"drivers/{self.hc.name}.sock")
+        if self.hc.background_host:
+            return (f"; a BACKGROUND or OPPORTUNISTIC request's grant is valid on "
+                    f"{self.hc.name}'s background lane only, drivers/"
+                    f"{self.hc.lane_name}.background.sock (nn's prepare_model goes there "
+                    "when given the request's listener or lease)")
+        return ""
 
     def _grant_issued(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.GrantIssued.FromString(payload)

@@ -12,6 +12,7 @@ from typing import Any
 
 from npumanager.config import Config
 from npumanager.errors import InvalidArgument
+from npumanager.paths import lane_name
 
 #: Tensors above this many bytes go through a shared-memory pool when the client has one.
 DEFAULT_INLINE_LIMIT = 64 * 1024
@@ -151,10 +152,21 @@ class HostConfig:
     #: The [[driver]] entry (the host process) this device belongs to; "" = ``name`` (a
     #: host serving one device). See :func:`device_entries`.
     host: str = ""
+    #: The device has a second host process, its background lane ([[driver]]
+    #: background_host; service/host_lanes.py).
+    background_host: bool = False
+    #: Which of the device's hosts this is: "" (its main host) or "background" (set by
+    #: npud for the second process, never from a client).
+    lane: str = ""
 
     @property
     def host_name(self) -> str:
         return self.host or self.name
+
+    @property
+    def lane_name(self) -> str:
+        """This host's socket and state-dir name (``NAME``, ``NAME.background``)."""
+        return lane_name(self.name, self.lane)
 
     @classmethod
     def from_config(cls, cfg: Config, name: str) -> HostConfig:
@@ -219,6 +231,7 @@ class HostConfig:
             device_number=number,
             fleet=dict(cfg.section("fleet")),
             host=str(d.get("host", "")),
+            background_host=bool(d.get("background_host", False)),
         )
 
     @classmethod
@@ -259,6 +272,11 @@ def device_entries(cfg: Config) -> list[dict[str, Any]]:
             raise InvalidArgument(f"[[driver]] {entry.get('name')!r}: options.devices must "
                                   f"be distinct device names; got {devs}")
         name = str(entry["name"])
+        if entry.get("background_host"):
+            # One socket pair per host process: a second process for several devices
+            # would need a lane per device; not built.
+            raise InvalidArgument(f"[[driver]] {name!r}: background_host is for an entry "
+                                  f"serving one device (options.devices lists {len(devs)})")
         for dev in devs:
             opts = {**entry.get("options", {}), "devices": [dev]}
             out.append({**entry, "name": f"{name}:{dev}", "host": name, "options": opts})

@@ -89,6 +89,20 @@ def _grant_id(grant: object) -> str:
     return gid
 
 
+def _grant_lane(grant: object) -> str:
+    """Which host of the device a grant is valid on, as npud's answer said (a listener's
+    or a lease's ``lane``): "" its main host, "background" its background lane."""
+    lane = getattr(grant, "lane", None)
+    if lane is None:
+        lane = getattr(getattr(grant, "listener", None), "lane", None)
+    if not lane or not isinstance(lane, str):
+        return ""
+    if lane != paths.BACKGROUND_LANE:
+        raise InvalidArgument(f"unknown lane {lane!r} (npud names \"\" or "
+                              f"{paths.BACKGROUND_LANE!r})")
+    return lane
+
+
 def _model_bytes(model: str | os.PathLike[str] | bytes) -> bytes:
     if isinstance(model, bytes | bytearray | memoryview):
         return bytes(model)
@@ -151,6 +165,10 @@ class Device:
         self._lock = threading.Lock()
         self._rpc: SyncRpcClient | None = None
         self._caps: Capabilities | None = None
+        #: Which of the device's hosts this connects to ("": its main one); the others,
+        #: opened when a grant names them ([[driver]] background_host).
+        self.lane_name = ""
+        self._lanes: dict[str, Device] = {}
 
     def __repr__(self) -> str:
         state = "connected" if self._rpc is not None and not self._rpc.closed else "idle"
@@ -184,6 +202,25 @@ class Device:
             if self._rpc is not None:
                 self._rpc.close()
                 self._rpc = None
+            lanes = list(self._lanes.values())
+        for dev in lanes:
+            dev.close()
+
+    def lane(self, lane: str) -> Device:
+        """This device as served by its ``lane`` host (``"background"``: the second host
+        process of a [[driver]] with ``background_host``, socket ``NAME.background.sock``);
+        ``""``: itself. A model prepared there runs there: execute, burst, pipeline and
+        release go to that host's connection."""
+        if not lane or lane == self.lane_name:
+            return self
+        with self._lock:
+            dev = self._lanes.get(lane)
+            if dev is None:
+                dev = Device(self.name, self.runtime_dir,
+                             str(paths.lane_socket(self.socket_path, lane)), self.number)
+                dev.lane_name = lane
+                self._lanes[lane] = dev
+        return dev
 
     def __enter__(self) -> Device:
         return self
@@ -226,7 +263,13 @@ class Device:
         cache_dir: str | os.PathLike[str] | None = None,
         token: bytes | None = None,
     ) -> Model:
-        """Prepare ``model`` (ONNX path or bytes) under ``grant``; NNAPI caching if asked."""
+        """Prepare ``model`` (ONNX path or bytes) under ``grant``; NNAPI caching if asked.
+        On the device's host that npud said the grant is valid on (the listener's or
+        lease's ``lane``: a BACKGROUND request's on a device with a background lane)."""
+        lane = _grant_lane(grant)
+        if lane and not self.lane_name:  # (a lane's own Device prepares where it is)
+            return self.lane(lane).prepare_model(model, grant, preference, priority,
+                                                 cache_dir, token)
         if int(preference) not in (0, 1, 2):
             raise InvalidArgument(f"unknown execution preference {preference!r}")
         if int(priority) not in (90, 100, 110):

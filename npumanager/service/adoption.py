@@ -150,7 +150,7 @@ def _adopt(s: ManagerState, e: ClaimRequest, size: ModelSize, priority: ModelPri
     req.state = _L if loaded else _G
     # The drivers learn (again) that this grant is live: a restarted one never had it,
     # and npud's supervisor re-sends it to drivers that come up later.
-    s._emit(IssueGrant(e.uid, e.request_id, e.grant_id, dev.name))
+    s._emit(IssueGrant(e.uid, e.request_id, e.grant_id, dev.name, int(priority)))
     s._decide(key, "adopted", grant=e.grant_id[:8], state=req.state.value,
               held_by_driver=held is not None, claimed=e.state, charge=req.charge,
               used=budget.used, device=dev.name)

@@ -201,6 +201,9 @@ class Daemon:
         say = DECISIONS.isEnabledFor(logging.INFO)
         conns = self.conns
         drivers = self.drivers
+        # The host a grant is valid on (a device with a background lane has two:
+        # service/host_lanes.py); drivers without lanes have no such call.
+        lane_of = getattr(drivers, "grant_lane", None)
 
         def can_load(ins: ev.SendCanLoad) -> None:
             if say:
@@ -209,12 +212,14 @@ class Daemon:
                          status=LoadStatus(ins.status).name)
             conn = conns.get(ins.conn)
             if conn is not None:
+                lane = lane_of(ins.grant_id) if lane_of is not None and ins.grant_id else ""
                 conn.push(PUSH_CAN_LOAD, CanLoad(request_id=ins.request_id,
                                                  status=int(ins.status),
-                                                 grant_id=ins.grant_id or ""))
+                                                 grant_id=ins.grant_id or "", lane=lane))
 
         def issue_grant(ins: ev.IssueGrant) -> None:
-            drivers.grant_issued(ins.uid, ins.request_id, ins.grant_id, ins.device)
+            drivers.grant_issued(ins.uid, ins.request_id, ins.grant_id, ins.device,
+                                 ins.priority)
 
         def complete(ins: ev.SendComplete) -> None:
             if say:
@@ -406,7 +411,10 @@ class Daemon:
         out["realtime"] = self.realtime.watch.info()
         down = getattr(self.drivers, "down_reasons", None)
         reasons: dict[str, str] = down() if callable(down) else {}
-        out["devices"] = [device_dict(d, reasons.get(d.name)) for d in self.drivers.devices()]
+        pids = getattr(self.drivers, "host_pids", None)  # (service/host_lanes.py)
+        hosts: dict[str, dict[str, Any]] = pids() if callable(pids) else {}
+        out["devices"] = [device_dict(d, reasons.get(d.name), hosts.get(d.name))
+                          for d in self.drivers.devices()]
         return out
 
     # --- lifecycle ----------------------------------------------------------
@@ -480,7 +488,8 @@ def _refuse_if_serving(path: Path) -> None:
     raise ServiceError(f"another npud is already serving {path}; stop it first")
 
 
-def device_dict(d: DeviceInfo, down_reason: str | None = None) -> dict[str, Any]:
+def device_dict(d: DeviceInfo, down_reason: str | None = None,
+                hosts: dict[str, Any] | None = None) -> dict[str, Any]:
     out = {
         "name": d.name, "version": d.version, "backend": d.backend,
         "socket_path": d.socket_path, "channels": d.channels, "memory_bytes": d.memory_bytes,
@@ -489,6 +498,8 @@ def device_dict(d: DeviceInfo, down_reason: str | None = None) -> dict[str, Any]
     }
     if down_reason and not d.available:
         out["down_reason"] = down_reason
+    if hosts:
+        out["hosts"] = hosts  # its host processes' pids: main, and a background lane's
     return out
 
 

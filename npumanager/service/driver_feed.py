@@ -3,7 +3,9 @@ daemon's ``DriverControl``): the scheduling table, the live grants (each on its 
 device's driver only) and the thermal status. Each is pushed as it changes to every up
 driver, in order and before npud answers its client (a grant reaches the driver before
 the client can use it), and replayed in full whenever a host (re)attaches, so a restarted
-or adopted driver knows what the one before it knew."""
+or adopted driver knows what the one before it knew. A device with a background lane
+(:mod:`.host_lanes`) has two hosts: the table and thermal status go to both, each grant to
+the one it is valid on."""
 
 from __future__ import annotations
 
@@ -14,18 +16,17 @@ from npumanager.hal.types import DEBOUNCE_DURATION_MS, SchedulingConfig
 from npumanager.hal.wire import configs_msg
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.service.driver_slots import DriverSlot
+from npumanager.service.host_lanes import HostLanes, grant_target
 from npumanager.wire.conn import RpcConnection
 
 
-class DriverFeed:
+class DriverFeed(HostLanes):
     """The pushes; the supervisor owns the slots and their connections."""
-
-    slots: list[DriverSlot]
 
     def __init__(self) -> None:
         self.table: dict[int, SchedulingConfig] = {}
-        #: grant id -> (uid, request id, the driver it is valid on)
-        self.grants: dict[str, tuple[int, int, str]] = {}
+        #: grant id -> (uid, request id, the driver it is valid on, the lane of its host)
+        self.grants: dict[str, tuple[int, int, str, str]] = {}
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
 
@@ -45,25 +46,44 @@ class DriverFeed:
                 return slot
         return None
 
-    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "",
+                     priority: int = 0) -> None:
         # A grant is valid on its device only: only that device's driver hears of it, so
-        # a prepare on any other device is refused (GrantRequired) by its own driver.
+        # a prepare on any other device is refused (GrantRequired) by its own driver; and
+        # on one host of it (host_lanes.grant_target: ``priority`` is the request's).
         slot = self.driver_of(device)
-        self.grants[grant_id] = (uid, request_id, slot.name if slot is not None else "")
+        target = grant_target(slot, priority) if slot is not None else None
+        self.grants[grant_id] = (uid, request_id, slot.name if slot is not None else "",
+                                 target.lane if target is not None else "")
         msg = pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id)
-        if slot is None:
+        if target is None:
             self._push_all("hal.grant_issued", msg)
         else:
-            self._push(slot, "hal.grant_issued", msg)
+            self._push(target, "hal.grant_issued", msg)
+
+    def grant_lane(self, grant_id: str) -> str:
+        """The lane of the host a live grant is valid on ("": its device's main host)."""
+        entry = self.grants.get(grant_id)
+        return entry[3] if entry is not None else ""
 
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         entry = self.grants.pop(grant_id, None)
         msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked, ack=ack)
         slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None
         if slot is None:
-            self._push_all("hal.grant_ended", msg)
-        else:
-            self._push(slot, "hal.grant_ended", msg)
+            # A grant npud did not issue (an adopted one no client claimed): every host
+            # drops it; only main hosts are asked to acknowledge, as before lanes.
+            for s in self.slots:
+                self._push(s, "hal.grant_ended", msg)
+            for lane in self.lanes:
+                self._push(lane, "hal.grant_ended",
+                           pb.GrantEnded(grant_id=grant_id, revoked=revoked))
+            return
+        assert entry is not None
+        target = slot.background if entry[3] and slot.background is not None else slot
+        self._push(target, "hal.grant_ended", msg)
+        if ack:
+            self._await_ack(target, grant_id)
 
     def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
         """The machine's status (``device`` ""), or one device's own: each driver holds
@@ -75,7 +95,7 @@ class DriverFeed:
             self.thermal = status
         else:
             self.own_thermal[slot.name] = status
-        for s in self.slots if slot is None else [slot]:
+        for s in self.all_slots() if slot is None else [slot, *_lane(slot)]:
             self._push(s, "hal.set_thermal_status",
                        pb.ThermalStatusMsg(status=int(self.thermal_of(s))))
 
@@ -87,8 +107,8 @@ class DriverFeed:
         on it and the thermal status, before it is marked up."""
         await conn.call("hal.set_scheduling_configs", configs_msg(list(self.table.values())))
         await conn.call("hal.set_callback", pb.SetCallback(debounce_ms=DEBOUNCE_DURATION_MS))
-        for grant_id, (uid, request_id, driver) in self.grants.items():
-            if driver in ("", slot.name):
+        for grant_id, (uid, request_id, driver, lane) in self.grants.items():
+            if driver == "" or (driver == slot.name and lane == slot.lane):
                 conn.push("hal.grant_issued",
                           pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))
         if self.thermal_of(slot) != ThermalStatus.NONE:
@@ -96,7 +116,7 @@ class DriverFeed:
                       pb.ThermalStatusMsg(status=int(self.thermal_of(slot))))
 
     def _push_all(self, method: str, msg: Any) -> None:
-        for slot in self.slots:
+        for slot in self.all_slots():
             self._push(slot, method, msg)
 
     @staticmethod
@@ -105,3 +125,7 @@ class DriverFeed:
         # (a grant reaches the driver before the client can use it).
         if slot.up and slot.conn is not None and not slot.conn.closed:
             slot.conn.push(method, msg)
+
+
+def _lane(slot: DriverSlot) -> list[DriverSlot]:
+    return [slot.background] if slot.background is not None else []

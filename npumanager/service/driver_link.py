@@ -44,8 +44,11 @@ class DriverControl(Protocol):
         """The full table; the supervisor also re-pushes the last one on every (re)connect."""
         ...
     def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None: ...
-    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
-        """A grant valid on ``device`` only (its driver alone is told; "": every driver)."""
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "",
+                     priority: int = 0) -> None:
+        """A grant valid on ``device`` only (its driver alone is told; "": every driver);
+        ``priority``, the request's ModelPriority, picks the device's host where it has
+        a background lane (service/host_lanes.py)."""
         ...
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         """``ack``: the driver reports ``grant_end_applied`` once it released the models."""
@@ -82,7 +85,8 @@ class NoDrivers:
     def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:
         pass
 
-    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "",
+                     priority: int = 0) -> None:
         pass
 
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:

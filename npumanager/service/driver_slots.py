@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from npumanager.clock import LoopClock, wait_first
+from npumanager.paths import lane_name
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.driver_launch import DriverLaunch
 from npumanager.service.host_process import HostProcess
@@ -80,9 +81,27 @@ class DriverSlot:
     #: Clear while a host this slot spawned is starting (spawned, not yet attached); set
     #: once it is attached or the attempt ended. A detaching npud waits on it.
     settled: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Which of its device's host processes this slot runs: "" (the main one) or
+    #: "background" (the second, [[driver]] background_host: service/host_lanes.py).
+    lane: str = ""
+    #: (main) The device's background lane slot, if it has one; (lane) its main slot.
+    background: DriverSlot | None = None
+    main: DriverSlot | None = None
+    #: Ended grants whose release this host has not acknowledged yet (npud asked it).
+    acks: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.settled.set()
+
+    @property
+    def sock_name(self) -> str:
+        """Its socket, record and state-dir name: ``NAME`` or ``NAME.background``."""
+        return lane_name(self.name, self.lane)
+
+    @property
+    def label(self) -> str:
+        """For logs and `npu status`: ``NAME`` or ``NAME (background lane)``."""
+        return f"{self.name} ({self.lane} lane)" if self.lane else self.name
 
 
 def host_listens(path: Path) -> bool:

@@ -211,6 +211,9 @@ class IssueGrant(Instruction):
     request_id: int
     grant_id: str
     device: str = ""
+    #: The request's ModelPriority: which of the device's hosts it is valid on
+    #: (service/host_lanes.grant_target).
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -390,7 +390,7 @@ class ManagerState(StateReads):
         budget.hold(req.charge)
         uid, rid = req.key
         out = self._out
-        out.append(IssueGrant(uid, rid, grant_id, dev.name))
+        out.append(IssueGrant(uid, rid, grant_id, dev.name, int(req.priority)))
         out.append(SendCanLoad(req.conn, uid, rid, LoadStatus.CAN_LOAD_NOW, grant_id, dev.name))
         req.last_status = LoadStatus.CAN_LOAD_NOW
         self._decide(req.key, "granted", grant=grant_id[:8], charge=req.charge,

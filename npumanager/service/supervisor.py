@@ -33,7 +33,7 @@ from npumanager.errors import ServiceUnavailable, UnsafePath
 from npumanager.hal import raise_wire, rt_wire
 from npumanager.hal.host_config import device_entries
 from npumanager.hal.wire import SERVICE
-from npumanager.paths import default_state_dir, ensure_drivers_dir
+from npumanager.paths import BACKGROUND_LANE, default_state_dir, ensure_drivers_dir, lane_name
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
@@ -44,6 +44,7 @@ from npumanager.service.driver_link import DriverEvents, event_handlers
 from npumanager.service.driver_slots import Backoff, DriverSlot, host_listens, wait_settled
 from npumanager.service.events import HeldGrant
 from npumanager.service.host_compile_watch import HostCompileWatch
+from npumanager.service.host_lanes import make_lane
 from npumanager.service.host_process import HostProcess
 from npumanager.service.host_raise import HostRaises, bound_of
 from npumanager.service.host_rt import HostRtGrants
@@ -73,6 +74,8 @@ class DriverSupervisor(DriverFeed):
         #: A restart-safe stop (:meth:`detach`): attached hosts are left running, orphaned.
         self.detaching = False
         self.slots: list[DriverSlot] = []
+        #: Second host processes of devices with ``background_host`` (service/host_lanes.py).
+        self.lanes: list[DriverSlot] = []
         #: Driver hosts' burst threads npud put at SCHED_FIFO (service/host_rt.py).
         self.rt_grants = HostRtGrants(clock)
         #: Driver hosts' starved compiles npud raised to nice 0 (service/host_raise.py).
@@ -98,6 +101,9 @@ class DriverSupervisor(DriverFeed):
                 if host:
                     hosts[host] = slot
             self.slots.append(slot)
+            if entry.get("background_host"):  # (device_entries: never with ``host``)
+                lane_sock = self._socket(lane_name(name, BACKGROUND_LANE))
+                self.lanes.append(make_lane(slot, str(lane_sock)))
 
     def __repr__(self) -> str:
         up = sum(s.up for s in self.slots)
@@ -106,20 +112,24 @@ class DriverSupervisor(DriverFeed):
     def _socket(self, name: str) -> Path:
         return self.runtime_dir / "drivers" / f"{name}.sock"
 
+    def _slot_socket(self, slot: DriverSlot) -> Path:
+        """The socket of ``slot``'s host: its device's, or its background lane's."""
+        return self._socket(slot.sock_name)
+
     def _record(self, slot: DriverSlot) -> Path:
         """npud's record of the host it started for ``slot`` (service/host_records.py)."""
-        return host_records.record_path(self._socket(slot.name))
+        return host_records.record_path(self._slot_socket(slot))
 
 
     # --- DriverControl ------------------------------------------------------------
 
     async def start(self) -> None:
         ensure_drivers_dir(self.runtime_dir)
-        for slot in self.slots:
+        for slot in self.all_slots():
             run = self._supervise(slot) if slot.leader is None else self._follow(slot)
             slot.task = asyncio.get_running_loop().create_task(run)
         # npud is ready once its drivers are (or failed to come up in time).
-        waits = [asyncio.ensure_future(s.ready.wait()) for s in self.slots]
+        waits = [asyncio.ensure_future(s.ready.wait()) for s in self.all_slots()]
         if waits:
             all_ready = asyncio.ensure_future(asyncio.wait(waits))
             await wait_first(self.clock, {all_ready}, self.startup_wait_s)
@@ -130,10 +140,10 @@ class DriverSupervisor(DriverFeed):
         self.stopping = True
         self.rt_grants.stop()
         self.compile_watch.stop()
-        for slot in self.slots:
+        for slot in self.all_slots():
             if slot.task is not None:
                 slot.task.cancel()
-        for slot in self.slots:
+        for slot in self.all_slots():
             if slot.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await slot.task
@@ -154,7 +164,7 @@ class DriverSupervisor(DriverFeed):
         runs the orphan grace and exits if no npud comes back. One that does not come up
         in time is stopped (it holds nothing)."""
         self.detaching = True  # from here no host is started or restarted
-        await wait_settled(self.clock, self.slots, self.detach_wait_s)
+        await wait_settled(self.clock, self.all_slots(), self.detach_wait_s)
         await self.stop()
 
     def devices(self) -> list[DeviceInfo]:
@@ -162,20 +172,13 @@ class DriverSupervisor(DriverFeed):
 
     def restart(self, driver: str, reason: str) -> None:
         """Kill the host serving ``driver`` now (SIGKILL: a hung host may not handle
-        SIGTERM); its watch sees it exit, reports it down and restarts it with back-off."""
+        SIGTERM); its watch sees it exit, reports it down and restarts it with back-off.
+        A device with a background lane: the host(s) owing an acknowledgement."""
         slot = self.driver_of(driver)
         if slot is None or not slot.up:
             return
-        leader = slot.leader or slot
-        leader.last_exit = reason
-        if leader.proc is not None:
-            leader.proc.kill()
-        elif leader.adopted_pid > 0:
-            with contextlib.suppress(OSError):  # gone already
-                os.kill(leader.adopted_pid, signal.SIGKILL)
-        for s in leader.group or [leader]:
-            if s.conn is not None:
-                s.conn.close()  # its watch ends now, whatever the process does
+        for hung in self._hung(slot):
+            self._kill(hung.leader or hung, reason)
 
     def temperatures(self) -> dict[str, float]:
         return {s.name: s.temperature for s in self.slots
@@ -191,7 +194,7 @@ class DriverSupervisor(DriverFeed):
     async def wait_applied(self) -> None:
         """Return once every up driver has handled everything pushed to it so far: a
         round trip on each connection (a driver handles a connection's frames in order)."""
-        for slot in self.slots:
+        for slot in self.all_slots():
             if slot.up and slot.conn is not None and not slot.conn.closed:
                 with contextlib.suppress(Exception):
                     await slot.conn.call("device.get_number_of_cache_files_needed", Empty())
@@ -209,6 +212,7 @@ class DriverSupervisor(DriverFeed):
         for hc in hcs:
             hc.enforce_admission = self.enforce_admission
             hc.background_cgroup_dir = str(launch.bg_group or "")
+            hc.lane = slot.lane
         # One device: its config; several: the list, in the order of the sockets.
         encoded = (json.dumps(dataclasses.asdict(hcs[0])) if len(hcs) == 1
                    else json.dumps([dataclasses.asdict(hc) for hc in hcs]))
@@ -236,7 +240,7 @@ class DriverSupervisor(DriverFeed):
         mgr = self.cfg.section("manager")
         try:
             user = driver_user(str(mgr.get("driver_user", "")))
-            names: str | list[str] = (slot.name if len(slot.group) == 1
+            names: str | list[str] = (slot.sock_name if len(slot.group) == 1
                                       else [s.name for s in slot.group])
             return prepare_launch(names, user, self._state_root(), self.runtime_dir,
                                   int(mgr.get("socket_mode", 0o666)),
@@ -286,12 +290,12 @@ class DriverSupervisor(DriverFeed):
                 await self._terminate(slot, attached=was_up)
                 slot.settled.set()
                 if was_up and not self.stopping:
-                    self.events.driver_down(slot.name, slot.last_exit or "driver exited")
+                    self._announce_down(slot, slot.last_exit or "driver exited")
             slot.ready.set()  # it tried; npud's start does not wait for a broken driver
             if self.stopping or self.detaching:
                 return
             delay = slot.backoff.next_delay(clock.now() - started)
-            log.warning("driver %s is down (%s); restarting in %.1f s", slot.name,
+            log.warning("driver %s is down (%s); restarting in %.1f s", slot.label,
                         slot.last_exit, delay)
             await clock.sleep(delay)
 
@@ -322,7 +326,7 @@ class DriverSupervisor(DriverFeed):
             def on_close(conn: RpcConnection, exc: BaseException | None) -> None:
                 closed.set()
 
-            conn, _ = await connect_async(str(self._socket(slot.name)), SERVICE,
+            conn, _ = await connect_async(str(self._slot_socket(slot)), SERVICE,
                                           self._handlers(slot), client_name="npud",
                                           on_close=on_close)
             slot.conn = conn
@@ -331,8 +335,8 @@ class DriverSupervisor(DriverFeed):
             slot.last_exit = ""  # kept until now: `npu status` shows why it was down
             slot.up_since = self.clock.now()
             slot.info.available = True
-            log.info("driver %s is up (pid %d, %s)", slot.name, proc.pid, slot.info.version)
-            self.events.driver_up(slot.info)
+            log.info("driver %s is up (pid %d, %s)", slot.label, proc.pid, slot.info.version)
+            self._announce_up(slot)
             slot.ready.set()
             slot.settled.set()
             await self._watch(slot, conn, exited, closed)
@@ -389,7 +393,7 @@ class DriverSupervisor(DriverFeed):
         (True) once that host's connection closed: the caller then starts a new one.
         ``adopt``: the host is one an earlier npud started, ours to stop once it closes
         (False for a device whose host its leader slot started)."""
-        path = self._socket(slot.name)
+        path = self._slot_socket(slot)
         slot.unanswered = ""
         if not path.exists():
             return False
@@ -427,14 +431,14 @@ class DriverSupervisor(DriverFeed):
             slot.adopted_pid = conn.peer.pid
             slot.adopted_record = host_records.tie(
                 self._record(slot), conn.peer.pid, self.cfg.section("manager"), slot.entry)
-            log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.name,
+            log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.label,
                      conn.peer.pid)
             if len(slot.group) > 1:
                 self._host_serves(slot)
         else:
             log.info("driver %s is up (pid %d, %s)", slot.name, conn.peer.pid,
                      slot.info.version)
-        self.events.driver_up(slot.info)
+        self._announce_up(slot)
         slot.ready.set()
         never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         await self._watch(slot, conn, never, closed)
@@ -475,7 +479,7 @@ class DriverSupervisor(DriverFeed):
         payload, _ = await conn.call("device.capabilities", Empty())
         caps = pb.Capabilities.FromString(payload)
         slot.info = DeviceInfo(
-            name=slot.name, version=caps.version, socket_path=str(self._socket(slot.name)),
+            name=slot.name, version=caps.version, socket_path=str(self._slot_socket(slot)),
             channels=caps.channels, memory_bytes=caps.memory_bytes, available=False,
             model_cache_files=caps.model_cache_files, data_cache_files=caps.data_cache_files,
             backend=caps.backend, device_number=slot.number,
@@ -524,7 +528,7 @@ class DriverSupervisor(DriverFeed):
 
         configured = int(slot.entry.get("foreground_rt_priority", 0) or 0)
         bound = bound_of((slot.leader or slot).entry)
-        return {**event_handlers(slot.name, self.events),
+        return {**self._lane_handlers(slot, event_handlers(slot.name, self.events)),
                 rt_wire.REQUEST: self.rt_grants.handler(host_pid, configured),
                 raise_wire.REQUEST: self.raises.handler(host_pid, bound),
                 raise_wire.WATCH: self.compile_watch.handler(host_pid, bound)}

@@ -34,3 +34,15 @@ def test_bad_device_lists_are_refused(devices: list[str]) -> None:
     with pytest.raises(InvalidArgument, match="distinct device names"):
         device_entries(_cfg({"name": "ov", "plugin": "openvino",
                              "options": {"devices": devices}}))
+
+
+def test_background_host_is_for_an_entry_serving_one_device() -> None:
+    with pytest.raises(InvalidArgument, match="background_host is for an entry serving one"):
+        device_entries(_cfg({"name": "ov", "plugin": "openvino", "background_host": True,
+                             "options": {"devices": ["CPU", "GPU"]}}))
+    cfg = _cfg({"name": "ref", "plugin": "reference", "background_host": True})
+    assert len(device_entries(cfg)) == 1  # one device, as without it
+    hc = HostConfig.from_config(cfg, "ref")
+    assert (hc.background_host, hc.lane, hc.lane_name) == (True, "", "ref")
+    hc.lane = "background"  # (npud sets it for the second process)
+    assert hc.lane_name == "ref.background"

@@ -44,7 +44,8 @@ class RecordingDrivers(NoDrivers):
     def devices(self) -> list[DeviceInfo]:
         return [DeviceInfo(name="fake", version="1", available=True, channels=2)]
 
-    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "") -> None:
+    def grant_issued(self, uid: int, request_id: int, grant_id: str, device: str = "",
+                     priority: int = 0) -> None:
         self.log.append(("driver.grant_issued", request_id, grant_id, device))
 
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:

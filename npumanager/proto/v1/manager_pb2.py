@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from npumanager.proto.v1 import common_pb2 as npumanager_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!npumanager/proto/v1/manager.proto\x12\rnpumanager.v1\x1a npumanager/proto/v1/common.proto\"Q\n\x0bLoadRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\"\x9a\x01\n\x05\x43laim\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08grant_id\x18\x05 \x01(\t\x12\x1a\n\runload_reason\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\tB\x10\n\x0e_unload_reason\"/\n\x07Reclaim\x12$\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x14.npumanager.v1.Claim\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\"?\n\x07\x43\x61nLoad\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"/\n\tUnloadAsk\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\r\"5\n\x0fRequestComplete\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\"*\n\nSizeWeight\x12\x0c\n\x04size\x18\x01 \x01(\x05\x12\x0e\n\x06weight\x18\x02 \x01(\x03\"\xa9\x01\n\tSetPolicy\x12\x0e\n\x06policy\x18\x01 \x01(\x05\x12\x17\n\nmax_budget\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12*\n\x07weights\x18\x03 \x03(\x0b\x32\x19.npumanager.v1.SizeWeight\x12 \n\x13memory_budget_bytes\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\r\n\x0b_max_budgetB\x16\n\x14_memory_budget_bytes\"0\n\rSetImportance\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nimportance\x18\x02 \x01(\x05\"/\n\x0cStoryRequest\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x03\".\n\x0e\x44\x65\x63isionsSince\x12\r\n\x05since\x18\x01 \x01(\x01\x12\r\n\x05limit\x18\x02 \x01(\r\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t\"8\n\nDeviceList\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.npumanager.v1.DeviceInfo\"!\n\x0fThermalOverride\x12\x0e\n\x06status\x18\x01 \x01(\r\"Z\n\x0cThermalReply\x12\x0e\n\x06status\x18\x01 \x01(\r\x12\x12\n\noverridden\x18\x02 \x01(\x08\x12\x10\n\x08headroom\x18\x03 \x01(\x01\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\"\x1d\n\x0eThreadRealtime\x12\x0b\n\x03tid\x18\x01 \x01(\r\"\\\n\rRealtimeGrant\x12\x10\n\x08priority\x18\x01 \x01(\r\x12\x12\n\nmax_cpu_ms\x18\x02 \x01(\x01\x12\x10\n\x08window_s\x18\x03 \x01(\x01\x12\x13\n\x0bmax_threads\x18\x04 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!npumanager/proto/v1/manager.proto\x12\rnpumanager.v1\x1a npumanager/proto/v1/common.proto\"Q\n\x0bLoadRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\"\x9a\x01\n\x05\x43laim\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08grant_id\x18\x05 \x01(\t\x12\x1a\n\runload_reason\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\tB\x10\n\x0e_unload_reason\"/\n\x07Reclaim\x12$\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x14.npumanager.v1.Claim\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\"M\n\x07\x43\x61nLoad\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\x12\x10\n\x08grant_id\x18\x03 \x01(\t\x12\x0c\n\x04lane\x18\x04 \x01(\t\"/\n\tUnloadAsk\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\r\"5\n\x0fRequestComplete\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\r\"*\n\nSizeWeight\x12\x0c\n\x04size\x18\x01 \x01(\x05\x12\x0e\n\x06weight\x18\x02 \x01(\x03\"\xa9\x01\n\tSetPolicy\x12\x0e\n\x06policy\x18\x01 \x01(\x05\x12\x17\n\nmax_budget\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12*\n\x07weights\x18\x03 \x03(\x0b\x32\x19.npumanager.v1.SizeWeight\x12 \n\x13memory_budget_bytes\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\r\n\x0b_max_budgetB\x16\n\x14_memory_budget_bytes\"0\n\rSetImportance\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nimportance\x18\x02 \x01(\x05\"/\n\x0cStoryRequest\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x03\".\n\x0e\x44\x65\x63isionsSince\x12\r\n\x05since\x18\x01 \x01(\x01\x12\r\n\x05limit\x18\x02 \x01(\r\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t\"8\n\nDeviceList\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.npumanager.v1.DeviceInfo\"!\n\x0fThermalOverride\x12\x0e\n\x06status\x18\x01 \x01(\r\"Z\n\x0cThermalReply\x12\x0e\n\x06status\x18\x01 \x01(\r\x12\x12\n\noverridden\x18\x02 \x01(\x08\x12\x10\n\x08headroom\x18\x03 \x01(\x01\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\"\x1d\n\x0eThreadRealtime\x12\x0b\n\x03tid\x18\x01 \x01(\r\"\\\n\rRealtimeGrant\x12\x10\n\x08priority\x18\x01 \x01(\r\x12\x12\n\nmax_cpu_ms\x18\x02 \x01(\x01\x12\x10\n\x08window_s\x18\x03 \x01(\x01\x12\x13\n\x0bmax_threads\x18\x04 \x01(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,31 +41,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REQUESTREF']._serialized_start=375
   _globals['_REQUESTREF']._serialized_end=407
   _globals['_CANLOAD']._serialized_start=409
-  _globals['_CANLOAD']._serialized_end=472
-  _globals['_UNLOADASK']._serialized_start=474
-  _globals['_UNLOADASK']._serialized_end=521
-  _globals['_REQUESTCOMPLETE']._serialized_start=523
-  _globals['_REQUESTCOMPLETE']._serialized_end=576
-  _globals['_SIZEWEIGHT']._serialized_start=578
-  _globals['_SIZEWEIGHT']._serialized_end=620
-  _globals['_SETPOLICY']._serialized_start=623
-  _globals['_SETPOLICY']._serialized_end=792
-  _globals['_SETIMPORTANCE']._serialized_start=794
-  _globals['_SETIMPORTANCE']._serialized_end=842
-  _globals['_STORYREQUEST']._serialized_start=844
-  _globals['_STORYREQUEST']._serialized_end=891
-  _globals['_DECISIONSSINCE']._serialized_start=893
-  _globals['_DECISIONSSINCE']._serialized_end=939
-  _globals['_JSONREPLY']._serialized_start=941
-  _globals['_JSONREPLY']._serialized_end=966
-  _globals['_DEVICELIST']._serialized_start=968
-  _globals['_DEVICELIST']._serialized_end=1024
-  _globals['_THERMALOVERRIDE']._serialized_start=1026
-  _globals['_THERMALOVERRIDE']._serialized_end=1059
-  _globals['_THERMALREPLY']._serialized_start=1061
-  _globals['_THERMALREPLY']._serialized_end=1151
-  _globals['_THREADREALTIME']._serialized_start=1153
-  _globals['_THREADREALTIME']._serialized_end=1182
-  _globals['_REALTIMEGRANT']._serialized_start=1184
-  _globals['_REALTIMEGRANT']._serialized_end=1276
+  _globals['_CANLOAD']._serialized_end=486
+  _globals['_UNLOADASK']._serialized_start=488
+  _globals['_UNLOADASK']._serialized_end=535
+  _globals['_REQUESTCOMPLETE']._serialized_start=537
+  _globals['_REQUESTCOMPLETE']._serialized_end=590
+  _globals['_SIZEWEIGHT']._serialized_start=592
+  _globals['_SIZEWEIGHT']._serialized_end=634
+  _globals['_SETPOLICY']._serialized_start=637
+  _globals['_SETPOLICY']._serialized_end=806
+  _globals['_SETIMPORTANCE']._serialized_start=808
+  _globals['_SETIMPORTANCE']._serialized_end=856
+  _globals['_STORYREQUEST']._serialized_start=858
+  _globals['_STORYREQUEST']._serialized_end=905
+  _globals['_DECISIONSSINCE']._serialized_start=907
+  _globals['_DECISIONSSINCE']._serialized_end=953
+  _globals['_JSONREPLY']._serialized_start=955
+  _globals['_JSONREPLY']._serialized_end=980
+  _globals['_DEVICELIST']._serialized_start=982
+  _globals['_DEVICELIST']._serialized_end=1038
+  _globals['_THERMALOVERRIDE']._serialized_start=1040
+  _globals['_THERMALOVERRIDE']._serialized_end=1073
+  _globals['_THERMALREPLY']._serialized_start=1075
+  _globals['_THERMALREPLY']._serialized_end=1165
+  _globals['_THREADREALTIME']._serialized_start=1167
+  _globals['_THREADREALTIME']._serialized_end=1196
+  _globals['_REALTIMEGRANT']._serialized_start=1198
+  _globals['_REALTIMEGRANT']._serialized_end=1290
 # @@protoc_insertion_point(module_scope)

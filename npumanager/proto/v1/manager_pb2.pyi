@@ -50,14 +50,16 @@ class RequestRef(_message.Message):
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class CanLoad(_message.Message):
-    __slots__ = ("request_id", "status", "grant_id")
+    __slots__ = ("request_id", "status", "grant_id", "lane")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     status: int
     grant_id: str
-    def __init__(self, request_id: _Optional[int] = ..., status: _Optional[int] = ..., grant_id: _Optional[str] = ...) -> None: ...
+    lane: str
+    def __init__(self, request_id: _Optional[int] = ..., status: _Optional[int] = ..., grant_id: _Optional[str] = ..., lane: _Optional[str] = ...) -> None: ...
 
 class UnloadAsk(_message.Message):
     __slots__ = ("request_id", "reason")

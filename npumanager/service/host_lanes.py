@@ -1,0 +1,184 @@
+"""A device's second driver host process, its background lane ([[driver]] background_host).
+
+Why a second process: the camera's slow frames while a model loads, with its host's burst
+thread and its app's thread at SCHED_FIFO, were host-lock holds and GIL hand-offs in the
+camera's host process, which the background steps, session builds and load messages
+share; moving the background apps to a host process of their own removed them (bench
+``rt+app+bg-own-host``: camera p99 while a model loads 0.4-0.5 ms, 0.64-0.96x its own
+alone, in five of five full runs; README "Real-time threads and a background host
+together"). The bench built that from two devices; this is the product form: one device,
+one budget, two host processes.
+
+What npud does for a device with a background lane (the supervisor's part, a mixin of
+:class:`~.supervisor.DriverSupervisor`):
+
+* The lane is a :class:`DriverSlot` of its own (``lane = "background"``, ``main`` its
+  device's slot): the same [[driver]] entry, user and keys, its own socket
+  (``drivers/NAME.background.sock``, ``socket_mode`` as the main one), state dir
+  (``NAME.background``: two processes never share a cache map), host record, restart
+  back-off and adoption after an npud restart; npud's real-time, compile-raise and
+  compile-watch handlers serve it tied to its own pid, like any host npud spawned.
+* Grants (:mod:`.driver_feed`): each grant is told to one host of its device:
+  :func:`grant_target` (the lane for a BACKGROUND or OPPORTUNISTIC request, the main host
+  otherwise, decided by npud when it grants and said to the app in the grant answer); its
+  end goes to that host, which acknowledges the release. The other host does not know the
+  grant, so a prepare there is refused (GrantRequired naming the lane): a background model
+  in the foreground's host is what costs the camera.
+* One device: the lane's capabilities are not reported (``nn.devices()`` numbering and the
+  MEMORY policy's memory sum see the main host only); its work, memory and release reports
+  name the device (the same name), so they feed its one budget.
+* Up and down: the device is up while its main host is. The lane down (crashed, or being
+  restarted) does not take the device down: the foreground's models keep serving; a
+  BACKGROUND prepare gets DeviceUnavailable until it is back; grants stay (as after any
+  host crash) and are told to it again when it attaches; ends waiting for its
+  acknowledgement are applied (its process is gone and its models with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from typing import Any
+
+from npumanager.constants import ModelPriority
+from npumanager.paths import BACKGROUND_LANE
+from npumanager.proto.v1 import driver_pb2 as pb
+from npumanager.proto.v1.common_pb2 import DeviceInfo
+from npumanager.service.driver_link import DriverEvents
+from npumanager.service.driver_slots import Backoff, DriverSlot
+from npumanager.wire.conn import CallContext
+
+log = logging.getLogger("npumanager.service.supervisor")
+
+
+def make_lane(slot: DriverSlot, socket_path: str) -> DriverSlot:
+    """The background lane of ``slot``'s device, linked both ways."""
+    entry = slot.entry
+    lane = DriverSlot(
+        name=slot.name, number=slot.number, entry=entry,
+        backoff=Backoff(float(entry.get("restart_backoff_s", 0.2)),
+                        float(entry.get("restart_backoff_max_s", 10.0))),
+        info=DeviceInfo(name=slot.name, socket_path=socket_path, available=False,
+                        device_number=slot.number),
+        lane=BACKGROUND_LANE, main=slot)
+    lane.group = [lane]
+    slot.background = lane
+    return lane
+
+
+def grant_target(slot: DriverSlot, priority: int) -> DriverSlot:
+    """The host a grant for a request of ``priority`` (ModelPriority) is valid on: the
+    device's background lane for BACKGROUND and OPPORTUNISTIC, its main host otherwise.
+    By the request's own priority, which the app chose and keeps: an importance that
+    changes later does not move a loaded model, and a restarted npud that adopts the
+    grant routes it to the host that still holds it."""
+    lane = slot.background
+    return lane if lane is not None and priority >= ModelPriority.BACKGROUND else slot
+
+
+class HostLanes:
+    """The supervisor's lane bookkeeping (it owns the slots and their processes)."""
+
+    slots: list[DriverSlot]
+    lanes: list[DriverSlot]
+    events: DriverEvents
+
+    def all_slots(self) -> list[DriverSlot]:
+        """Every host npud runs: each device's main one, then the background lanes."""
+        return [*self.slots, *self.lanes]
+
+    def _announce_up(self, slot: DriverSlot) -> None:
+        if slot.lane:
+            log.info("driver %s is up (pid %d)", slot.label, _pid(slot))
+            return
+        self.events.driver_up(slot.info)
+
+    def _announce_down(self, slot: DriverSlot, reason: str) -> None:
+        """A host that was up is gone; its process and its models with it."""
+        if not slot.lane:
+            slot.acks.clear()  # the device goes down: npud applies every end itself
+            self.events.driver_down(slot.name, reason)
+            return
+        log.warning("driver %s is down (%s); device %s keeps serving on its main host",
+                    slot.label, reason, slot.name)
+        self._applied_for(slot, sorted(slot.acks))
+        slot.acks.clear()
+
+    def _await_ack(self, slot: DriverSlot, grant_id: str) -> None:
+        """npud asked ``slot``'s host to acknowledge the end of ``grant_id``. A lane that is
+        not up holds no models: the end is applied now (the device being up, npud's state
+        waits for an acknowledgement that would never come)."""
+        if slot.up and slot.conn is not None and not slot.conn.closed:
+            slot.acks.add(grant_id)
+        elif slot.lane:
+            self._applied_for(slot, [grant_id])
+
+    def _applied_for(self, slot: DriverSlot, grant_ids: list[str]) -> None:
+        # Soon, not now: this runs inside the daemon carrying out the state's instructions.
+        loop = asyncio.get_running_loop()
+        for gid in grant_ids:
+            loop.call_soon(self.events.grant_end_applied, slot.name, gid)
+
+    def _lane_handlers(self, slot: DriverSlot, handlers: dict[str, Any]) -> dict[str, Any]:
+        """``handlers`` with the end acknowledgement noted for ``slot`` (restart() kills the
+        host that has one outstanding)."""
+        forward = handlers["hal.grant_end_applied"]
+
+        def on_end_applied(ctx: CallContext, payload: bytes) -> None:
+            slot.acks.discard(pb.GrantEnded.FromString(payload).grant_id)
+            forward(ctx, payload)
+
+        return {**handlers, "hal.grant_end_applied": on_end_applied}
+
+    @staticmethod
+    def _hung(slot: DriverSlot) -> list[DriverSlot]:
+        """The hosts of ``slot``'s device to kill when npud's state says its driver is hung
+        (an end not acknowledged in time): those still owing an acknowledgement, else the
+        main one (a device without a lane: always its host)."""
+        lane = slot.background
+        if lane is None:
+            return [slot]
+        return [s for s in (slot, lane) if s.acks and s.up] or [slot]
+
+    @staticmethod
+    def _kill(slot: DriverSlot, reason: str) -> None:
+        """SIGKILL ``slot``'s host (a hung one may not handle SIGTERM); its watch sees it
+        go and restarts it with back-off."""
+        slot.last_exit = reason
+        if slot.proc is not None:
+            slot.proc.kill()
+        elif slot.adopted_pid > 0:
+            with contextlib.suppress(OSError):  # gone already
+                os.kill(slot.adopted_pid, signal.SIGKILL)
+        for s in slot.group or [slot]:
+            if s.conn is not None:
+                s.conn.close()  # its watch ends now, whatever the process does
+
+    def host_pids(self) -> dict[str, dict[str, Any]]:
+        """Each device's host processes (`npu status`, device.stats): ``{device: {"pid":
+        main host's, "background": {"pid", "up", "down_reason"}}}`` (pid 0: none now)."""
+        out: dict[str, dict[str, Any]] = {}
+        for slot in self.slots:
+            leader = slot.leader or slot
+            entry: dict[str, Any] = {"pid": _pid(leader) if slot.up else 0}
+            lane = slot.background
+            if lane is not None:
+                entry["background"] = {"pid": _pid(lane) if lane.up else 0, "up": lane.up,
+                                       **({} if lane.up else
+                                          {"down_reason": lane.last_exit or "starting"})}
+            out[slot.name] = entry
+        return out
+
+
+def _pid(slot: DriverSlot) -> int:
+    if slot.proc is not None:
+        return slot.proc.pid
+    if slot.adopted_pid > 0:
+        return slot.adopted_pid
+    return slot.conn.peer.pid if slot.conn is not None else 0
+
+
+__all__ = ["HostLanes", "grant_target", "make_lane"]
