@@ -425,3 +425,13 @@ def _driver_problems(entries: list[Any]) -> Iterator[str]:
             bad = check(v, entry) if check is not None else None
             if bad is not None:
                 yield f"{key} in {where} {bad}"
+    # A background lane's host takes NAME.background for its socket and state dir
+    # (service/host_lanes.py): an entry of that name would share both with it.
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and entry.get("background_host") is True \
+                and isinstance(entry.get("name"), str):
+            lane = f"{entry['name']}.background"
+            if lane in seen:
+                yield (f"name in [[driver]] #{seen[lane]} ({lane!r}) is the name of the "
+                       f"background lane of [[driver]] #{i + 1} ({entry['name']!r}, "
+                       "background_host = true): its socket and state dir; rename one")

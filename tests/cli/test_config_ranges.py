@@ -246,3 +246,17 @@ def test_npud_refuses_to_start_with_one_line(tmp_path: Path, runtime_dir: Path,
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == (f"npu serve: InvalidArgument: config file {cfg}: max_queue_wait_s "
                            "in [manager] must be >= 0 (0 = no limit), not -5\n"), proc.stderr
+
+
+def test_a_driver_named_like_another_ones_background_lane_is_refused(tmp_path: Path) -> None:
+    """background_host's second process takes NAME.background (socket, state dir)."""
+    cfg = tmp_path / "npud.toml"
+    cfg.write_text("[[driver]]\nname = \"ref.background\"\n"
+                   "[[driver]]\nname = \"ref\"\nbackground_host = true\n")
+    check = file_problems(cfg)
+    assert [p.removeprefix(f"config file {cfg}: ") for p in check.problems] == [
+        "name in [[driver]] #1 ('ref.background') is the name of the background lane of "
+        "[[driver]] #2 ('ref', background_host = true): its socket and state dir; rename one",
+    ]
+    cfg.write_text("[[driver]]\nname = \"ref.background\"\n[[driver]]\nname = \"ref\"\n")
+    assert file_problems(cfg).problems == []  # (no lane: no clash)
