@@ -389,13 +389,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
                            "camera_realtime": 2, "own_host": ["llm", "embedder", "loader"]},
     "rt+app+loader-own-host": {"foreground_rt_priority": 1, "switch_interval_us": 500,
                                "camera_realtime": 2, "own_host": ["loader"]},
+    # The product form of rt+app+bg-own-host (#15, bghost21): one [[driver]] entry with
+    # background_host = true (service/host_lanes.py). One device and one budget; npud
+    # spawns the second host process and tells the BACKGROUND requests' grants (the LLM,
+    # the embedder, the loader) to it, and the SDK prepares them there; every app uses the
+    # default device. README "Real-time threads and a background host together".
+    "rt+app+bg-host": {"foreground_rt_priority": 1, "switch_interval_us": 500,
+                       "camera_realtime": 2, "background_host": True},
 }
 
 #: The second driver host's [[driver]] name (variants with "own_host").
 SECOND_HOST = "reference-bg"
 
-#: Runs held against unmanaged besides "managed" (the same apps, devices chosen).
-OWN_HOST = [n for n, k in VARIANTS.items() if k.get("own_host")]
+#: Runs held against unmanaged besides "managed" (the same apps, devices or hosts chosen).
+OWN_HOST = [n for n, k in VARIANTS.items() if k.get("own_host") or k.get("background_host")]
 
 #: Unmanaged runs: each app's own ONNX Runtime, default settings; "unmanaged-1q" on the
 #: one-queue device model (each session.run holds the token). With ORT's default pool the

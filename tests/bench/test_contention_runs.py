@@ -48,6 +48,22 @@ def test_own_host_rows_add_a_second_driver_and_pair_with_unmanaged() -> None:
     assert contention.pairs(["managed", "bg-own-host"]) == []
 
 
+def test_the_background_host_row_is_one_driver_entry_with_the_key() -> None:
+    """rt+app+bg-host (#15, bghost21): rt+app+bg-own-host's keys as the product form, one
+    [[driver]] entry with background_host (no second entry, no app pointed elsewhere),
+    held against unmanaged like the hand-built row."""
+    hand, product = (dict(contention.VARIANTS[n]) for n in ("rt+app+bg-own-host",
+                                                            "rt+app+bg-host"))
+    assert hand.pop("own_host") and product.pop("background_host") is True
+    assert hand == product  # the same keys otherwise
+    cfg = contention.npud_config({k: v for k, v in product.items()
+                                  if k != "camera_realtime"} | {"background_host": True})
+    [entry] = cfg["driver"]
+    assert entry["background_host"] is True and entry["name"] == "reference"
+    assert contention.pairs(["unmanaged", "rt+app+bg-host"]) == [("unmanaged",
+                                                                  "rt+app+bg-host")]
+
+
 def test_slice_rows_offer_the_unmanaged_camera_the_same_slice() -> None:
     """slice-*+app (#15, slice18): the managed camera's own thread asks for the slice the
     unmanaged-slice row gives the unmanaged camera's, and each is held against it."""
