@@ -98,13 +98,16 @@ def cpu_by_role(a: CpuMark, b: CpuMark, roles: Mapping[int, str],
 
 
 def host_name(pid: int) -> str:
-    """The driver name a host serves, from its command line (``... driver NAME ...``)."""
+    """The driver name a host serves, from its command line (``... driver NAME ...``);
+    ``NAME.background`` for a device's background lane (its host config says the lane:
+    service/host_lanes.py), whose command line names the same driver."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
-        return argv[argv.index(b"driver") + 1].decode()
+        name = argv[argv.index(b"driver") + 1].decode()
     except (OSError, ValueError, IndexError):
         return str(pid)
+    return name + ".background" if any(b'"lane": "background"' in a for a in argv) else name
 
 
 class HostThreads:

@@ -91,3 +91,23 @@ def test_the_rows_show_each_roles_cpu_and_each_apps_device_time() -> None:
     assert cells["device llm: busy / steps/s / mean step, latency p50 (ms)"] == (
         "-", "1.00 dev / 200 steps/s / 5.00 ms (p90 nan), lat nan")
     assert "CPU contended: voice (cores)" not in cells
+
+
+def test_host_name_tells_a_background_lane_from_its_main_host() -> None:
+    """Both hosts of a device with background_host run ``npu driver NAME``: the lane's
+    host config (``"lane": "background"``) names it ``NAME.background`` in the bench's
+    per-host CPU rows."""
+    import subprocess
+    import sys
+
+    from npumanager.demo.contention_probe import host_name
+
+    code = "import time; time.sleep(30)"
+    procs = [subprocess.Popen([sys.executable, "-c", code, "driver", "ref", *extra])
+             for extra in ([], ['{"lane": "background"}'], ['{"lane": ""}'])]
+    try:
+        assert [host_name(p.pid) for p in procs] == ["ref", "ref.background", "ref"]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
