@@ -37,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contention_second_host as second_host
+
 from npumanager.demo import contention_verdict as cv
 from npumanager.demo.contention import (
     ContentionRun,
@@ -398,6 +400,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
                        "camera_realtime": 2, "background_host": True},
 }
 
+# The second host tuned for throughput (#15, bgtune21; bench/contention_second_host.py).
+VARIANTS.update(second_host.ROWS)
+
 #: The second driver host's [[driver]] name (variants with "own_host").
 SECOND_HOST = "reference-bg"
 
@@ -460,15 +465,16 @@ def pairs(names: list[str]) -> list[tuple[str, str]]:
 def npud_config(knobs: dict[str, Any]) -> dict[str, Any]:
     """npud's config for a managed variant's knobs (bench keys already taken out): the
     [[driver]] keys, ``driver_user`` for [manager], and ``own_host`` (apps on a second
-    driver host): a second [[driver]] entry, SECOND_HOST, with the first one's keys."""
+    driver host): a second [[driver]] entry, SECOND_HOST, with the first one's keys and
+    ``second_host``'s own (bench/contention_second_host.py)."""
     user = knobs.pop("driver_user", None)
     own_host = knobs.pop("own_host", None)
+    second = knobs.pop("second_host", None)
     cfg = driver_config(**knobs)
     if user is not None:
         cfg["manager"]["driver_user"] = user
     if own_host:
-        first = cfg["driver"][0]
-        cfg["driver"].append({**first, "name": SECOND_HOST, "options": dict(first["options"])})
+        cfg["driver"].append(second_host.second_entry(cfg["driver"][0], SECOND_HOST, second))
     return cfg
 
 

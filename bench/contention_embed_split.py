@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from contention import VARIANTS, npud_config
+from contention import SECOND_HOST, VARIANTS, npud_config
 
 from npumanager.demo import contention_split as cs
 from npumanager.demo.contention import (
@@ -85,8 +85,16 @@ def main() -> int:
     models = build_models()
     for name in args.runs.split(","):
         knobs: dict[str, Any] = dict(VARIANTS[name])
+        # Rows with apps on a second host and the camera's thread at FIFO (rt+app+bg-own-host
+        # and its +* rows): the same devices and camera as bench/contention.py gives them.
+        cam_rt = int(knobs.pop("camera_realtime", 0))
+        devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
+        cfg = npud_config(knobs)
+        if cam_rt:
+            cfg["manager"]["app_rt_priority"] = cam_rt
         run = EmbedSplit(name, True, Timing() if args.full else Timing.quick(), models,
-                         npud_config(knobs), log=lambda m: None)
+                         cfg, log=lambda m: None, devices=devices,
+                         app_knobs={"camera": {"realtime": cam_rt}} if cam_rt else None)
         r = run.run()
         print(f"{name}: embedder {r.embedder_items_s:.0f} items/s, LLM "
               f"{r.llm_tokens_s:.0f} tokens/s")

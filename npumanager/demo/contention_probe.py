@@ -244,8 +244,9 @@ def device_use(steps: list[dict[str, Any]], a: float, b: float, names: Mapping[i
     return out
 
 
-def driver_socket(runtime_dir: str, timeout: float = 20.0) -> str:
-    """The reference driver's socket, from npud's dump (admin)."""
+def driver_socket(runtime_dir: str, timeout: float = 20.0, device: str | None = None) -> str:
+    """The reference driver's socket (the first listed, or ``device``'s), from npud's dump
+    (admin)."""
     from npumanager.client import NpuManager
 
     deadline = time.monotonic() + timeout
@@ -253,7 +254,8 @@ def driver_socket(runtime_dir: str, timeout: float = 20.0) -> str:
     try:
         while True:
             for d in mgr.dump().get("devices") or []:
-                if d.get("available") and d.get("socket_path"):
+                if d.get("available") and d.get("socket_path") \
+                        and device in (None, d.get("name")):
                     return str(d["socket_path"])
             if time.monotonic() > deadline:
                 raise RuntimeError("no driver listed by npud")

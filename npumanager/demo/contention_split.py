@@ -140,7 +140,9 @@ class SplitRun(ContentionRun):
             from npumanager.hal.wire import SERVICE
             from npumanager.wire.client import SyncRpcClient
 
-            rpc = SyncRpcClient(contention_probe.driver_socket(self.rt), SERVICE,
+            # (the host that serves the split app: a second one for own-host rows)
+            sock = contention_probe.driver_socket(self.rt, device=self.devices.get(self.split_app))
+            rpc = SyncRpcClient(sock, SERVICE,
                                 client_name=f"contention split ({self.split_app})")
             try:
                 payload, _ = rpc.call("device.stats", b"recent")

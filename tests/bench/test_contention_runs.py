@@ -75,3 +75,43 @@ def test_slice_rows_offer_the_unmanaged_camera_the_same_slice() -> None:
                                        ("unmanaged-slice", "slice-100+app")]
     cfg = contention.npud_config({"foreground_slice_us": 100})
     assert cfg["driver"][0]["foreground_slice_us"] == 100
+
+
+def test_second_host_rows_change_only_the_second_driver() -> None:
+    """rt+app+bg-own-host+* (#15, bgtune21): a row's "second_host" keys go into the second
+    [[driver]] entry only, its "options" merged into the first's; the first entry stays
+    rt+app+bg-own-host's, and the second keeps every key it does not override."""
+    base = contention.npud_config(dict(contention.VARIANTS["rt+app+bg-own-host"]))
+    cfg = contention.npud_config(
+        dict(contention.VARIANTS["rt+app+bg-own-host+here-normal+bg-normal+2t"]))
+    first, second = cfg["driver"]
+    assert first == base["driver"][0] and "background_sched" not in first
+    assert second == {**base["driver"][1], "background_burst_here": "normal",
+                      "background_sched": "normal",
+                      "options": {"intra_op_threads_background": 2}}
+    merged = contention.npud_config({"options": {"intra_op_threads": 1},
+                                     "own_host": ["embedder"],
+                                     "second_host": {"options": {"intra_op_spinning": 0}}})
+    assert merged["driver"][0]["options"] == {"intra_op_threads": 1}
+    assert merged["driver"][1]["options"] == {"intra_op_threads": 1, "intra_op_spinning": 0}
+    rows = [n for n in contention.VARIANTS if n.startswith("rt+app+bg-own-host+")]
+    assert rows and all(contention.VARIANTS[n]["own_host"] for n in rows)
+    assert all(("unmanaged", n) in contention.pairs(["unmanaged", n]) for n in rows)
+
+
+def test_second_host_rows_are_configs_npud_accepts(tmp_path: Path) -> None:
+    """Each row's keys are [[driver]] keys of their own names and values npud takes (the
+    same names the product's background host reads), its options the reference driver's."""
+    from npumanager.config import file_problems
+    from npumanager.drivers.option_specs import option_problems
+    from npumanager.testing.daemon import to_toml
+
+    for name in [n for n in contention.VARIANTS if n.startswith("rt+app+bg-own-host+")]:
+        knobs = dict(contention.VARIANTS[name])
+        knobs.pop("camera_realtime")  # (bench keys: the apps' side)
+        knobs.pop("embedder_spin_us", None)
+        cfg = contention.npud_config(knobs)
+        path = tmp_path / f"{len(name)}.toml"
+        path.write_text(to_toml(cfg))
+        assert file_problems(path).problems == [], name
+        assert list(option_problems("reference", cfg["driver"][1]["options"])) == [], name

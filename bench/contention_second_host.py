@@ -1,0 +1,84 @@
+"""bench/contention.py's rows that tune the second driver host (#15, bgtune21).
+
+``rt+app+bg-own-host`` put the LLM, the embedder and the loader on a second reference
+``[[driver]]`` (SECOND_HOST) with the first one's keys, and the camera's threads at
+SCHED_FIFO (its host's burst thread at 1, its app's thread at 2 through npud). It met
+the camera's targets against its own alone, but the embedder stayed at 49 % of
+unmanaged: the second host still runs its work the way a host that shares a core with a
+paced stream must (background steps on SCHED_IDLE workers, one intra-op thread a
+session, a channel kept for foreground work nobody sends there). With the camera at
+FIFO in another process, the kernel preempts that work for the camera at once whatever
+its priority or thread count, so the second host may be tuned for throughput.
+
+A row's ``"second_host"`` holds [[driver]] keys for the second entry only (its
+``"options"`` merged into the first's): the driver keys' own names, so they map one to
+one onto the product's background host (``[[driver]] background_host = true``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The camera's side of every row here: rt+app+bg-own-host's keys.
+BASE: dict[str, Any] = {"foreground_rt_priority": 1, "switch_interval_us": 500,
+                        "camera_realtime": 2, "own_host": ["llm", "embedder", "loader"]}
+
+#: The second host's own keys per row (name suffix after "rt+app+bg-own-host+").
+SECOND: dict[str, dict[str, Any]] = {
+    # Background steps on normal-priority workers instead of SCHED_IDLE ones.
+    "bg-normal": {"background_sched": "normal"},
+    # The step workers at nice 19 only (the compile child and session builds idle).
+    "step-nice": {"background_step_nice": 19},
+    # Two intra-op threads per background session, ONNX Runtime's spinning pool (the
+    # unmanaged apps' default on this 2-CPU machine).
+    "2t": {"options": {"intra_op_threads_background": 2}},
+    "bg-normal+2t": {"background_sched": "normal",
+                     "options": {"intra_op_threads_background": 2}},
+    # The embedder's burst step on the burst's own thread at normal priority (no hand-off
+    # to a worker).
+    "here-normal": {"background_burst_here": "normal"},
+    "here-normal+2t": {"background_burst_here": "normal",
+                       "options": {"intra_op_threads_background": 2}},
+    "here-normal+bg-normal+2t": {"background_burst_here": "normal",
+                                 "background_sched": "normal",
+                                 "options": {"intra_op_threads_background": 2}},
+    # No channel kept for foreground work (none comes to this host).
+    "0-reserved": {"reserved_channels": 0},
+    # No quiet window (it has no paced stream to learn on this host).
+    "quiet-off": {"quiet_window_us": 0},
+    # Background lanes: each running step on a CPU of its own.
+    "lanes": {"background_cpus": "lanes"},
+    "here-normal+bg-normal": {"background_burst_here": "normal",
+                              "background_sched": "normal"},
+    "here-normal+step-nice": {"background_burst_here": "normal",
+                              "background_step_nice": 19},
+    "here-normal+0-reserved": {"background_burst_here": "normal", "reserved_channels": 0},
+    "here-normal+lanes": {"background_burst_here": "normal", "background_cpus": "lanes"},
+    # Sessions built on normal-priority threads (background_load): their intra-op pools'
+    # threads inherit normal priority instead of SCHED_IDLE.
+    "here-normal+load-normal+2t": {"background_burst_here": "normal",
+                                   "background_load": "normal",
+                                   "options": {"intra_op_threads_background": 2}},
+}
+
+#: Rows that also change an app (bench keys, not the host's): the embedder app's client
+#: spin (model.burst(spin_us=N), an app-side choice; README "The embedder's opt-ins
+#: combined").
+APP: dict[str, dict[str, Any]] = {
+    "here-normal+embedder-spin": {"embedder_spin_us": 1000,
+                                  "second_host": {"background_burst_here": "normal"}},
+}
+
+#: The rows bench/contention.py adds to its VARIANTS.
+ROWS: dict[str, dict[str, Any]] = {
+    **{f"rt+app+bg-own-host+{k}": {**BASE, "second_host": v} for k, v in SECOND.items()},
+    **{f"rt+app+bg-own-host+{k}": {**BASE, **v} for k, v in APP.items()}}
+
+
+def second_entry(first: dict[str, Any], name: str,
+                 overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """The second [[driver]] entry: the first one's keys, then ``overrides`` (its
+    ``"options"`` merged into the first's options, not replacing them)."""
+    over = dict(overrides or {})
+    options = {**first["options"], **over.pop("options", {})}
+    return {**first, **over, "name": name, "options": options}
