@@ -65,12 +65,12 @@ class EmbedSplit(cs.SplitRun):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.cpu: dict[str, dict[str, tuple[float, float, float]]] = {}
+        self.stage_cpu: dict[str, dict[str, tuple[float, float, float]]] = {}
 
     def phase(self, name: str, seconds: float) -> None:
         super().phase(name, seconds)
         if name in self.records:  # (fetched by the split for this phase)
-            self.cpu[name] = cpu_split(self.records[name])
+            self.stage_cpu[name] = cpu_split(self.records[name])
 
 
 def main() -> int:
@@ -88,19 +88,21 @@ def main() -> int:
         # Rows with apps on a second host and the camera's thread at FIFO (rt+app+bg-own-host
         # and its +* rows): the same devices and camera as bench/contention.py gives them.
         cam_rt = int(knobs.pop("camera_realtime", 0))
+        spin = float(knobs.pop("embedder_spin_us", 0))
         devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs)
         if cam_rt:
             cfg["manager"]["app_rt_priority"] = cam_rt
         run = EmbedSplit(name, True, Timing() if args.full else Timing.quick(), models,
                          cfg, log=lambda m: None, devices=devices,
-                         app_knobs={"camera": {"realtime": cam_rt}} if cam_rt else None)
+                         app_knobs={**({"camera": {"realtime": cam_rt}} if cam_rt else {}),
+                                    **({"embedder": {"spin_us": spin}} if spin else {})})
         r = run.run()
         print(f"{name}: embedder {r.embedder_items_s:.0f} items/s, LLM "
               f"{r.llm_tokens_s:.0f} tokens/s")
         for phase, sp in run.frame_split.items():
             print("\n".join(cs.format_split(f"{name} embedder", phase, sp)))
-            by = run.cpu.get(phase)
+            by = run.stage_cpu.get(phase)
             if by:
                 print("   wall / CPU / run-queue (µs, medians): " + "  ".join(
                     f"{k} {w:.0f}/{c:.0f}/{q:.0f}" for k, (w, c, q) in by.items()

@@ -13,6 +13,13 @@ its priority or thread count, so the second host may be tuned for throughput.
 A row's ``"second_host"`` holds [[driver]] keys for the second entry only (its
 ``"options"`` merged into the first's): the driver keys' own names, so they map one to
 one onto the product's background host (``[[driver]] background_host = true``).
+
+Measured (README "The second host tuned for throughput"; full runs, --repeat 2, twice):
+"here-normal+step-nice" (background_burst_here = "normal", background_step_nice = 19) is
+the best host-only setting, the embedder 75 / 71 / 77 / 82 % of unmanaged (49 % without),
+LLM 129-153 %, camera 0.67-1.11x its alone; with the embedder app's client spin on top
+86 / 85 %, LLM 104 / 106 %. The LLM at normal priority or ONNX Runtime's two threads cost
+the embedder or the LLM (quick screens: 13-50 %, or the LLM at 2-7 %).
 """
 
 from __future__ import annotations
@@ -59,6 +66,26 @@ SECOND: dict[str, dict[str, Any]] = {
     "here-normal+load-normal+2t": {"background_burst_here": "normal",
                                    "background_load": "normal",
                                    "options": {"intra_op_threads_background": 2}},
+    "here-normal+step-nice+load-normal+2t": {"background_burst_here": "normal",
+                                             "background_step_nice": 19,
+                                             "background_load": "normal",
+                                             "options": {"intra_op_threads_background": 2}},
+    # Every background thread of this host at normal priority and two intra-op threads a
+    # session, spinning: the host runs its apps as they run unmanaged (ONNX Runtime's
+    # defaults at nice 0), only the camera's FIFO threads above them.
+    "all-normal+2t": {"background_burst_here": "normal", "background_sched": "normal",
+                      "background_load": "normal",
+                      "options": {"intra_op_threads_background": 2}},
+    "all-normal+2t-nospin": {"background_burst_here": "normal", "background_sched": "normal",
+                             "background_load": "normal",
+                             "options": {"intra_op_threads_background": 2,
+                                         "intra_op_spinning_background": 0}},
+    # The GIL switch interval of this host (it has no FOREGROUND thread waiting for the
+    # GIL): Python's 5 ms, or 100 µs.
+    "here-normal+step-nice+sw-5ms": {"background_burst_here": "normal",
+                                     "background_step_nice": 19, "switch_interval_us": 0},
+    "here-normal+step-nice+sw-100": {"background_burst_here": "normal",
+                                     "background_step_nice": 19, "switch_interval_us": 100},
 }
 
 #: Rows that also change an app (bench keys, not the host's): the embedder app's client
@@ -67,6 +94,9 @@ SECOND: dict[str, dict[str, Any]] = {
 APP: dict[str, dict[str, Any]] = {
     "here-normal+embedder-spin": {"embedder_spin_us": 1000,
                                   "second_host": {"background_burst_here": "normal"}},
+    "here-normal+step-nice+embedder-spin": {
+        "embedder_spin_us": 1000,
+        "second_host": {"background_burst_here": "normal", "background_step_nice": 19}},
 }
 
 #: The rows bench/contention.py adds to its VARIANTS.

@@ -28,6 +28,7 @@ import bisect
 import contextlib
 import json
 import math
+import threading
 from typing import Any
 
 from npumanager.demo import contention_probe
@@ -133,9 +134,21 @@ class SplitRun(ContentionRun):
         self.frame_split: dict[str, dict[str, Any]] = {}
 
     def phase(self, name: str, seconds: float) -> None:
-        super().phase(name, seconds)
         if not self.managed or name not in self.phases:
+            super().phase(name, seconds)
             return
+        # The records are fetched as the phase's window ends, not after the phase's own
+        # bookkeeping (its CPU and threads, which takes longer than the driver's last
+        # KEPT_RECENT requests last at the embedder's rate: 11460 items/s, 0.5 ms batches,
+        # left none of them in the window and nothing paired).
+        timer = threading.Timer(seconds, self._fetch, args=(name,))
+        timer.start()
+        try:
+            super().phase(name, seconds)
+        finally:
+            timer.join()
+
+    def _fetch(self, name: str) -> None:
         with contextlib.suppress(Exception):  # (the split must not end the run)
             from npumanager.hal.wire import SERVICE
             from npumanager.wire.client import SyncRpcClient

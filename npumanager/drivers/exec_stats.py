@@ -64,7 +64,10 @@ class ExecStats:
         for uid, q in list(self._by_uid.items()):
             while q and q[0][0] < cutoff:
                 q.popleft()
-            lat = sorted(x[1] for x in q)
+            # A copy first (one C call, under the GIL): burst threads record while this
+            # runs, and a generator over the deque itself failed "deque mutated during
+            # iteration" for a busy burst (tests/drivers/test_exec_stats.py).
+            lat = sorted(x[1] for x in list(q))
             entry: dict[str, Any] = {"executions": self._totals.get(uid, 0),
                                      "per_s": round(len(lat) / self.window_s, 3)}
             if lat:

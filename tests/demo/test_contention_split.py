@@ -78,3 +78,27 @@ def test_a_managed_run_pairs_its_frames() -> None:
     assert alone["n"] == len(r.camera["alone"].ms) > 0
     assert alone["all"]["served"] > 0 and alone["all"]["run"] > 0
     assert descendants(os.getpid()) == []
+
+
+class EmbedderSplit(SplitRun):
+    split_app = "embedder"
+    split_event = "batch"
+    split_q = 0.9
+
+
+@pytest.mark.slow
+def test_an_app_on_a_second_host_pairs_with_that_hosts_records() -> None:
+    """The embedder served by a second [[driver]] (bench rows *-own-host): its batches pair
+    with the records of the host that serves it, fetched as the phase ends (the first
+    host has no burst of its)."""
+    cfg = driver_config()
+    cfg["driver"].append({**cfg["driver"][0], "name": "reference-bg"})
+    timing = Timing(alone_s=0.6, contended_s=1.0, loading_s=0.6, settle_s=0.1)
+    run = EmbedderSplit("split-bg", True, timing, build_models(), cfg,  # type: ignore[arg-type]
+                        phases=("alone", "contended"),
+                        devices={"embedder": "reference-bg", "llm": "reference-bg"})
+    r = run.run()
+    assert r.errors == []
+    contended = run.frame_split["contended"]
+    assert contended and contended["n"] > 0 and contended["all"]["run"] > 0
+    assert descendants(os.getpid()) == []
