@@ -70,6 +70,8 @@ def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tup
                         yield name, (f"unknown key {key!r} in [[driver]] #{i + 1}"
                                      f"{_suggest(key, set(template))} (plugin settings go "
                                      f"in [driver.options])")
+                yield from ((name, p) for p in lane_keys_problems(
+                    f"[[driver]] #{i + 1}", entry.get("background"), template))
             continue
         known = defaults.get(name)
         if not isinstance(value, dict) or not isinstance(known, dict):
@@ -78,6 +80,30 @@ def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tup
             if key not in known:
                 yield name, (f"unknown key {key!r} in [{name}]{_suggest(key, set(known))} "
                              f"(every key is listed in npumanager/defaults.toml)")
+
+
+#: [[driver]] keys a [driver.background] table (the background lane's own keys) cannot
+#: set: what makes the lane the same device's second host.
+LANE_FIXED = frozenset({"name", "plugin", "host", "background_host", "background", "options"})
+
+
+def lane_keys_problems(where: str, table: Any, template: dict[str, Any]
+                       ) -> Iterator[str]:
+    """What is wrong with a [[driver]] entry's [driver.background] table: keys it cannot
+    have, then values of the wrong type."""
+    if not isinstance(table, dict):
+        return  # (its own type error, "must be a table", comes from the entry's check)
+    for key, v in table.items():
+        if key not in template:
+            yield (f"unknown key {key!r} in [driver.background] of {where}"
+                   f"{_suggest(key, set(template) - LANE_FIXED)}")
+        elif key in LANE_FIXED:
+            yield (f"{key} in [driver.background] of {where}: the background lane keeps its "
+                   f"entry's {key} (it is the same device's second host)")
+        else:
+            bad = _type_error("driver", key, v, template[key])
+            if bad is not None:
+                yield f"{key} in [driver.background] of {where} {bad}"
 
 
 #: Keys that take another type besides their default's: (section, key) -> the types.

@@ -331,6 +331,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "hold_loads"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "quiet_release"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "background_host"): _ANY,  # a boolean (its type is checked at load)
+    ("driver", "background"): _ANY,  # a table of [[driver]] keys, each checked as such
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
     ("driver", "foreground_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
     ("driver", "background_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
@@ -425,6 +426,16 @@ def _driver_problems(entries: list[Any]) -> Iterator[str]:
             bad = check(v, entry) if check is not None else None
             if bad is not None:
                 yield f"{key} in {where} {bad}"
+        own = entry.get("background")
+        if isinstance(own, dict) and own:
+            # The background lane's own keys, checked as its host sees them: merged over
+            # the entry (a cross-key check meets the effective pair).
+            merged = {**entry, **own}
+            for key, v in own.items():
+                check = RANGES.get(("driver", key))
+                bad = check(v, merged) if check is not None else None
+                if bad is not None:
+                    yield f"{key} in [driver.background] of {where} {bad}"
     # A background lane's host takes NAME.background for its socket and state dir
     # (service/host_lanes.py): an entry of that name would share both with it.
     for i, entry in enumerate(entries):

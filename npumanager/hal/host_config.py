@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from npumanager.config import Config
+from npumanager.config import LANE_FIXED, Config
 from npumanager.errors import InvalidArgument
 from npumanager.paths import lane_name
 
@@ -169,7 +169,9 @@ class HostConfig:
         return lane_name(self.name, self.lane)
 
     @classmethod
-    def from_config(cls, cfg: Config, name: str) -> HostConfig:
+    def from_config(cls, cfg: Config, name: str, lane: str = "") -> HostConfig:
+        """Device ``name``'s host; ``lane`` "background": its background lane's, the
+        entry's [driver.background] keys over its own (:func:`lane_entry`)."""
         listed = device_entries(cfg)
         entries = [d for d in listed if d.get("name") == name]
         number = 0
@@ -179,6 +181,8 @@ class HostConfig:
         else:  # `npu driver X` for a driver the config does not list: X is the plugin
             template = Config().drivers()[0]
             d = {**template, "name": name, "plugin": name}
+        if lane:
+            d = lane_entry(d)
         mgr = cfg.section("manager")
         return cls(
             name=name,
@@ -232,6 +236,7 @@ class HostConfig:
             fleet=dict(cfg.section("fleet")),
             host=str(d.get("host", "")),
             background_host=bool(d.get("background_host", False)),
+            lane=lane,
         )
 
     @classmethod
@@ -242,6 +247,15 @@ class HostConfig:
         listed = device_entries(cfg)
         mine = [str(d["name"]) for d in listed if d.get("host") == name]
         return [cls.from_config(cfg, n) for n in (mine or [name])]
+
+
+def lane_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A [[driver]] entry as its device's background lane runs it: its [driver.background]
+    keys over its own, less those the lane keeps (config.LANE_FIXED: refused at load)."""
+    lane = entry.get("background")
+    if not isinstance(lane, dict) or not lane:
+        return entry
+    return {**entry, **{k: v for k, v in lane.items() if k not in LANE_FIXED}}
 
 
 def host_devices(entry: dict[str, Any]) -> list[str]:

@@ -13,7 +13,8 @@ What npud does for a device with a background lane (the supervisor's part, a mix
 :class:`~.supervisor.DriverSupervisor`):
 
 * The lane is a :class:`DriverSlot` of its own (``lane = "background"``, ``main`` its
-  device's slot): the same [[driver]] entry, user and keys, its own socket
+  device's slot): the same [[driver]] entry, user and keys (but for those its
+  [driver.background] table sets for it alone), its own socket
   (``drivers/NAME.background.sock``, ``socket_mode`` as the main one), state dir
   (``NAME.background``: two processes never share a cache map), host record, restart
   back-off and adoption after an npud restart; npud's real-time, compile-raise and
@@ -44,6 +45,7 @@ import signal
 from typing import Any
 
 from npumanager.constants import ModelPriority
+from npumanager.hal.host_config import lane_entry
 from npumanager.paths import BACKGROUND_LANE
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
@@ -55,8 +57,9 @@ log = logging.getLogger("npumanager.service.supervisor")
 
 
 def make_lane(slot: DriverSlot, socket_path: str) -> DriverSlot:
-    """The background lane of ``slot``'s device, linked both ways."""
-    entry = slot.entry
+    """The background lane of ``slot``'s device, linked both ways; its entry with its own
+    [driver.background] keys (its back-off, real-time priority and compile bound)."""
+    entry = lane_entry(slot.entry)
     lane = DriverSlot(
         name=slot.name, number=slot.number, entry=entry,
         backoff=Backoff(float(entry.get("restart_backoff_s", 0.2)),

@@ -208,11 +208,10 @@ class DriverSupervisor(DriverFeed):
     def _command(self, slot: DriverSlot, launch: DriverLaunch) -> list[str]:
         from npumanager.hal.host_config import HostConfig
 
-        hcs = [HostConfig.from_config(self.cfg, s.name) for s in slot.group]
+        hcs = [HostConfig.from_config(self.cfg, s.name, slot.lane) for s in slot.group]
         for hc in hcs:
             hc.enforce_admission = self.enforce_admission
             hc.background_cgroup_dir = str(launch.bg_group or "")
-            hc.lane = slot.lane
         # One device: its config; several: the list, in the order of the sockets.
         encoded = (json.dumps(dataclasses.asdict(hcs[0])) if len(hcs) == 1
                    else json.dumps([dataclasses.asdict(hc) for hc in hcs]))
@@ -231,7 +230,7 @@ class DriverSupervisor(DriverFeed):
         ``background_cgroup = "auto"`` with ``background_sched = "idle"``."""
         from npumanager.hal.host_config import HostConfig
 
-        hc = HostConfig.from_config(self.cfg, slot.group[0].name)
+        hc = HostConfig.from_config(self.cfg, slot.group[0].name, slot.lane)
         return hc.background_cgroup == "auto" and hc.background_sched == "idle"
 
     def _launch(self, slot: DriverSlot) -> DriverLaunch:

@@ -142,7 +142,7 @@ FREE = {("manager", "enforce_admission"), ("manager", "drivers"),
         ("driver", "compile_raise"),
         ("driver", "background_lower"), ("driver", "compile_malloc"), ("driver", "load_cpus"),
         ("driver", "hold_loads"), ("driver", "quiet_release"), ("driver", "background_host"),
-        ("driver", "burst_poll_turns"),
+        ("driver", "background"), ("driver", "burst_poll_turns"),
         ("driver", "background_handback"), ("driver", "background_burst_here"),
         ("thermal", "trip_points"), ("thermal", "nvml_thresholds"), ("thermal", "devices"),
         ("importance", "from_process"), ("importance", "nice"), ("importance", "cgroup"),
@@ -260,3 +260,32 @@ def test_a_driver_named_like_another_ones_background_lane_is_refused(tmp_path: P
     ]
     cfg.write_text("[[driver]]\nname = \"ref.background\"\n[[driver]]\nname = \"ref\"\n")
     assert file_problems(cfg).problems == []  # (no lane: no clash)
+
+
+def test_the_background_lane_table_takes_driver_keys_checked_as_such(tmp_path: Path) -> None:
+    """[driver.background] (the background lane's own keys, background_host): each is a
+    [[driver]] key, typed and ranged as one; the keys that make it the same device's
+    second host cannot be set there."""
+    cfg = tmp_path / "npud.toml"
+    cfg.write_text("[[driver]]\nname = \"a\"\nbackground_host = true\n"
+                   "[driver.background]\nchanels = 1\nplugin = \"x\"\n"
+                   "background_sched = 3\nchannels = 0\n")
+    check = file_problems(cfg)
+    assert [p.removeprefix(f"config file {cfg}: ") for p in check.problems] == [
+        "unknown key 'chanels' in [driver.background] of [[driver]] #1; did you mean "
+        "'channels'?",
+        "plugin in [driver.background] of [[driver]] #1: the background lane keeps its "
+        "entry's plugin (it is the same device's second host)",
+        "background_sched in [driver.background] of [[driver]] #1 must be a string, not 3 "
+        "(an integer)",
+        "channels in [driver.background] of [[driver]] #1 ('a') must be >= 1, not 0",
+    ]
+    cfg.write_text("[[driver]]\nname = \"a\"\nbackground_host = true\nchannels = 2\n"
+                   "[driver.background]\nchannels = 1\nbackground_sched = \"normal\"\n")
+    loaded = Config.load(cfg)
+    from npumanager.hal.host_config import HostConfig
+
+    main, lane = (HostConfig.from_config(loaded, "a", lane) for lane in ("", "background"))
+    assert (main.channels, main.background_sched, main.lane) == (2, "idle", "")
+    assert (lane.channels, lane.background_sched, lane.lane) == (1, "normal", "background")
+    assert lane.background_host and lane.lane_name == "a.background"

@@ -40,7 +40,9 @@ def lane_config(**manager: Any) -> dict[str, Any]:
     return {"manager": {"unload_deadline_s": 1.0, **manager},
             "policy": {"name": "BUDGET", "max_budget": 4},
             "driver": [{"name": "reference", "plugin": "reference", "channels": 2,
-                        "grant_wait_s": 0.2, "background_host": True}]}
+                        "grant_wait_s": 0.2, "background_host": True,
+                        # the lane's own keys ([driver.background]): one channel there
+                        "background": {"channels": 1}}]}
 
 
 @pytest.fixture
@@ -108,6 +110,9 @@ def test_one_device_two_hosts_each_model_in_its_lane(npud: DaemonProcess,
         assert stats(main_sock)["pid"] == main_pid and stats(main_sock)["lane"] == ""
         assert stats(lane_sock(runtime_dir))["pid"] == bg_pid
         assert stats(lane_sock(runtime_dir))["lane"] == "background"
+        # [driver.background] reached the lane's host only.
+        assert (stats(main_sock)["channels"], stats(lane_sock(runtime_dir))["channels"]) == (
+            2, 1)
 
         fg_req, fg = grant(mgr, 1)
         bg_req, bg = grant(mgr, 2, BG)
@@ -282,3 +287,38 @@ def test_a_restarted_npud_adopts_both_hosts(runtime_dir: Path, state_dir: Path) 
     assert "driver reference adopted" in second.output
     assert "driver reference (background lane) adopted" in second.output
     assert "Traceback" not in second.output
+
+
+def test_a_hung_lane_is_killed_for_its_unacknowledged_end_not_the_main_host(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """npud's state restarts a device's driver when an end is not acknowledged in time
+    (service/ending.py): with a lane, the host that owes it (host_lanes._hung)."""
+    import contextlib
+
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    cfg = lane_config(grant_end_ack_s=4.0)
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60) as npud, \
+            NpuManager(runtime_dir) as mgr:
+        hosts = mgr.dump()["devices"][0]["hosts"]
+        _fg_req, fg = grant(mgr, 1)
+        bg_req, bg = grant(mgr, 2, BG)
+        dev = nn.device("reference", runtime_dir)
+        try:
+            fg_model = dev.prepare_model(add_model(), grant=fg.listener)
+            dev.prepare_model(add_model(), grant=bg.listener)
+            ups = npud.count_output(LANE_UP)
+            os.kill(hosts["background"]["pid"], signal.SIGSTOP)  # hung: acknowledges nothing
+            try:
+                bg.listener.notify_model_unloaded(bg_req)
+                bg.wait_for("COMPLETE", 60)  # after the deadline, the lane killed
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(hosts["background"]["pid"], signal.SIGCONT)
+            assert npud.wait_for_output("did not acknowledge the end of grant", 30)
+            wait_until(lambda: npud.count_output(LANE_UP) > ups, "the lane back", 60)
+            after = mgr.dump()["devices"][0]["hosts"]
+            assert after["pid"] == hosts["pid"]  # the main host was left alone
+            assert after["background"]["pid"] not in (0, hosts["background"]["pid"])
+            np.testing.assert_array_equal(fg_model.execute({"x": X})["y"], X + 1)
+        finally:
+            dev.close()
