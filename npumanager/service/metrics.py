@@ -182,8 +182,19 @@ class MetricsObserver(DaemonObserver):
             "thermal_status": float(thermal.get("status_value",
                                                 _status_value(thermal.get("status")))),
             "thermal_headroom": float("nan") if headroom is None else float(headroom),
-            "drivers": {x.name: bool(x.available) for x in d.drivers.devices()},
+            "drivers": {**{x.name: bool(x.available) for x in d.drivers.devices()},
+                        **_lanes(d)},
         }
+
+
+def _lanes(d: Any) -> dict[str, bool]:
+    """Each background lane's host (service/host_lanes.py) as ``NAME.background``: a
+    device's second host process, up or not (the device's own row is its main host's)."""
+    hosts = getattr(d.drivers, "host_pids", None)
+    if not callable(hosts):
+        return {}
+    return {f"{name}.background": bool(h["background"]["up"])
+            for name, h in hosts().items() if "background" in h}
 
 
 def _status_value(name: Any) -> int:

@@ -240,3 +240,24 @@ def wait_for(probe: Any, timeout: float) -> Any:
             assert got, f"not seen within {timeout} s"
             return got
         time.sleep(0.05)
+
+
+def test_a_background_lane_is_a_driver_up_row_of_its_own(runtime_dir: Path,
+                                                          state_dir: Path) -> None:
+    """[[driver]] background_host: npu_driver_up{driver="NAME.background"} for the
+    device's second host process, beside the device's own row (its main host)."""
+    import signal
+
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    cfg = {"driver": [{"name": "reference", "plugin": "reference", "background_host": True,
+                       "restart_backoff_s": 5.0}]}
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60,
+                       extra_args=["--metrics", "127.0.0.1:0"]) as d, \
+            NpuManager(runtime_dir) as mgr:
+        samples = scrape(d)
+        assert value(samples, "npu_driver_up", driver="reference") == 1.0
+        assert value(samples, "npu_driver_up", driver="reference.background") == 1.0
+        os.kill(mgr.dump()["devices"][0]["hosts"]["background"]["pid"], signal.SIGKILL)
+        samples = wait_for(lambda: (s := scrape(d)) and value(
+            s, "npu_driver_up", driver="reference.background") == 0.0 and s, 30)
+        assert value(samples, "npu_driver_up", driver="reference") == 1.0  # the device's
