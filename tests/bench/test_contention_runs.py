@@ -64,6 +64,21 @@ def test_the_background_host_row_is_one_driver_entry_with_the_key() -> None:
                                                                   "rt+app+bg-host")]
 
 
+def test_the_tuned_background_host_rows_give_the_lane_the_hand_built_second_hosts_keys(
+        ) -> None:
+    """rt+app+bg-host+here-normal+step-nice: bgtune21's best second-host keys as the
+    product's [driver.background], one entry; with the embedder's spin as its twin row."""
+    product = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice"]
+    hand = contention.VARIANTS["rt+app+bg-own-host+here-normal+step-nice"]
+    assert product["background"] == hand["second_host"] == {
+        "background_burst_here": "normal", "background_step_nice": 19}
+    knobs = {k: v for k, v in product.items() if k != "camera_realtime"}
+    [entry] = contention.npud_config(knobs)["driver"]
+    assert entry["background_host"] is True and entry["background"] == product["background"]
+    spin = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+embedder-spin"]
+    assert spin == {**product, "embedder_spin_us": 1000}
+
+
 def test_slice_rows_offer_the_unmanaged_camera_the_same_slice() -> None:
     """slice-*+app (#15, slice18): the managed camera's own thread asks for the slice the
     unmanaged-slice row gives the unmanaged camera's, and each is held against it."""
