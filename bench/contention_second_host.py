@@ -19,7 +19,9 @@ Measured (README "The second host tuned for throughput"; full runs, --repeat 2, 
 the best host-only setting, the embedder 75 / 71 / 77 / 82 % of unmanaged (49 % without),
 LLM 129-153 %, camera 0.67-1.11x its alone; with the embedder app's client spin on top
 86 / 85 %, LLM 104 / 106 %. The LLM at normal priority or ONNX Runtime's two threads cost
-the embedder or the LLM (quick screens: 13-50 %, or the LLM at 2-7 %).
+the embedder or the LLM (quick screens: 13-50 %, or the LLM at 2-7 %); slice-100 and
+lower-run (as root) no gain. On the product's lane (rt+app+bg-host+*, two full runs): 49 /
+50 % -> 76 / 77 %, with the spin 80 / 82 %.
 """
 
 from __future__ import annotations
@@ -86,6 +88,13 @@ SECOND: dict[str, dict[str, Any]] = {
                                      "background_step_nice": 19, "switch_interval_us": 0},
     "here-normal+step-nice+sw-100": {"background_burst_here": "normal",
                                      "background_step_nice": 19, "switch_interval_us": 100},
+    # The step workers' EEVDF slice at 100 µs (background_slice_us, set before they are
+    # lowered): a nice-19 worker keeps its CPU against a woken normal thread only until its
+    # slice ends (RUN_TO_PARITY), where a SCHED_IDLE one is preempted at once; the
+    # embedder's round trip wakes two threads a batch.
+    "here-normal+step-nice+slice-100": {"background_burst_here": "normal",
+                                        "background_step_nice": 19,
+                                        "background_slice_us": 100},
 }
 
 #: Rows that also change an app (bench keys, not the host's): the embedder app's client
@@ -94,15 +103,40 @@ SECOND: dict[str, dict[str, Any]] = {
 APP: dict[str, dict[str, Any]] = {
     "here-normal+embedder-spin": {"embedder_spin_us": 1000,
                                   "second_host": {"background_burst_here": "normal"}},
+    # Both hosts as root ([manager] driver_user; this VM's root lacks CAP_SYS_RESOURCE, so
+    # only a root host may return from SCHED_IDLE): the second host's step workers lowered
+    # only around their native runs (background_lower = "run"), at normal priority under
+    # the GIL, against step-nice as root.
+    "root+here-normal+step-nice": {"driver_user": "root",
+                                   "second_host": {"background_burst_here": "normal",
+                                                   "background_step_nice": 19}},
+    "root+here-normal+lower-run": {"driver_user": "root",
+                                   "second_host": {"background_burst_here": "normal",
+                                                   "background_lower": "run"}},
     "here-normal+step-nice+embedder-spin": {
         "embedder_spin_us": 1000,
         "second_host": {"background_burst_here": "normal", "background_step_nice": 19}},
 }
 
+#: The product's form (bench row rt+app+bg-host: one [[driver]] with background_host =
+#: true, its background lane a second host process with the entry's keys). The keys above
+#: that change only BACKGROUND steps can go on the entry itself: the main host serves no
+#: BACKGROUND step while every background app's grant goes to the lane (an app demoted to
+#: BACKGROUND after it loaded on the main host would get them there too).
+LANE: dict[str, dict[str, Any]] = {
+    "here-normal+step-nice": {"background_burst_here": "normal", "background_step_nice": 19},
+    "here-normal+step-nice+embedder-spin": {"background_burst_here": "normal",
+                                            "background_step_nice": 19,
+                                            "embedder_spin_us": 1000},
+}
+LANE_BASE: dict[str, Any] = {"foreground_rt_priority": 1, "switch_interval_us": 500,
+                             "camera_realtime": 2, "background_host": True}
+
 #: The rows bench/contention.py adds to its VARIANTS.
 ROWS: dict[str, dict[str, Any]] = {
     **{f"rt+app+bg-own-host+{k}": {**BASE, "second_host": v} for k, v in SECOND.items()},
-    **{f"rt+app+bg-own-host+{k}": {**BASE, **v} for k, v in APP.items()}}
+    **{f"rt+app+bg-own-host+{k}": {**BASE, **v} for k, v in APP.items()},
+    **{f"rt+app+bg-host+{k}": {**LANE_BASE, **v} for k, v in LANE.items()}}
 
 
 def second_entry(first: dict[str, Any], name: str,
