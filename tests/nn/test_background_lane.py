@@ -322,3 +322,32 @@ def test_a_hung_lane_is_killed_for_its_unacknowledged_end_not_the_main_host(
             np.testing.assert_array_equal(fg_model.execute({"x": X})["y"], X + 1)
         finally:
             dev.close()
+
+
+def test_memory_counts_the_device_once_and_admits_both_hosts_against_it(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """MEMORY: the budget is the device's memory (its main host's capabilities; the lane's
+    are not reported), and models on both hosts are charged against it."""
+    gib = 1 << 30
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    cfg = lane_config()
+    cfg["policy"] = {"name": "MEMORY"}
+    cfg["driver"][0]["options"] = {"memory_bytes": 4 * gib}
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60), \
+            NpuManager(runtime_dir) as mgr:
+        [budget] = mgr.dump()["budgets"]
+        assert (budget["memory_bytes"], budget["total"]) == (4 * gib, 4 * gib)  # not 8
+        _fg_req, fg = grant(mgr, 1, size=ModelSize.BETWEEN_1GB_AND_2GB)  # 2 GiB declared
+        _bg_req, bg = grant(mgr, 2, BG, size=ModelSize.BETWEEN_1GB_AND_2GB)  # 2 more: full
+        dev = nn.device("reference", runtime_dir)
+        try:
+            dev.prepare_model(add_model(), grant=fg.listener)
+            bg_model = dev.prepare_model(add_model(), grant=bg.listener)
+            assert bg_model.device.socket_path == str(lane_sock(runtime_dir))
+            assert mgr.dump()["budgets"][0]["used"] == 4 * gib
+            late = Lifecycle()
+            mgr.request_can_load_model(ModelLoadRequest(3, priority=BG), late)  # 1 GiB
+            late.wait_for("NOT_PRIORITIZED", 30)
+            assert "CAN_LOAD_NOW" not in late.seen
+        finally:
+            dev.close()
