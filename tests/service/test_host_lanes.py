@@ -80,3 +80,19 @@ def test_a_hung_device_kills_the_hosts_that_owe_an_acknowledgement() -> None:
     assert HostLanes._hung(main) == [main, lane]
     alone = slot("other")
     assert HostLanes._hung(alone) == [alone]
+
+
+def test_npu_status_shows_both_hosts_of_a_device() -> None:
+    from npumanager.cli.status import render
+
+    def dump(hosts: dict[str, Any]) -> dict[str, Any]:
+        return {"devices": [{"name": "ref", "available": True, "backend": "onnxruntime",
+                             "hosts": hosts}]}
+
+    both = render(dump({"pid": 12, "background": {"pid": 34, "up": True}}), width=400)
+    assert "pid 12 + bg 34" in both
+    down = render(dump({"pid": 12, "background": {"pid": 0, "up": False,
+                                                  "down_reason": "exited with code -9"}}),
+                  width=400)
+    assert "pid 12 + bg DOWN: exited with code -9" in down
+    assert "pid 12 " in render(dump({"pid": 12}), width=400) + " "  # no lane: its one pid
