@@ -351,3 +351,29 @@ def test_memory_counts_the_device_once_and_admits_both_hosts_against_it(
             assert "CAN_LOAD_NOW" not in late.seen
         finally:
             dev.close()
+
+
+def test_the_async_clients_lease_takes_the_model_to_the_lane(npud: DaemonProcess,
+                                                              runtime_dir: Path) -> None:
+    """AsyncNpuManager.reserve: the lease's listener carries the lane as the sync one's."""
+    import asyncio
+
+    from npumanager import AsyncNpuManager
+
+    async def run() -> tuple[str, str]:
+        mgr = await AsyncNpuManager.connect(runtime_dir)
+        try:
+            async with mgr.reserve(ModelLoadRequest(1, priority=BG)) as lease:
+                dev = nn.device("reference", runtime_dir)
+                try:
+                    model = await asyncio.to_thread(dev.prepare_model, add_model(),
+                                                    grant=lease)
+                    y = await asyncio.to_thread(model.execute, {"x": X})
+                    np.testing.assert_array_equal(y["y"], X + 1)
+                    return lease.listener.lane, model.device.socket_path
+                finally:
+                    dev.close()
+        finally:
+            await mgr.close()
+
+    assert asyncio.run(run()) == ("background", str(lane_sock(runtime_dir)))
