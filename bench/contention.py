@@ -400,16 +400,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
                        "camera_realtime": 2, "background_host": True},
 }
 
-# The second host tuned for throughput (#15, bgtune21; bench/contention_second_host.py).
+# The second host tuned for throughput, hand-built (rt+app+bg-own-host+*) and as the
+# product's lane (rt+app+bg-host+*; #15, bgtune21; bench/contention_second_host.py).
 VARIANTS.update(second_host.ROWS)
-# Its best host-only row as the product: the background lane's own keys in
-# [driver.background] (hal/host_config.lane_entry), the same keys second_host gives the
-# hand-built second entry; and with the embedder app's client spin.
-VARIANTS["rt+app+bg-host+here-normal+step-nice"] = {
-    **VARIANTS["rt+app+bg-host"],
-    "background": dict(second_host.SECOND["here-normal+step-nice"])}
-VARIANTS["rt+app+bg-host+here-normal+step-nice+embedder-spin"] = {
-    **VARIANTS["rt+app+bg-host+here-normal+step-nice"], "embedder_spin_us": 1000}
 
 #: The second driver host's [[driver]] name (variants with "own_host").
 SECOND_HOST = "reference-bg"

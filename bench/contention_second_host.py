@@ -20,8 +20,8 @@ the best host-only setting, the embedder 75 / 71 / 77 / 82 % of unmanaged (49 % 
 LLM 129-153 %, camera 0.67-1.11x its alone; with the embedder app's client spin on top
 86 / 85 %, LLM 104 / 106 %. The LLM at normal priority or ONNX Runtime's two threads cost
 the embedder or the LLM (quick screens: 13-50 %, or the LLM at 2-7 %); slice-100 and
-lower-run (as root) no gain. On the product's lane (rt+app+bg-host+*, two full runs): 49 /
-50 % -> 76 / 77 %, with the spin 80 / 82 %.
+lower-run (as root) no gain. On the product's lane with the keys on the entry
+(rt+app+bg-host+on-entry+*, two full runs): 49 / 50 % -> 76 / 77 %, with the spin 80 / 82 %.
 """
 
 from __future__ import annotations
@@ -119,18 +119,22 @@ APP: dict[str, dict[str, Any]] = {
 }
 
 #: The product's form (bench row rt+app+bg-host: one [[driver]] with background_host =
-#: true, its background lane a second host process with the entry's keys). The keys above
-#: that change only BACKGROUND steps can go on the entry itself: the main host serves no
-#: BACKGROUND step while every background app's grant goes to the lane (an app demoted to
-#: BACKGROUND after it loaded on the main host would get them there too).
-LANE: dict[str, dict[str, Any]] = {
-    "here-normal+step-nice": {"background_burst_here": "normal", "background_step_nice": 19},
-    "here-normal+step-nice+embedder-spin": {"background_burst_here": "normal",
-                                            "background_step_nice": 19,
-                                            "embedder_spin_us": 1000},
-}
+#: true, its background lane a second host process): the best host-only keys as the lane's
+#: own, [driver.background] (hal/host_config.lane_entry), the same keys SECOND gives the
+#: hand-built second entry; and with the embedder app's client spin. "on-entry": the same
+#: keys on the [[driver]] entry itself, for both hosts (they change only BACKGROUND steps,
+#: and the main host serves none while every background app's grant goes to the lane; an
+#: app demoted to BACKGROUND after it loaded on the main host would get them there).
 LANE_BASE: dict[str, Any] = {"foreground_rt_priority": 1, "switch_interval_us": 500,
                              "camera_realtime": 2, "background_host": True}
+LANE: dict[str, dict[str, Any]] = {
+    "here-normal+step-nice": {"background": dict(SECOND["here-normal+step-nice"])},
+    "here-normal+step-nice+embedder-spin": {"background": dict(SECOND["here-normal+step-nice"]),
+                                            "embedder_spin_us": 1000},
+    "on-entry+here-normal+step-nice": dict(SECOND["here-normal+step-nice"]),
+    "on-entry+here-normal+step-nice+embedder-spin": {**SECOND["here-normal+step-nice"],
+                                                     "embedder_spin_us": 1000},
+}
 
 #: The rows bench/contention.py adds to its VARIANTS.
 ROWS: dict[str, dict[str, Any]] = {

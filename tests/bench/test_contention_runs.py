@@ -77,6 +77,11 @@ def test_the_tuned_background_host_rows_give_the_lane_the_hand_built_second_host
     assert entry["background_host"] is True and entry["background"] == product["background"]
     spin = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+embedder-spin"]
     assert spin == {**product, "embedder_spin_us": 1000}
+    # The same keys on the entry itself (both hosts), the rows README's lane table measured.
+    base = contention.VARIANTS["rt+app+bg-host"]
+    on_entry = contention.VARIANTS["rt+app+bg-host+on-entry+here-normal+step-nice"]
+    assert product == {**base, "background": product["background"]}
+    assert on_entry == {**base, **product["background"]}
 
 
 def test_slice_rows_offer_the_unmanaged_camera_the_same_slice() -> None:
