@@ -150,7 +150,15 @@ class CompileRaiser:
     @staticmethod
     def down(pid: int, tid: int = 0, *, children: bool = True) -> None:
         """The tree back to SCHED_IDLE (what is still at nice 0 of it)."""
-        proc_tree.lower_to_idle(proc_tree.tree(pid, tid) if children else [(pid, tid)])
+        if not children:
+            proc_tree.lower_to_idle([(pid, tid)])
+            return
+        # A thread (or child process) started by a raised one while the tree is walked
+        # inherits nice 0 and is not in that walk: walk again until a pass lowers nothing
+        # (a few passes at most; each bounded by MAX_THREADS).
+        for _ in range(3):
+            if not proc_tree.lower_to_idle(proc_tree.tree(pid, tid)):
+                return
 
     def applied(self, pid: int, tid: int, ok: bool, why: str) -> None:
         """npud's answer to a raise asked for ``(pid, tid)``."""

@@ -47,6 +47,20 @@ needs_raise = pytest.mark.skipif(
     "RLIMIT_NICE below 20): the bound is off")
 
 
+def _lowered_soon(pid: int, within_s: float = 10.0) -> bool:
+    """Every thread of ``pid`` back at SCHED_IDLE within ``within_s``. Not at once: on a
+    loaded machine the compile may have starved again just before it ended, and then
+    its child runs raised for one bound more (seen in a loaded full suite) before the
+    bound lowers it."""
+    deadline = time.monotonic() + within_s
+    while (got := _policies(pid)) != {os.SCHED_IDLE}:
+        if time.monotonic() > deadline:
+            print("policies of the child's threads:", got)
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _policies(pid: int) -> set[int]:
     """The scheduling policies of ``pid``'s threads. A thread that exits between the
     listing and the read (one of ONNX Runtime's, seen once under a loaded full suite:
@@ -112,7 +126,7 @@ def test_a_stopped_compile_child_is_raised_counted_and_its_compile_completes() -
         th.join(120)
         assert not th.is_alive() and got and got[0], "the compile did not complete"
         assert guard.counts()["raises"] >= before + 2
-        assert _policies(worker.pid) == {os.SCHED_IDLE}  # lowered
+        assert _lowered_soon(worker.pid)
     finally:
         worker.close()
 
@@ -153,7 +167,7 @@ def test_a_child_starved_before_its_receipt_is_raised() -> None:
         th.join(120)
         assert not th.is_alive() and got and got[0], "the compile did not complete"
         assert worker.pid is not None
-        assert _policies(worker.pid) == {os.SCHED_IDLE}  # lowered
+        assert _lowered_soon(worker.pid)
     finally:
         worker.close()
 
