@@ -22,6 +22,9 @@ from npumanager.hal import rt_sched as rt
 from npumanager.testing import procs
 from tests.hal.test_rt_sched import needs_fifo
 
+#: FIFO spinners here: one such test at a time (tests/conftest.py).
+pytestmark = pytest.mark.fifo
+
 
 def fresh() -> None:
     """In a child: the backstop as in a process that never used it (the parent, a pytest

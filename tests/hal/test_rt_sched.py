@@ -14,6 +14,9 @@ import pytest
 from npumanager.errors import InvalidArgument
 from npumanager.hal import rt_sched as rt
 
+#: FIFO spinners here: one such test at a time (tests/conftest.py).
+pytestmark = pytest.mark.fifo
+
 
 def _can_fifo() -> bool:
     """Whether this process may put a thread at SCHED_FIFO (tried on a throwaway thread, so

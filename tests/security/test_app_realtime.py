@@ -22,7 +22,7 @@ from npumanager.testing import procs
 from tests.security.conftest import StartDaemon
 from tests.security.harness import ATTACKER, BYSTANDER, assert_served, needs_root
 
-pytestmark = needs_root
+pytestmark = [needs_root, pytest.mark.fifo]
 
 #: A small CPU bound and fast samples, so a spinner is taken back in a fraction of a second.
 RT = {"app_rt_priority": 1, "app_rt_max_threads": 2, "app_rt_max_cpu_ms": 100.0,

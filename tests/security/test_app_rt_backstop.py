@@ -30,7 +30,7 @@ from tests.hal.test_rt_sched import needs_fifo
 from tests.security.conftest import StartDaemon
 from tests.security.harness import ATTACKER, assert_served, needs_root
 
-pytestmark = [needs_root, needs_fifo]
+pytestmark = [needs_root, needs_fifo, pytest.mark.fifo]
 
 #: npud's own watchdog well above what the test measures (so what lowers the thread is
 #: the app's backstop, not npud before it died).

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from npumanager import ModelLoadRequest, NpuManager, nn
 from npumanager.hal import rt_sched as rt
@@ -27,7 +28,7 @@ from tests.security.conftest import StartDaemon
 from tests.security.harness import Lifecycle, driver_pid, needs_root
 from tests.security.test_driver_user import expected_user
 
-pytestmark = [needs_root, needs_fifo]
+pytestmark = [needs_root, needs_fifo, pytest.mark.fifo]
 
 
 def _driver(**keys: Any) -> list[dict[str, Any]]:

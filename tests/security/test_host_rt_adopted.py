@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from tests.hal.test_rt_sched import needs_fifo
 from tests.security.harness import ATTACKER, needs_root
 from tests.security.test_host_rt_grants import DRIVER_USER, sleepy_spinner, stand_in_host
 
-pytestmark = [needs_root, needs_fifo]
+pytestmark = [needs_root, needs_fifo, pytest.mark.fifo]
 
 
 @pytest.fixture
@@ -82,6 +83,11 @@ def test_an_adopted_host_tied_to_npuds_record_gets_its_thread_at_fifo(
 def _spawn_at(pid: int, tries: int = 200) -> tuple[procs.Child, list[int]] | None:
     """A stand-in host (the driver's user, bounded: the impostor npud would most easily
     take for the real one) at exactly ``pid``, by setting the kernel's last pid."""
+    # /proc start times count clock ticks (10 ms): a pid taken again within the tick its
+    # first process started in reads as the same process. Only root's ns_last_pid recycles
+    # a pid that fast (a wrap of the pid space takes far longer); this test's did once on
+    # an idle machine, so the impostor starts a few ticks later, as any real one would.
+    time.sleep(3 / os.sysconf("SC_CLK_TCK"))
     for _ in range(tries):
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(pid - 1))

@@ -33,7 +33,7 @@ from tests.hal.test_rt_sched import Parked, needs_fifo
 from tests.security.harness import ATTACKER, needs_root
 from tests.security.test_driver_user import expected_user
 
-pytestmark = [needs_root, needs_fifo]
+pytestmark = [needs_root, needs_fifo, pytest.mark.fifo]
 DRIVER_USER = expected_user().pw_uid
 
 

@@ -8,12 +8,14 @@ import os
 import threading
 from typing import Any
 
+import pytest
+
 from npumanager.hal import rt_sched as rt
 from npumanager.testing import procs
 from tests.hal.test_rt_sched import Parked, needs_fifo
 from tests.security.harness import ATTACKER, needs_root
 
-pytestmark = [needs_root, needs_fifo]
+pytestmark = [needs_root, needs_fifo, pytest.mark.fifo]
 
 
 def _enter_then_leave() -> tuple[int, rt.ThreadSched | None, bool, str, rt.ThreadSched | None,

@@ -23,6 +23,9 @@ from npumanager.service.daemon import Daemon
 from npumanager.testing import VirtualClock, procs
 from tests.service.test_daemon import run_scenario, settle
 
+#: FIFO spinners here: one such test at a time (tests/conftest.py).
+pytestmark = pytest.mark.fifo
+
 RT = {"app_rt_priority": 1, "app_rt_sample_s": 0.15}
 #: The app's uid when run as root (root's own importance is always FOREGROUND).
 APP = 50001

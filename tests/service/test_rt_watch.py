@@ -13,6 +13,9 @@ from npumanager.errors import (
 )
 from npumanager.service.rt_watch import RtGrant, RtLimits, RtWatch
 
+#: FIFO spinners here: one such test at a time (tests/conftest.py).
+pytestmark = pytest.mark.fifo
+
 UID, PID, NPUD = 5000, 4242, 1
 FG, VISIBLE = 100, 200
 MS = 1_000_000
