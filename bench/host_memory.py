@@ -14,14 +14,11 @@ import argparse
 import os
 import statistics
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from npumanager import (
-    LoadStatus,
     ModelLoadRequest,
-    ModelLoadRequestCallback,
     ModelPriority,
     NpuManager,
     nn,
@@ -29,20 +26,10 @@ from npumanager import (
 from npumanager.demo.contention import build_models, driver_config
 from npumanager.demo.contention_memory import descendants
 from npumanager.testing.daemon import DaemonProcess, driver_hosts
+from npumanager.testing.grants import Granted
 
 APPS = {"camera": ModelPriority.NORMAL, "voice": ModelPriority.NORMAL,
         "llm": ModelPriority.BACKGROUND, "embedder": ModelPriority.BACKGROUND}
-
-
-class Granted(ModelLoadRequestCallback):
-    def __init__(self) -> None:
-        self.listener: Any = None
-        self.event = threading.Event()
-
-    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
-        if status == LoadStatus.CAN_LOAD_NOW:
-            self.listener = listener
-            self.event.set()
 
 
 def rollup(pid: int) -> tuple[int, int]:

@@ -7,20 +7,19 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from npumanager import LoadStatus, ModelLoadRequest, ModelLoadRequestCallback, NpuManager, nn
+from npumanager import ModelLoadRequest, NpuManager, nn
 from npumanager.cli.top import bar, sparkline
 from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.filewatch import DirectoryWatch
+from npumanager.testing.grants import Granted
 from npumanager.testing.onnx_models import add_model
 from tests.cli.conftest import npu
 
@@ -30,17 +29,6 @@ def test_sparkline_and_bar() -> None:
     assert sparkline([1.0, 1.0]) == "▁▁"
     assert sparkline([30.0, 65.0, 100.0], 30.0, 100.0) == "▁▅█"
     assert bar(1, 4, 8) == "██······" and bar(0, 0, 3) == "···"
-
-
-class Granted(ModelLoadRequestCallback):
-    def __init__(self) -> None:
-        self.listener: Any = None
-        self.event = threading.Event()
-
-    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
-        if status == LoadStatus.CAN_LOAD_NOW:
-            self.listener = listener
-            self.event.set()
 
 
 @pytest.fixture

@@ -8,18 +8,17 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from npumanager import LoadStatus, ModelLoadRequest, ModelLoadRequestCallback, NpuManager, nn
+from npumanager import ModelLoadRequest, NpuManager, nn
 from npumanager.errors import DeviceUnavailable, NoManagerAttached
 from npumanager.testing.daemon import DaemonProcess
+from npumanager.testing.grants import Granted
 from npumanager.testing.onnx_models import add_model, matmul_model
 
 pytestmark = pytest.mark.slow
@@ -30,17 +29,6 @@ def npud(runtime_dir: Path, state_dir: Path) -> Iterator[DaemonProcess]:
     env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
     with DaemonProcess(runtime_dir, drivers=True, env=env, ready_timeout=60) as d:
         yield d
-
-
-class Granted(ModelLoadRequestCallback):
-    def __init__(self) -> None:
-        self.listener: Any = None
-        self.event = threading.Event()
-
-    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
-        if status == LoadStatus.CAN_LOAD_NOW:
-            self.listener = listener
-            self.event.set()
 
 
 def _driver_pid(rt: Path) -> int:
