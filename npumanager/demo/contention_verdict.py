@@ -50,18 +50,35 @@ TARGETS: dict[str, Target] = {t.key: t for t in (
 )}
 
 
+#: Not targets: per "x unmanaged" target, the lowest ratio any managed camera could reach
+#: in that phase of the same invocation: the camera's own frame alone in its own process
+#: (the unmanaged run's alone p50: the same model, no transport, nothing else running)
+#: over the phase's unmanaged p99. A managed frame runs the same model, so no scheduling
+#: takes its p99 below that; where the floor is above the target's limit, the target asks
+#: for a frame faster than the camera's own alone and cannot be met on this machine (#15:
+#: on 2 CPUs the kernel preempts the unmanaged apps at the camera's wake-up, so its p99
+#: while a model loads stays near its alone, 0.2-0.3 ms, against a managed round trip of
+#: ~0.4 ms). Shown beside the verdict; it changes no verdict.
+FLOORS: dict[str, str] = {f"camera p99 {p} x unmanaged": f"camera p99 {p} x unmanaged floor"
+                          for p in ("contended", "loading")}
+
+
 def ratios(unmanaged: RunResult, managed: RunResult) -> dict[str, float]:
     """The managed run's ratios (TARGETS' keys), those its results allow: the camera's
     p99 against its own alone phase and against the unmanaged run's same phase, each
-    background app's throughput against its unmanaged rate."""
+    background app's throughput against its unmanaged rate; and the FLOORS of the "x
+    unmanaged" ones where the unmanaged run has its camera alone."""
     out: dict[str, float] = {}
     alone = managed.camera.get("alone")
+    u_alone = unmanaged.camera.get("alone")
     for phase in ("contended", "loading"):
         m, u = managed.camera.get(phase), unmanaged.camera.get(phase)
         if m is None or u is None or alone is None or not m.ms or not u.ms:
             continue
         out[f"camera p99 {phase} x alone"] = m.pct(0.99) / alone.pct(0.99)
         out[f"camera p99 {phase} x unmanaged"] = m.pct(0.99) / u.pct(0.99)
+        if u_alone is not None and u_alone.ms:
+            out[FLOORS[f"camera p99 {phase} x unmanaged"]] = u_alone.pct(0.5) / u.pct(0.99)
     both = []
     for what, m_v, u_v in (("LLM tokens/s", managed.llm_tokens_s, unmanaged.llm_tokens_s),
                            ("embedder items/s", managed.embedder_items_s,
@@ -80,6 +97,16 @@ def _verdict(key: str, value: float) -> str:
     return f"target {bound}: {'PASS' if t.passes(value) else 'FAIL'}"
 
 
+def _below_floor(key: str, r: dict[str, float]) -> str:
+    """What a failed "x unmanaged" verdict owes to its floor: said only where the floor
+    itself is past the limit (no managed run could pass there)."""
+    floor = r.get(FLOORS[key], float("nan"))
+    if floor != floor or TARGETS[key].passes(floor):
+        return ""
+    return (f"; unreachable here: the camera's own frame alone, unmanaged (p50), is already "
+            f"{floor:.2f}x this phase's unmanaged p99")
+
+
 def lines(r: dict[str, float]) -> list[str]:
     """The verdicts on one set of ratios (one invocation's, or the medians)."""
     out = []
@@ -87,7 +114,7 @@ def lines(r: dict[str, float]) -> list[str]:
         a, u = f"camera p99 {phase} x alone", f"camera p99 {phase} x unmanaged"
         if a in r and u in r:
             out.append(f"camera p99 {phase}: managed {r[a]:.2f}x alone ({_verdict(a, r[a])}), "
-                       f"{r[u]:.2f}x unmanaged ({_verdict(u, r[u])})")
+                       f"{r[u]:.2f}x unmanaged ({_verdict(u, r[u])}{_below_floor(u, r)})")
     for what in ("LLM tokens/s", "embedder items/s"):
         k = f"{what} % of unmanaged"
         if k in r:
@@ -130,7 +157,7 @@ def spread(values: list[float]) -> Spread:
 def aggregate(per_invocation: list[dict[str, float]]) -> dict[str, Spread]:
     """Each ratio's spread over the invocations (one pair's ratios per invocation), in
     TARGETS' order; a ratio missing from an invocation counts as NaN there."""
-    keys = [k for k in TARGETS if any(k in r for r in per_invocation)]
+    keys = [k for k in (*TARGETS, *FLOORS.values()) if any(k in r for r in per_invocation)]
     return {k: spread([r.get(k, float("nan")) for r in per_invocation]) for k in keys}
 
 
@@ -152,15 +179,20 @@ def medians(agg: dict[str, Spread]) -> dict[str, float]:
     return {k: s.median for k, s in agg.items() if s.median == s.median}
 
 
+#: How a floor's cell is printed (a ratio like the camera's targets; it has no limit).
+_FLOOR_CELL = Target("floor", float("inf"), True, "x")
+
+
 def summary_rows(by_pair: dict[tuple[str, str], dict[str, Spread]]) -> list[tuple[str, ...]]:
     """The summary table: one row per ratio, one column per (unmanaged, managed) pair,
     each cell the median and the min-max over the invocations."""
-    keys = [k for k in TARGETS if any(k in agg for agg in by_pair.values())]
+    keys = [k for k in (*TARGETS, *FLOORS.values())
+            if any(k in agg for agg in by_pair.values())]
     rows: list[tuple[str, ...]] = [("median (min-max)", *[m if u == "unmanaged"
                                                           else f"{m} vs {u}"
                                                           for u, m in by_pair])]
     for k in keys:
-        t = TARGETS[k]
+        t = TARGETS.get(k, _FLOOR_CELL)
         cells = []
         for agg in by_pair.values():
             s = agg.get(k)
@@ -177,6 +209,6 @@ def summary_json(by_pair: dict[tuple[str, str], dict[str, Spread]]) -> list[dict
              "ratios": {k: {"median": s.median, "min": s.lo, "max": s.hi,
                             "values": list(s.values),
                             "pass": (TARGETS[k].passes(s.median)
-                                     if s.median == s.median else None)}
+                                     if s.median == s.median and k in TARGETS else None)}
                         for k, s in agg.items()}}
             for (u, m), agg in by_pair.items()]

@@ -30,6 +30,9 @@ def test_ratios_are_the_verdicts_numbers() -> None:
                  "camera p99 contended x unmanaged": 0.12,
                  "camera p99 loading x alone": 2.4,
                  "camera p99 loading x unmanaged": 0.12,
+                 # The floors: the unmanaged camera alone (1 ms) over its phase's p99.
+                 "camera p99 contended x unmanaged floor": 0.1,
+                 "camera p99 loading x unmanaged floor": 0.05,
                  "LLM tokens/s % of unmanaged": 0.9,
                  "embedder items/s % of unmanaged": 0.5,
                  "background work % of unmanaged": 0.7}
@@ -41,6 +44,37 @@ def test_ratios_are_the_verdicts_numbers() -> None:
     assert lines[2] == "LLM tokens/s: managed 90 % of unmanaged (target >= 80 %: PASS)"
     assert lines[3] == "embedder items/s: managed 50 % of unmanaged (target >= 80 %: FAIL)"
     assert lines[4].startswith("background work, both apps (mean of the two): managed 70 %")
+
+
+def test_an_unmanaged_camera_near_its_alone_makes_the_x_unmanaged_target_unreachable(
+        ) -> None:
+    """#15 on 2 CPUs: the unmanaged camera's p99 while a model loads stays near its own
+    alone (0.25 vs 0.2 ms), so 0.5x unmanaged asks for a frame faster than the camera's own
+    frame alone; the failed verdict says so, and a verdict whose floor is under the limit
+    does not."""
+    u, m = RunResult("unmanaged"), RunResult("managed")
+    u.camera = {"alone": Stats([0.2] * 99 + [0.3]), "contended": Stats([2.0]),
+                "loading": Stats([0.25])}
+    m.camera = {"alone": Stats([0.6]), "contended": Stats([0.4]), "loading": Stats([0.4])}
+    r = cv.ratios(u, m)
+    assert r["camera p99 loading x unmanaged floor"] == 0.2 / 0.25  # the alone's p50
+    assert r["camera p99 contended x unmanaged floor"] == 0.1
+    contended, loading = cv.lines(r)[:2]
+    assert contended.endswith("0.20x unmanaged (target <= 0.5x: PASS)")
+    assert loading.endswith("1.60x unmanaged (target <= 0.5x: FAIL; unreachable here: the "
+                            "camera's own frame alone, unmanaged (p50), is already 0.80x "
+                            "this phase's unmanaged p99)")
+    # A managed camera under the floor cannot happen, but a FAIL above a floor under the
+    # limit is the managed path's own: no excuse printed.
+    u.camera["loading"] = Stats([1.0])
+    assert "unreachable" not in cv.lines(cv.ratios(u, m))[1]
+    # Over invocations the floor has its own row and no verdict.
+    by_pair = cv.over_invocations([[u, m]], [("unmanaged", "managed")])
+    cells = dict((row[0], row[1:]) for row in cv.summary_rows(by_pair))
+    assert cells["camera p99 loading x unmanaged floor"] == ("0.20x (0.20x-0.20x)",)
+    ratios = cv.summary_json(by_pair)[0]["ratios"]
+    assert isinstance(ratios, dict)
+    assert ratios["camera p99 loading x unmanaged floor"]["pass"] is None
 
 
 def test_a_phase_a_run_lacks_gives_no_ratio_and_no_verdict() -> None:
