@@ -338,18 +338,11 @@ the host CPU, not on the device's queue).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-
-class ExecClass(Enum):
-    FOREGROUND = "foreground"
-    BACKGROUND = "background"
-
-
-#: Effective priority at or below which work is foreground by default: VISIBLE (200)
-#: with job priority 0. A camera (FOREGROUND 100) and a voice assistant (VISIBLE 200)
-#: are foreground; services (300) and anything with a background job priority are not.
-DEFAULT_FOREGROUND_PRIORITY = 200
+# The class rule itself is the HAL's (npud routes grants by it too): re-exported here.
+from npumanager.hal.exec_class import DEFAULT_FOREGROUND_PRIORITY as DEFAULT_FOREGROUND_PRIORITY
+from npumanager.hal.exec_class import ExecClass as ExecClass
+from npumanager.hal.exec_class import exec_class as exec_class
 
 
 @dataclass(frozen=True)
@@ -364,13 +357,6 @@ class Protection:
     def reserved(self, channels: int) -> int:
         """The reservation that leaves background work at least one channel."""
         return max(0, min(self.reserved_channels, channels - 1))
-
-
-def exec_class(effective_priority: int, foreground_priority: int) -> ExecClass:
-    """The class a job runs in (lower effective priority = more important)."""
-    if effective_priority <= foreground_priority:
-        return ExecClass.FOREGROUND
-    return ExecClass.BACKGROUND
 
 
 def may_start(cls: ExecClass, background_running: int, channels: int, reserved: int) -> bool:

@@ -202,13 +202,13 @@ class NpudLink:
         (npud tells each grant to one of its hosts only; service/host_lanes.py)."""
         if self.hc.lane:
             return (f"; this is {self.hc.name}'s {self.hc.lane} lane, for BACKGROUND and "
-                    f"OPPORTUNISTIC requests: another request's grant is valid on "
-                    f"drivers/{self.hc.name}.sock")
+                    f"OPPORTUNISTIC requests and apps whose importance is a background one: "
+                    f"another request's grant is valid on drivers/{self.hc.name}.sock")
         if self.hc.background_host:
-            return (f"; a BACKGROUND or OPPORTUNISTIC request's grant is valid on "
-                    f"{self.hc.name}'s background lane only, drivers/"
-                    f"{self.hc.lane_name}.background.sock (nn's prepare_model goes there "
-                    "when given the request's listener or lease)")
+            return (f"; a BACKGROUND or OPPORTUNISTIC request's grant, or a background-"
+                    f"importance app's, is valid on {self.hc.name}'s background lane only, "
+                    f"drivers/{self.hc.lane_name}.background.sock (nn's prepare_model goes "
+                    "there when given the request's listener or lease; its lane says which)")
         return ""
 
     def _grant_issued(self, ctx: CallContext, payload: bytes) -> Empty:

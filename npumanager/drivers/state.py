@@ -50,7 +50,7 @@ from npumanager.constants import ThermalStatus
 from npumanager.drivers import events as ev
 from npumanager.drivers.admission import Grants
 from npumanager.drivers.bounds import Holdings, Ledger
-from npumanager.drivers.classes import ExecClass, Protection, exec_class
+from npumanager.drivers.classes import ExecClass, Protection
 from npumanager.drivers.configs import SchedulingConfigs
 from npumanager.drivers.debounce import Debouncer
 from npumanager.drivers.decisions import DecisionLog
@@ -71,6 +71,7 @@ from npumanager.drivers.state_models import ORPHAN_TIMER, ModelRules
 from npumanager.drivers.state_repeat import RepeatPath
 from npumanager.drivers.state_work import WorkRules
 from npumanager.errors import GrantRevoked, InvalidArgument, NpuError
+from npumanager.hal.exec_class import model_class
 from npumanager.hal.types import (
     DEBOUNCE_DURATION_MS,
     EndReason,
@@ -204,8 +205,7 @@ class DriverState(ModelRules, RepeatPath, LoadHoldRules, WorkRules):
     def model_class(self, uid: int) -> ExecClass:
         """The class a model prepared by ``uid`` is compiled in (its session's threads,
         the compile's thread): its app priority with job priority 0."""
-        cfg = self.config(uid)
-        return exec_class(cfg.app_priority + cfg.clamp(0), self.protection.foreground_priority)
+        return model_class(self.config(uid), self.protection.foreground_priority)
 
     def check_grant(self, grant_id: str, uid: int) -> GrantCheck:
         """May ``uid`` prepare a model under ``grant_id`` now? Raises GrantRequired

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from npumanager.constants import ThermalStatus
-from npumanager.hal.types import DEBOUNCE_DURATION_MS, SchedulingConfig
+from npumanager.hal.types import DEBOUNCE_DURATION_MS, SchedulingConfig, default_config
 from npumanager.hal.wire import configs_msg
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.service.driver_slots import DriverSlot
@@ -27,6 +27,9 @@ class DriverFeed(HostLanes):
         self.table: dict[int, SchedulingConfig] = {}
         #: grant id -> (uid, request id, the driver it is valid on, the lane of its host)
         self.grants: dict[str, tuple[int, int, str, str]] = {}
+        #: grant id -> the lane of the host that reported holding it when it attached
+        #: (an adopted host): a restarted npud tells the grant to that host again.
+        self.held_lanes: dict[str, str] = {}
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
 
@@ -50,9 +53,17 @@ class DriverFeed(HostLanes):
                      priority: int = 0) -> None:
         # A grant is valid on its device only: only that device's driver hears of it, so
         # a prepare on any other device is refused (GrantRequired) by its own driver; and
-        # on one host of it (host_lanes.grant_target: ``priority`` is the request's).
+        # on one host of it: the one that holds it after an npud restart, else by the
+        # request's effective class (host_lanes.grant_target: ``priority`` is the
+        # request's; the uid's row is the one the drivers have).
         slot = self.driver_of(device)
-        target = grant_target(slot, priority) if slot is not None else None
+        held = self.held_lanes.pop(grant_id, None)
+        if slot is None:
+            target = None
+        elif held is not None:
+            target = slot.background if held and slot.background is not None else slot
+        else:
+            target = grant_target(slot, priority, self.table.get(uid) or default_config(uid))
         self.grants[grant_id] = (uid, request_id, slot.name if slot is not None else "",
                                  target.lane if target is not None else "")
         msg = pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id)
@@ -61,6 +72,12 @@ class DriverFeed(HostLanes):
         else:
             self._push(target, "hal.grant_issued", msg)
 
+    def note_held(self, slot: DriverSlot, grant_ids: list[str]) -> None:
+        """``slot``'s host attached holding ``grant_ids`` (it outlived an npud): their
+        host, for when npud adopts them (grant_issued)."""
+        for gid in grant_ids:
+            self.held_lanes[gid] = slot.lane
+
     def grant_lane(self, grant_id: str) -> str:
         """The lane of the host a live grant is valid on ("": its device's main host)."""
         entry = self.grants.get(grant_id)
@@ -68,6 +85,7 @@ class DriverFeed(HostLanes):
 
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         entry = self.grants.pop(grant_id, None)
+        self.held_lanes.pop(grant_id, None)  # (a held grant no client claimed)
         msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked, ack=ack)
         slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None
         if slot is None:

@@ -20,9 +20,11 @@ What npud does for a device with a background lane (the supervisor's part, a mix
   back-off and adoption after an npud restart; npud's real-time, compile-raise and
   compile-watch handlers serve it tied to its own pid, like any host npud spawned.
 * Grants (:mod:`.driver_feed`): each grant is told to one host of its device:
-  :func:`grant_target` (the lane for a BACKGROUND or OPPORTUNISTIC request, the main host
-  otherwise, decided by npud when it grants and said to the app in the grant answer); its
-  end goes to that host, which acknowledges the release. The other host does not know the
+  :func:`grant_target` (the lane for a request whose effective class is BACKGROUND: a
+  BACKGROUND or OPPORTUNISTIC request, or any request of a uid the driver runs as
+  BACKGROUND; the main host otherwise; decided by npud when it grants, kept for the
+  grant's life and said to the app in the grant answer); its end goes to that host, which
+  acknowledges the release. The other host does not know the
   grant, so a prepare there is refused (GrantRequired naming the lane): a background model
   in the foreground's host is what costs the camera.
 * One device: the lane's capabilities are not reported (``nn.devices()`` numbering and the
@@ -45,7 +47,13 @@ import signal
 from typing import Any
 
 from npumanager.constants import ModelPriority
+from npumanager.hal.exec_class import (
+    DEFAULT_FOREGROUND_PRIORITY,
+    ExecClass,
+    model_class,
+)
 from npumanager.hal.host_config import lane_entry
+from npumanager.hal.types import SchedulingConfig
 from npumanager.paths import BACKGROUND_LANE
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
@@ -72,14 +80,33 @@ def make_lane(slot: DriverSlot, socket_path: str) -> DriverSlot:
     return lane
 
 
-def grant_target(slot: DriverSlot, priority: int) -> DriverSlot:
-    """The host a grant for a request of ``priority`` (ModelPriority) is valid on: the
-    device's background lane for BACKGROUND and OPPORTUNISTIC, its main host otherwise.
-    By the request's own priority, which the app chose and keeps: an importance that
-    changes later does not move a loaded model, and a restarted npud that adopts the
-    grant routes it to the host that still holds it."""
+def grant_class(priority: int, config: SchedulingConfig, foreground_priority: int
+                ) -> ExecClass:
+    """A request's effective class when npud grants it: BACKGROUND for a BACKGROUND or
+    OPPORTUNISTIC request (the app said so, whatever its uid's importance), else the class
+    the device's driver runs its uid's models in (:func:`~npumanager.hal.exec_class.
+    model_class`: the app priority npud told the driver, from the uid's importance or an
+    [[app]] entry, against the driver's ``foreground_priority``). So a uid whose importance
+    is a background one (a service, cached, an unknown uid's 1000) asking NORMAL is
+    BACKGROUND: the driver would run its steps at the background class anyway."""
+    if priority >= ModelPriority.BACKGROUND:
+        return ExecClass.BACKGROUND
+    return model_class(config, foreground_priority)
+
+
+def grant_target(slot: DriverSlot, priority: int, config: SchedulingConfig) -> DriverSlot:
+    """The host a new grant for a request of ``priority`` (ModelPriority) by ``config``'s
+    uid (the driver's row for it) is valid on: the device's background lane when the
+    request's :func:`grant_class` is BACKGROUND, its main host otherwise. Decided once,
+    when npud grants: the grant keeps its host (DriverFeed.grants records it), so an
+    importance that changes later does not move a loaded model, and a restarted npud
+    that adopts the grant routes it to the host that reported holding it
+    (DriverFeed.held_lanes), whatever the rule says then."""
     lane = slot.background
-    return lane if lane is not None and priority >= ModelPriority.BACKGROUND else slot
+    if lane is None:
+        return slot
+    foreground = int(slot.entry.get("foreground_priority", DEFAULT_FOREGROUND_PRIORITY))
+    return lane if grant_class(priority, config, foreground) is ExecClass.BACKGROUND else slot
 
 
 class HostLanes:
@@ -184,4 +211,4 @@ def _pid(slot: DriverSlot) -> int:
     return slot.conn.peer.pid if slot.conn is not None else 0
 
 
-__all__ = ["HostLanes", "grant_target", "make_lane"]
+__all__ = ["HostLanes", "grant_class", "grant_target", "make_lane"]

@@ -469,6 +469,7 @@ class DriverSupervisor(DriverFeed):
                                      pb.AttachManager(enforce_admission=self.enforce_admission))
         held = [HeldGrant(g.grant_id, g.uid, g.request_id, g.memory_bytes)
                 for g in pb.HeldGrants.FromString(payload).grants]
+        self.note_held(slot, [g.grant_id for g in held])
         hook = getattr(self.events, "driver_held", None)
         if held and hook is not None:
             # Before npud serves clients (start waits for its drivers): their claims meet

@@ -2,8 +2,8 @@
 real uids: its socket is a second door to the device, and it must be no wider than the
 first. An app cannot prepare there without a grant npud told that host (none, a made-up
 one, another uid's, or its own NORMAL one), cannot reach another uid's model there,
-cannot tell the lane about a grant itself (hal.* is npud's), and cannot put its
-BACKGROUND load in the device's main host (the grant is valid on the lane only): a
+cannot tell the lane about a grant itself (hal.* is npud's), and, a foreground app, cannot
+put its BACKGROUND load in the device's main host (the grant is valid on the lane only): a
 background model in the foreground's host is what the lane exists to keep out."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from npumanager import ModelLoadRequest, ModelPriority, NpuManager, nn
+from npumanager.constants import Importance
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.testing import procs
 from npumanager.testing.onnx_models import add_model
@@ -90,6 +91,10 @@ def test_the_lane_is_no_wider_a_door_than_the_main_host(start_npud: StartDaemon,
                                                         runtime_dir: Path) -> None:
     npud = start_npud(drivers=True, driver=DRIVER)
     rt = str(runtime_dir)
+    # The attacker as a foreground app: its NORMAL grant is the main host's (an unknown
+    # uid's would be the lane's too: tests/security/test_lane_routing.py).
+    with NpuManager(rt) as admin:
+        admin.set_uid_importance(ATTACKER, Importance.FOREGROUND)
     lane_sock = str(runtime_dir / "drivers" / "reference.background.sock")
     bystander = procs.spawn_as(BYSTANDER, None, victim, rt, timeout=120)
     try:

@@ -1,4 +1,5 @@
-"""service/host_lanes.py without processes: which host of a device a grant is told to, the
+"""service/host_lanes.py without processes: which host of a device a grant is told to (by
+the request's effective class; kept for the grant's life; an adopted one where it is held), the
 acknowledgements a lane owes when it goes, and which host a hung device's restart kills."""
 
 from __future__ import annotations
@@ -7,9 +8,12 @@ import asyncio
 from typing import Any
 
 from npumanager.constants import ModelPriority
+from npumanager.hal.exec_class import ExecClass, model_class
+from npumanager.hal.types import SchedulingConfig, default_config
 from npumanager.proto.v1.common_pb2 import DeviceInfo
+from npumanager.service.driver_feed import DriverFeed
 from npumanager.service.driver_slots import Backoff, DriverSlot
-from npumanager.service.host_lanes import HostLanes, grant_target, make_lane
+from npumanager.service.host_lanes import HostLanes, grant_class, grant_target, make_lane
 
 
 def slot(name: str = "ref", **entry: Any) -> DriverSlot:
@@ -38,6 +42,9 @@ class Lanes(HostLanes):
         self.events: Any = Events()
 
 
+FG_APP = SchedulingConfig(uid=1000, app_priority=100)  # a camera: FOREGROUND importance
+
+
 def test_background_and_opportunistic_grants_go_to_the_lane_others_to_the_main_host() -> None:
     main = slot(background={"channels": 1}, restart_backoff_s=0.5)
     lane = make_lane(main, "/rt/drivers/ref.background.sock")
@@ -47,9 +54,93 @@ def test_background_and_opportunistic_grants_go_to_the_lane_others_to_the_main_h
     assert lane.label == "ref (background lane)"
     for priority, want in ((ModelPriority.NORMAL, main), (ModelPriority.BACKGROUND, lane),
                            (ModelPriority.OPPORTUNISTIC, lane)):
-        assert grant_target(main, int(priority)) is want
+        assert grant_target(main, int(priority), FG_APP) is want
     alone = slot("other")  # no lane: everything on its one host
-    assert grant_target(alone, int(ModelPriority.BACKGROUND)) is alone
+    assert grant_target(alone, int(ModelPriority.BACKGROUND), FG_APP) is alone
+
+
+def test_the_effective_class_routes_a_background_importance_apps_normal_request() -> None:
+    """The class the driver runs the uid's models in (app priority + clamped job priority
+    0 against foreground_priority) decides, not the request's priority alone."""
+    main = slot()
+    lane = make_lane(main, "/x.sock")
+    normal = int(ModelPriority.NORMAL)
+    for app_priority, want in ((100, main), (200, main),  # FOREGROUND, VISIBLE: foreground
+                               (201, lane), (300, lane), (400, lane), (1000, lane)):
+        cfg = SchedulingConfig(uid=1000, app_priority=app_priority)
+        assert grant_target(main, normal, cfg) is want, app_priority
+    # An unknown uid is the driver's default row (1000): BACKGROUND.
+    assert grant_target(main, normal, default_config(1000)) is lane
+    # An [[app]] range whose floor is a background job priority: its models are BACKGROUND.
+    assert grant_target(main, normal, SchedulingConfig(1000, 100, min_priority=150)) is lane
+    assert grant_class(normal, SchedulingConfig(1000, 100, min_priority=100),
+                       200) is ExecClass.FOREGROUND
+    # The driver's own foreground_priority: a service (300) is foreground where it is 300.
+    wide = slot(foreground_priority=300)
+    wide_lane = make_lane(wide, "/y.sock")
+    svc = SchedulingConfig(uid=1000, app_priority=300)
+    assert grant_target(wide, normal, svc) is wide
+    assert grant_target(wide, int(ModelPriority.BACKGROUND), svc) is wide_lane
+    # The driver and npud apply one rule (hal/exec_class.py).
+    for cfg in (FG_APP, svc, default_config(7), SchedulingConfig(7, 150, min_priority=60)):
+        assert grant_class(normal, cfg, 200) is model_class(cfg, 200)
+
+
+class Feed(DriverFeed):
+    """DriverFeed's grant routing, its pushes recorded per host."""
+
+    def __init__(self, *slots: DriverSlot) -> None:
+        super().__init__()
+        self.slots = list(slots)
+        self.lanes = [s.background for s in slots if s.background is not None]
+        self.events: Any = Events()
+        self.pushed: list[tuple[str, str, str]] = []
+
+    def _push(self, slot: DriverSlot, method: str, msg: Any) -> None:  # type: ignore[override]
+        self.pushed.append((slot.sock_name, method, getattr(msg, "grant_id", "")))
+
+
+def test_a_grant_keeps_its_host_when_the_uids_importance_changes() -> None:
+    main = slot()
+    make_lane(main, "/x.sock")
+    feed = Feed(main)
+    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=400)])  # cached
+    feed.grant_issued(1000, 1, "g1", "ref", int(ModelPriority.NORMAL))
+    assert feed.grant_lane("g1") == "background"
+    assert ("ref.background", "hal.grant_issued", "g1") in feed.pushed
+    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=100)])  # foreground
+    assert feed.grant_lane("g1") == "background"  # the grant stays where it was told
+    feed.grant_issued(1000, 2, "g2", "ref", int(ModelPriority.NORMAL))  # a new one: main
+    assert feed.grant_lane("g2") == ""
+    feed.pushed.clear()
+    feed.grant_ended("g1", False)
+    feed.grant_ended("g2", False)
+    assert [(h, m) for h, m, _ in feed.pushed] == [("ref.background", "hal.grant_ended"),
+                                                   ("ref", "hal.grant_ended")]
+    # An unknown uid (no row pushed): the driver's default row, 1000: the lane.
+    feed.grant_issued(2000, 1, "g3", "ref", int(ModelPriority.NORMAL))
+    assert feed.grant_lane("g3") == "background"
+
+
+def test_an_adopted_grant_goes_to_the_host_that_holds_it_not_to_the_rule() -> None:
+    main = slot()
+    lane = make_lane(main, "/x.sock")
+    feed = Feed(main)
+    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=100)])
+    # A restarted npud: the lane attached holding g1 (granted when the uid was background),
+    # the main host holding g2 (a BACKGROUND request's, say, before lanes were routed so).
+    feed.note_held(lane, ["g1"])
+    feed.note_held(main, ["g2"])
+    feed.grant_issued(1000, 1, "g1", "ref", int(ModelPriority.NORMAL))  # rule: main
+    feed.grant_issued(1000, 2, "g2", "ref", int(ModelPriority.BACKGROUND))  # rule: lane
+    assert (feed.grant_lane("g1"), feed.grant_lane("g2")) == ("background", "")
+    assert [(h, g) for h, m, g in feed.pushed if m == "hal.grant_issued"] == [
+        ("ref.background", "g1"), ("ref", "g2")]
+    assert feed.held_lanes == {}  # used once: a later grant with the rule again
+    # A held grant no client claimed is revoked: forgotten with it.
+    feed.note_held(lane, ["g9"])
+    feed.grant_ended("g9", True)
+    assert feed.held_lanes == {}
 
 
 def test_a_lane_that_goes_applies_the_ends_it_owed_and_leaves_the_device_up() -> None:
