@@ -1,10 +1,12 @@
 """`npu top`: a live view of npud and its devices (`--once` prints one frame).
 
 Per device: budget used, channels busy, thermal status with a sparkline of the
-temperature; a table of requests (uid or unit name, request, size, priority,
-state, age, memory); per uid the executions per second and p50/p99 latency
-(from each driver's ``device.stats``, admin only). Refreshes every
-``--interval`` seconds until Ctrl-C.
+temperature, its host process's pid; a device with a background lane ([[driver]]
+background_host) gets a second row for the lane's host (its channels busy, its pid or
+why it is down); a table of requests (uid or unit name, request, size, priority,
+state, age, memory, and with a lane the host its grant is valid on); per uid and host
+the executions per second and p50/p99 latency (from each host's ``device.stats``,
+admin only). Refreshes every ``--interval`` seconds until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from npumanager.cli import fmt
 from npumanager.cli.main import add_runtime_dir, positive_float
 
 SPARK = "▁▂▃▄▅▆▇█"
+#: How a device's background lane ([[driver]] background_host) is named in the tables.
+LANE_LABEL = "bg lane"
 THERMAL_STYLE = {"NONE": "green", "LIGHT": "green", "MODERATE": "yellow", "SEVERE": "orange1",
                  "CRITICAL": "red", "EMERGENCY": "bold red", "SHUTDOWN": "bold red"}
 STATE_STYLE = {"loaded": "green", "granted": "cyan", "waiting": "yellow",
@@ -74,17 +78,24 @@ class Sampler:
             c.close()
         self.mgr.close()
 
-    def driver_stats(self, device: dict[str, Any]) -> dict[str, Any] | None:
+    def driver_stats(self, device: dict[str, Any], lane: str = "") -> dict[str, Any] | None:
+        """``device``'s host's ``device.stats`` (``lane``: its background lane's host)."""
         import json
 
         from npumanager.errors import NpuError
         from npumanager.fds import close_fds
         from npumanager.hal.wire import SERVICE
+        from npumanager.paths import lane_name, lane_socket
         from npumanager.wire.client import SyncRpcClient
 
-        name, path = str(device.get("name")), str(device.get("socket_path") or "")
+        path = str(device.get("socket_path") or "")
+        name = lane_name(str(device.get("name")), lane)
         if not device.get("available") or not path:
             return None
+        if lane:
+            if not ((device.get("hosts") or {}).get(lane) or {}).get("up"):
+                return None
+            path = str(lane_socket(path, lane))
         try:
             client = self._drivers.get(name)
             if client is None:
@@ -100,17 +111,34 @@ class Sampler:
             return {"error": type(exc).__name__}
 
     def frame(self) -> dict[str, Any]:
+        from npumanager.paths import BACKGROUND_LANE
+
         dump = self.mgr.dump()
         stats = {}
+        lanes = {}
         temps = (dump.get("thermal") or {}).get("temperatures") or {}
         for d in dump.get("devices") or []:
             name = str(d.get("name"))
             stats[name] = self.driver_stats(d)
+            if BACKGROUND_LANE in (d.get("hosts") or {}):
+                lanes[name] = self.driver_stats(d, BACKGROUND_LANE)
             t = temps.get(name)
             if isinstance(t, (int, float)):
                 self.temps.setdefault(name, deque(maxlen=self.history)).append(float(t))
-        return {"dump": dump, "stats": stats,
+        return {"dump": dump, "stats": stats, "lane_stats": lanes,
                 "temps": {k: list(v) for k, v in self.temps.items()}, "at": time.time()}
+
+
+def channels(available: bool, st: dict[str, Any] | None, configured: Any) -> Any:
+    """A host's channels cell: busy of its channels (and queued) from its stats, DOWN."""
+    from rich.text import Text
+
+    if not available:
+        return Text("DOWN", style="bold red")
+    if st and "busy" in st:
+        return f"{bar(st['busy'], st['channels'], 4)} {st['busy']}/{st['channels']} busy" + (
+            f", {st['queued']} queued" if st.get("queued") else "")
+    return f"{configured or '-'}"
 
 
 def render(frame: dict[str, Any]) -> Any:
@@ -134,7 +162,7 @@ def render(frame: dict[str, Any]) -> Any:
         f"{time.strftime('%H:%M:%S', time.localtime(frame.get('at', time.time())))}")
 
     dev = Table(title="devices", title_justify="left", box=box.SIMPLE_HEAD, expand=False)
-    for col in ("device", "budget", "channels", "thermal", "temperature"):
+    for col in ("device", "budget", "channels", "thermal", "temperature", "host"):
         dev.add_column(col, no_wrap=True)
     used, total = budget.get("used") or 0, budget.get("thermal_scaled")
     total = budget.get("total") if total is None else total
@@ -144,32 +172,43 @@ def render(frame: dict[str, Any]) -> Any:
     for d in dump.get("devices") or [{"name": "(no drivers)", "available": True}]:
         name = str(d.get("name"))
         st = (frame.get("stats") or {}).get(name)
-        chans: Text | str
-        if not d.get("available"):
-            chans = Text("DOWN", style="bold red")
-        elif st and "busy" in st:
-            chans = f"{bar(st['busy'], st['channels'], 4)} {st['busy']}/{st['channels']} busy" + (
-                f", {st['queued']} queued" if st.get("queued") else "")
-        else:
-            chans = f"{d.get('channels') or '-'}"
+        hosts = d.get("hosts") or {}
         temps = (frame.get("temps") or {}).get(name) or []
         spark = sparkline(temps, 30.0, 100.0)
         t_now = f"{temps[-1]:.1f} C " if temps else ""
         over = " (override)" if thermal.get("override") or thermal.get("overridden") else ""
-        dev.add_row(name, budget_text, chans, Text(status + over,
-                                                   style=THERMAL_STYLE.get(status, "")),
-                    Text(t_now) + Text(spark, style=THERMAL_STYLE.get(status, "")))
+        dev.add_row(name, budget_text, channels(bool(d.get("available")), st,
+                                                d.get("channels")),
+                    Text(status + over, style=THERMAL_STYLE.get(status, "")),
+                    Text(t_now) + Text(spark, style=THERMAL_STYLE.get(status, "")),
+                    f"pid {hosts['pid']}" if hosts.get("pid") else "-")
+        lane = hosts.get("background")
+        if isinstance(lane, dict):
+            # The device's second host process (service/host_lanes.py): same budget and
+            # thermal status, its own channels and pid.
+            up = bool(d.get("available") and lane.get("up"))
+            dev.add_row(f" └ {LANE_LABEL}", "", channels(
+                up, (frame.get("lane_stats") or {}).get(name), None), "", "",
+                f"pid {lane.get('pid')}" if up else Text(
+                    f"DOWN: {lane.get('down_reason') or 'starting'}", style="bold red"))
 
     req = Table(title="requests", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("uid", "request", "size", "priority", "state", "age", "memory"):
+    # With a background lane: the host each grant is valid on (npud's choice, by the
+    # request's effective class: service/host_lanes.grant_target).
+    with_lane = any(isinstance((d.get("hosts") or {}).get("background"), dict)
+                    for d in dump.get("devices") or [])
+    for col in ("uid", "request", "size", "priority", "state", "age", "memory",
+                *(("host",) if with_lane else ())):
         req.add_column(col, no_wrap=True)
     for r in dump.get("requests") or []:
         state = str(r.get("state", "?"))
+        host = (() if not with_lane else
+                (LANE_LABEL if r.get("lane") else "main" if "lane" in r else "-",))
         req.add_row(str(r.get("uid_name") or r.get("uid")), fmt.cell(r.get("request_id")),
                     fmt.size_name(r.get("size")), str(r.get("priority", "-")).lower(),
                     Text(state, style=STATE_STYLE.get(state, "")),
                     fmt.duration(r["age_s"]) if r.get("age_s") is not None else "-",
-                    fmt.nbytes(r.get("real_bytes") or None))
+                    fmt.nbytes(r.get("real_bytes") or None), *host)
     if dump.get("visibility") == "own":
         req.caption = f"other uids' requests: {fmt.cell(dump.get('other_requests') or 'none')}"
 
@@ -179,7 +218,10 @@ def render(frame: dict[str, Any]) -> Any:
     uids = dump.get("uids") or {}
     rows = 0
     denied = False
-    for name, st in sorted((frame.get("stats") or {}).items()):
+    hosts_stats = [(name, st) for name, st in (frame.get("stats") or {}).items()]
+    hosts_stats += [(f"{name} {LANE_LABEL}", st)
+                    for name, st in (frame.get("lane_stats") or {}).items()]
+    for name, st in sorted(hosts_stats):
         if not st or "uids" not in st:
             denied = denied or bool(st and st.get("error") == "PermissionDenied")
             continue

@@ -415,6 +415,14 @@ class Daemon:
         hosts: dict[str, dict[str, Any]] = pids() if callable(pids) else {}
         out["devices"] = [device_dict(d, reasons.get(d.name), hosts.get(d.name))
                           for d in self.drivers.devices()]
+        lanes = getattr(self.drivers, "request_lanes", None)  # (service/host_lanes.py)
+        if callable(lanes):
+            # Which host a granted request's grant is valid on ("": its device's main one).
+            of = lanes()
+            for r in out.get("requests") or []:
+                lane = of.get((r.get("uid"), r.get("request_id")))
+                if lane is not None:
+                    r["lane"] = lane
         return out
 
     # --- lifecycle ----------------------------------------------------------

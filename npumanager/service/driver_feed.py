@@ -72,6 +72,13 @@ class DriverFeed(HostLanes):
         else:
             self._push(target, "hal.grant_issued", msg)
 
+    def request_lanes(self) -> dict[tuple[int, int], str]:
+        """(uid, request id) -> the lane of the host its live grant is valid on, for the
+        grants on a device with a background lane (npu status/top show it)."""
+        with_lane = {s.name for s in self.slots if s.background is not None}
+        return {(uid, rid): lane for uid, rid, driver, lane in self.grants.values()
+                if driver in with_lane}
+
     def note_held(self, slot: DriverSlot, grant_ids: list[str]) -> None:
         """``slot``'s host attached holding ``grant_ids`` (it outlived an npud): their
         host, for when npud adopts them (grant_issued)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -11,12 +12,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from npumanager import ModelLoadRequest, NpuManager, nn
-from npumanager.cli.top import bar, sparkline
+from npumanager.cli.top import bar, render, sparkline
 from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.filewatch import DirectoryWatch
 from npumanager.testing.grants import Granted
@@ -141,3 +143,94 @@ def test_live_view_in_a_terminal(busy_npud: DaemonProcess, tmp_path: Path) -> No
     finally:
         watch.close()
         subprocess.run(["tmux", *sock, "kill-server"], capture_output=True)
+
+
+def lane_frame(lane: dict[str, Any]) -> dict[str, Any]:
+    """A frame of a device with a background lane: two granted requests, one on each host."""
+    dev = {"name": "ref", "available": True, "channels": 2,
+           "hosts": {"pid": 12, "background": lane}}
+    busy = {"busy": 1, "channels": 2}
+    return {"dump": {"devices": [dev], "budget": {"used": 2, "total": 4},
+                     "requests": [
+                         {"uid": 1000, "request_id": 1, "size": "LESS_THAN_1GB",
+                          "priority": "NORMAL", "state": "loaded", "lane": ""},
+                         {"uid": 1001, "request_id": 2, "size": "LESS_THAN_1GB",
+                          "priority": "NORMAL", "state": "loaded", "lane": "background"},
+                         {"uid": 1002, "request_id": 3, "size": "LESS_THAN_1GB",
+                          "priority": "BACKGROUND", "state": "waiting"}],
+                     "uids": {"1000": {"importance": 100}, "1001": {"importance": 400}}},
+            "stats": {"ref": {**busy, "uids": {"1000": {"per_s": 3.0, "executions": 9}}}},
+            "lane_stats": {"ref": {"busy": 0, "channels": 1, "uids": {
+                "1001": {"per_s": 2.0, "executions": 4}}}} if lane.get("up") else {},
+            "temps": {}, "at": 0.0}
+
+
+def test_a_device_with_a_background_lane_shows_its_host_and_each_grants_host() -> None:
+    from rich.console import Console
+
+    def text(frame: dict[str, Any]) -> str:
+        console = Console(width=160, no_color=True, highlight=False, emoji=False,
+                          record=True, file=io.StringIO())
+        console.print(render(frame))
+        return console.export_text()
+
+    out = text(lane_frame({"pid": 34, "up": True}))
+    assert re.search(r"ref\s+\S+ 2/4\s+\S+ 1/2 busy\s+\?\s+pid 12\s*$", out, re.M), out
+    assert re.search(r"└ bg lane\s+\S+ 0/1 busy\s+pid 34\b", out), out
+    # Which host each grant is valid on; a waiting request has none yet.
+    assert re.search(r"\b1000\s+1\s+<1GB\s+normal\s+loaded\b.*\bmain\b", out), out
+    assert re.search(r"\b1001\s+2\s+<1GB\s+normal\s+loaded\b.*\bbg lane\b", out), out
+    assert re.search(r"\b1002\s+3\s+<1GB\s+background\s+waiting\b.*\s-\s*$", out, re.M), out
+    # Per uid and host: the lane's executions are its own rows.
+    assert re.search(r"\b1000\s+foreground \(100\)\s+ref\s+3\.0\b", out), out
+    assert re.search(r"\b1001\s+cached \(400\)\s+ref bg lane\s+2\.0\b", out), out
+    down = text(lane_frame({"pid": 0, "up": False, "down_reason": "exited with code -9"}))
+    assert re.search(r"└ bg lane\s+DOWN\s+DOWN: exited with code -9", down), down
+    # No lane: no lane row and no host column in the requests.
+    plain = lane_frame({"pid": 34, "up": True})
+    del plain["dump"]["devices"][0]["hosts"]["background"]
+    plain["lane_stats"] = {}
+    alone = text(plain)
+    assert "bg lane" not in alone and "main" not in alone, alone
+    assert re.search(r"ref\s+\S+ 2/4\s+\S+ 1/2 busy\s+\?\s+pid 12\s*$", alone, re.M), alone
+
+
+@pytest.mark.slow
+def test_once_shows_the_lane_host_and_where_each_model_runs(
+        runtime_dir: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real npud with a background lane: the lane's pid and channels, each request's host
+    and the per-uid rows of each host, as `npu top --once` prints them."""
+    from npumanager.constants import ModelPriority
+    from tests.nn.test_background_lane import lane_config
+
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    x = np.ones((1, 4), np.float32)
+    with DaemonProcess(runtime_dir, lane_config(), drivers=True, env=env,
+                       ready_timeout=60), NpuManager(runtime_dir) as mgr, \
+            nn.device("reference", runtime_dir) as dev:
+        hosts = mgr.dump()["devices"][0]["hosts"]
+        models = []
+        for rid, priority in ((1, ModelPriority.NORMAL), (2, ModelPriority.BACKGROUND)):
+            cb = Granted()
+            mgr.request_can_load_model(ModelLoadRequest(rid, priority=priority), cb)
+            assert cb.event.wait(30)
+            models.append(dev.prepare_model(add_model(), grant=cb.listener))
+            cb.listener.notify_model_loaded(ModelLoadRequest(rid, priority=priority))
+        for _ in range(20):
+            for m in models:
+                m.execute({"x": x})
+        rc, out, err = npu(capsys, "top", "--once", "--runtime-dir", str(runtime_dir))
+        for m in models:
+            m.release()
+    assert rc == 0, err
+    uid = os.getuid()
+    assert re.search(rf"^\s*reference\s.*\bpid {hosts['pid']}\s*$", out, re.M), out
+    assert re.search(rf"└ bg lane\s+\S+ \d/1 busy\s+pid {hosts['background']['pid']}\b",
+                     out), out
+    assert re.search(rf"\b{uid}\s+1\s+<1GB\s+normal\s+loaded\b.*\bmain\s*$", out, re.M), out
+    assert re.search(rf"\b{uid}\s+2\s+<1GB\s+background\s+loaded\b.*\bbg lane\s*$", out,
+                     re.M), out
+    for device in ("reference", "reference bg lane"):
+        m = re.search(rf"\b{uid}\s+foreground \(100\)\s+{device}\s+[\d.]+\s+[\d.]+ ms\s+"
+                      rf"[\d.]+ ms\s+(\d+)", out)
+        assert m and int(m.group(1)) == 20, (device, out)
