@@ -13,7 +13,9 @@ Three stages, every problem of each reported (not only the first):
    [thermal] and [fleet], the driver user (as root), the runtime dir and the length of
    every socket path in it, and the metrics address (well formed, its port free now).
 
-A clean config prints a short summary of what differs from the defaults and exits 0.
+A clean config prints a short summary of what differs from the defaults and exits 0, with
+notes for what npud would only warn about (the protection's SCHED_FIFO keys set where this
+process lacks CAP_SYS_NICE: service/rt_privilege.py).
 """
 
 from __future__ import annotations
@@ -309,4 +311,22 @@ def summary(cfg: Config, rt: Path, no_drivers: bool) -> list[str]:
     lines.append(f"devices: {', '.join(devices)}" if devices else
                  "devices: none (a pure manager: grants are issued, no driver enforces them)")
     lines += [f"note: {n}" for n in notes(cfg)]
+    lines += [f"note: {n}" for n in fifo_notes(cfg, use)]
     return lines
+
+
+def fifo_notes(cfg: Config, use_drivers: bool) -> list[str]:
+    """The protection's SCHED_FIFO keys (service/rt_privilege.py): what this process could
+    not serve; where it could, that npud needs the same where it runs (systemd's unit
+    lacks it)."""
+    from npumanager.service.rt_privilege import DROP_IN, fifo_problems, rt_keys
+
+    problems = fifo_problems(cfg, use_drivers=use_drivers)
+    if problems:
+        return problems
+    app, hosts = rt_keys(cfg)
+    if app <= 0 and not (use_drivers and hosts):
+        return []
+    return ["the SCHED_FIFO keys (app_rt_priority, foreground_rt_priority) need "
+            "CAP_SYS_NICE in npud's process: this one has it; under systemd, the shipped "
+            f"unit's capability bounding set does not give it: add {DROP_IN}"]

@@ -44,6 +44,7 @@ from npumanager.service.logs import DECISIONS, decision
 from npumanager.service.observe import call as observe
 from npumanager.service.policy import ManagerParams
 from npumanager.service.rt_apps import AppRealtime
+from npumanager.service.rt_privilege import fifo_problems
 from npumanager.service.state import ManagerState
 from npumanager.service.supervisor import DriverSupervisor
 from npumanager.version import __version__
@@ -447,6 +448,9 @@ class Daemon:
             on_connect=self._on_connect,
             on_disconnect=self._on_disconnect,
         )
+        # The protection's FIFO keys set where npud cannot serve them (service/rt_privilege.py).
+        for line in fifo_problems(self.cfg, use_drivers=not isinstance(self.drivers, NoDrivers)):
+            log.warning("%s", line)
         await self.drivers.start()
         self.extras.setup()
         self.settings.restore()

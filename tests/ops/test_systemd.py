@@ -186,3 +186,50 @@ def test_unit_gives_the_hosts_the_nice_limit_for_the_compile_bound(tmp_path: Pat
                           capture_output=True, text=True, timeout=60)
     assert "Failed to parse resource value" in proc.stderr and "+99" in proc.stderr, (
         proc.stdout + proc.stderr)
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_the_protection_drop_in_adds_cap_sys_nice_and_realtime_and_nothing_else(
+        tmp_path: Path) -> None:
+    """packaging/systemd/npud.service.d/protect-foreground.conf (README "Running npud under
+    systemd"): beside the unit, systemd reads it (verify names a bad value in it), and the
+    offline security report of the unit with it shows CAP_SYS_NICE in the bounding set and
+    real-time scheduling allowed, each refused without it, the rest of the set unchanged."""
+    unit = (ROOT / "packaging/systemd/npud.service").read_text()
+    drop_in = (ROOT / "packaging/systemd/npud.service.d/protect-foreground.conf").read_text()
+    directives = [ln for ln in drop_in.splitlines() if ln and not ln.startswith("#")]
+    assert directives == ["[Service]", "CapabilityBoundingSet=CAP_SYS_NICE",
+                          "RestrictRealtime=no"], directives
+    npu = Path(sys.executable).with_name("npu")
+    (tmp_path / "npud.service").write_text(unit.replace("/usr/local/bin/npu", str(npu)))
+
+    def report() -> dict[str, bool]:
+        proc = subprocess.run(["systemd-analyze", "security", "--offline=yes",
+                               str(tmp_path / "npud.service")],
+                              capture_output=True, text=True, timeout=60)
+        rows = {}
+        for ln in proc.stdout.splitlines():
+            parts = ln.split()
+            if len(parts) > 1 and parts[0] in ("✓", "✗"):
+                rows[parts[1]] = parts[0] == "✓"  # ✓: the unit takes that away
+        assert rows, proc.stdout + proc.stderr
+        return rows
+
+    without = report()
+    (tmp_path / "npud.service.d").mkdir()
+    (tmp_path / "npud.service.d" / "protect-foreground.conf").write_text(drop_in)
+    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "npud.service")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "protect-foreground" not in proc.stderr, proc.stderr
+    with_it = report()
+    nice, rt = "CapabilityBoundingSet=~CAP_SYS_(NICE|RESOURCE)", "RestrictRealtime="
+    assert (without[nice], without[rt]) == (True, True)
+    assert (with_it[nice], with_it[rt]) == (False, False)
+    assert {k: v for k, v in with_it.items() if k not in (nice, rt)} == {
+        k: v for k, v in without.items() if k not in (nice, rt)}
+    # systemd reads the drop-in: a value it cannot parse there is named.
+    (tmp_path / "npud.service.d" / "protect-foreground.conf").write_text(
+        drop_in.replace("RestrictRealtime=no", "RestrictRealtime=maybe"))
+    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "npud.service")],
+                          capture_output=True, text=True, timeout=60)
+    assert "protect-foreground.conf" in proc.stderr and "maybe" in proc.stderr, proc.stderr

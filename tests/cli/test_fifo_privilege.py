@@ -1,0 +1,168 @@
+"""The protection's SCHED_FIFO keys where npud cannot serve them (service/rt_privilege.py):
+`npu serve --check-config` and npud's start say what is set, what will happen and the fix.
+The checks run in real processes that lack CAP_SYS_NICE: root with it dropped from the
+bounding set (capsh), and a non-root uid."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from npumanager.config import Config
+from npumanager.service.rt_privilege import (
+    CAP_SYS_NICE,
+    DROP_IN,
+    Privilege,
+    fifo_problems,
+    has_cap,
+    rt_keys,
+)
+
+ROOT_NO_NICE = Privilege(cap_sys_nice=False, euid=0, rtprio=0)
+PROTECTION = """\
+[manager]
+app_rt_priority = 2
+
+[[driver]]
+name = "reference"
+plugin = "reference"
+foreground_rt_priority = 1
+background_host = true
+
+[driver.background]
+foreground_rt_priority = 3
+"""
+NPU = str(Path(sys.executable).with_name("npu"))
+needs_capsh = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("capsh") is None
+    or not has_cap(CAP_SYS_NICE), reason="needs root with CAP_SYS_NICE and capsh")
+
+
+def config(where: Path, body: str = PROTECTION) -> Path:
+    """The config file in ``where`` (a runtime dir under /tmp: other uids can read it)."""
+    path = where / "npud.toml"
+    path.write_text(body)
+    os.chmod(path, 0o644)
+    return path
+
+
+def test_what_each_key_needs_and_says(tmp_path: Path) -> None:
+    cfg = Config.load(config(tmp_path))  # (read as root)
+    assert rt_keys(cfg) == (2, [
+        ("[[driver]] 'reference' foreground_rt_priority = 1", 1),
+        ("[[driver]] 'reference' [driver.background] foreground_rt_priority = 3", 3)])
+    lines = fifo_problems(cfg, ROOT_NO_NICE)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("[manager] app_rt_priority = 2 is set, but this process lacks "
+                               "CAP_SYS_NICE"), lines
+    assert "refused (RealtimeUnavailable)" in lines[0]
+    assert lines[1].startswith("[[driver]] 'reference' foreground_rt_priority = 1 is set")
+    assert "burst thread" in lines[1] and "at normal priority" in lines[1]
+    assert all(DROP_IN in ln and "CAP_SYS_NICE" in ln for ln in lines)
+    # With the capability: nothing to say.
+    assert fifo_problems(cfg, Privilege(True, 0, 0)) == []
+    # Not root: the hosts are npud's own uid and inherit its RLIMIT_RTPRIO, which the
+    # kernel checks on the target thread: enough for priorities up to it; an app's thread
+    # is another uid's either way.
+    mid = fifo_problems(cfg, Privilege(False, 1000, 2))
+    assert [ln.split(" is set")[0] for ln in mid] == [
+        "[manager] app_rt_priority = 2",
+        "[[driver]] 'reference' [driver.background] foreground_rt_priority = 3"]
+    assert "RLIMIT_RTPRIO 2 is below 3" in mid[1]
+    # --no-drivers: no host threads to set.
+    assert len(fifo_problems(cfg, ROOT_NO_NICE, use_drivers=False)) == 1
+    # The keys off (the defaults): nothing.
+    assert fifo_problems(Config.load(None), ROOT_NO_NICE) == []
+
+
+def test_the_effective_capability_is_read_from_proc(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t000001fffe7fffff\n")
+    assert not has_cap(CAP_SYS_NICE, str(status)) and has_cap(CAP_SYS_NICE - 1, str(status))
+    status.write_text("Name:\tx\nCapEff:\t0000000000800000\n")
+    assert has_cap(CAP_SYS_NICE, str(status))
+    assert not has_cap(CAP_SYS_NICE, str(tmp_path / "missing"))
+
+
+def check_config(cfg: Path, runtime_dir: Path, prefix: list[str]
+                 ) -> subprocess.CompletedProcess[str]:
+    argv = [NPU, "serve", "--check-config", str(cfg), "--runtime-dir", str(runtime_dir / "rt")]
+    if prefix[:1] == ["capsh"]:  # (capsh runs bash: the command goes in as -c)
+        argv = [*prefix, "-c", "exec " + " ".join(argv)]
+    else:
+        argv = [*prefix, *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+@needs_capsh
+def test_check_config_as_root_without_cap_sys_nice_says_what_and_how(
+        runtime_dir: Path) -> None:
+    cfg = config(runtime_dir)
+    dropped = check_config(cfg, runtime_dir, ["capsh", "--drop=cap_sys_nice", "--"])
+    assert dropped.returncode == 0, dropped.stderr
+    notes = [ln for ln in dropped.stdout.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 3, dropped.stdout
+    assert notes[0].startswith("note: [manager] app_rt_priority = 2 is set, but this process "
+                               "lacks CAP_SYS_NICE"), notes
+    assert "RealtimeUnavailable" in notes[0] and DROP_IN in notes[0]
+    assert "normal priority" in notes[1] and "systemctl daemon-reload" in notes[1]
+    # The same check with the capability: the systemd caveat only.
+    held = check_config(cfg, runtime_dir, [])
+    assert held.returncode == 0, held.stderr
+    notes = [ln for ln in held.stdout.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 1 and "this one has it" in notes[0] and DROP_IN in notes[0], notes
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv")
+def test_check_config_as_another_uid_says_it_too(runtime_dir: Path) -> None:
+    """A non-root uid (no capabilities, RLIMIT_RTPRIO 0 here): both kinds of key."""
+    cfg = config(runtime_dir)
+    run = check_config(cfg, runtime_dir, ["setpriv", "--reuid=50001", "--regid=50001",
+                                          "--clear-groups"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    notes = [ln for ln in run.stdout.splitlines() if ln.startswith("note: ")]
+    assert [n.split(" is set")[0] for n in notes] == [
+        "note: [manager] app_rt_priority = 2",
+        "note: [[driver]] 'reference' foreground_rt_priority = 1",
+        "note: [[driver]] 'reference' [driver.background] foreground_rt_priority = 3"], notes
+    assert "RLIMIT_RTPRIO 0 is below 1" in notes[1], notes
+
+
+@needs_capsh
+def test_npud_without_cap_sys_nice_logs_it_at_start(tmp_path: Path, runtime_dir: Path,
+                                                    state_dir: Path) -> None:
+    cfg = config(tmp_path)
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    proc = subprocess.Popen(["capsh", "--drop=cap_sys_nice", "--", "-c",
+                             f"exec {NPU} serve --config {cfg} --runtime-dir {runtime_dir} "
+                             "--no-drivers"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "npud ready" in line:
+                break
+        assert any("npud ready" in ln for ln in lines), "".join(lines)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        lines.append(out or "")
+    log = "".join(lines)
+    assert "[manager] app_rt_priority = 2 is set, but this process lacks CAP_SYS_NICE" in log, log
+    assert "RealtimeUnavailable" in log and DROP_IN in log, log
+    # --no-drivers: no host threads, so no host key is named.
+    assert "foreground_rt_priority = 1 is set" not in log, log
