@@ -165,9 +165,12 @@ def _request_row(r: dict[str, Any], queue_pos: dict[tuple[int, int], int]) -> li
     holds = fmt.cell(r.get("charge"))
     if r.get("real_bytes"):
         holds += f" ({fmt.nbytes(r['real_bytes'])})"
+    grant = fmt.cell(r.get("grant"))
+    if r.get("lane"):  # valid on its device's background lane (service/host_lanes.py)
+        grant += f" ({r['lane']} lane)"
     return [str(r.get("uid_name") or r.get("uid")), fmt.cell(r.get("request_id")), state,
             fmt.size_name(r.get("size")), str(r.get("priority", "-")).lower(),
-            fmt.cell(r.get("rank")), holds, fmt.cell(r.get("grant")),
+            fmt.cell(r.get("rank")), holds, grant,
             fmt.duration(r["age_s"]) if r.get("age_s") is not None else "-",
             f"#{pos}" if pos else "-", unload]
 

@@ -187,3 +187,11 @@ def test_npu_status_shows_both_hosts_of_a_device() -> None:
                   width=400)
     assert "pid 12 + bg DOWN: exited with code -9" in down
     assert "pid 12 " in render(dump({"pid": 12}), width=400) + " "  # no lane: its one pid
+    # Each granted request's grant says the lane it is valid on (the dump's "lane").
+    reqs = {**dump({"pid": 12, "background": {"pid": 34, "up": True}}), "requests": [
+        {"uid": 7, "request_id": 1, "state": "loaded", "grant": "aaaa1111", "lane": ""},
+        {"uid": 7, "request_id": 2, "state": "loaded", "grant": "bbbb2222",
+         "lane": "background"}]}
+    text = render(reqs, width=400)
+    assert "aaaa1111 " in text and "aaaa1111 (" not in text, text
+    assert "bbbb2222 (background lane)" in text, text
