@@ -12,19 +12,28 @@ another uid's (and has its own limit, 0 by default); a host's thread is another 
 npud is root (the hosts run as ``[manager] driver_user``), and npud's own with npud's
 limit (inherited) when npud is not root.
 
-Without it nothing fails at start: each app's request is refused (RealtimeUnavailable),
+The capability is not all: a seccomp filter (systemd's ``RestrictRealtime=yes``, which the
+shipped unit sets) or a cgroup without a real-time budget makes the kernel refuse every
+SCHED_FIFO request of the process, capability or not. So where the keys are set the check
+also tries it: one parked thread of this process to FIFO 1 and straight back
+(:func:`fifo_probe`).
+
+Without either nothing fails at start: each app's request is refused (RealtimeUnavailable),
 and the hosts' burst threads stay at normal priority (npud logs it once, at the first).
 The shipped systemd unit's capability bounding set lacks CAP_SYS_NICE (root there cannot
-have it): ``packaging/systemd/npud.service.d/protect-foreground.conf`` adds it.
+have it) and it restricts real-time scheduling:
+``packaging/systemd/npud.service.d/protect-foreground.conf`` gives both.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import threading
 from dataclasses import dataclass
 
 from npumanager.config import Config
+from npumanager.hal import rt_sched
 from npumanager.hal.host_config import lane_entry
 
 #: capability(7) number of CAP_SYS_NICE: its bit in /proc/PID/status's CapEff mask.
@@ -44,12 +53,42 @@ class Privilege:
     euid: int
     #: The soft RLIMIT_RTPRIO (the driver hosts inherit it).
     rtprio: int
+    #: Why the kernel refused this process a thread of its own at SCHED_FIFO ('': it did
+    #: not; :func:`fifo_probe`).
+    refused: str = ""
 
     @classmethod
     def of_this_process(cls, status_path: str = "/proc/self/status") -> Privilege:
         soft, _hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
         return cls(cap_sys_nice=has_cap(CAP_SYS_NICE, status_path), euid=os.geteuid(),
-                   rtprio=max(0, soft) if soft != resource.RLIM_INFINITY else 99)
+                   rtprio=max(0, soft) if soft != resource.RLIM_INFINITY else 99,
+                   refused=fifo_probe())
+
+
+def fifo_probe() -> str:
+    """'' when the kernel lets this process put a thread of its own at SCHED_FIFO 1, else
+    why not. The thread is one started for it and parked (blocked) throughout: it is set
+    back to SCHED_OTHER before it is let go, so it never runs at FIFO."""
+    parked, release = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def park() -> None:
+        tids.append(threading.get_native_id())
+        parked.set()
+        release.wait(10.0)
+
+    thread = threading.Thread(target=park, name="npu-fifo-probe", daemon=True)
+    thread.start()
+    try:
+        if not parked.wait(10.0):
+            return "the probe thread did not start"
+        got = rt_sched.set_fifo(tids[0], rt_sched.MIN_PRIORITY)
+        if got.ok:
+            rt_sched.set_other(tids[0])
+        return got.why
+    finally:
+        release.set()
+        thread.join(10.0)
 
 
 def has_cap(cap: int, status_path: str = "/proc/self/status") -> bool:
@@ -86,18 +125,28 @@ def rt_keys(cfg: Config) -> tuple[int, list[tuple[str, int]]]:
 def fifo_problems(cfg: Config, priv: Privilege | None = None, use_drivers: bool = True
                   ) -> list[str]:
     """One line per protection key this process cannot serve: what is set, what will
-    happen, how to fix it. Empty when nothing is set or the process may."""
-    priv = Privilege.of_this_process() if priv is None else priv
-    if priv.cap_sys_nice:
-        return []
+    happen, how to fix it. Empty when nothing is set or the process may (``priv``: this
+    process's, read and probed only where a key is set)."""
     app, hosts = rt_keys(cfg)
     if not use_drivers:
         hosts = []
-    why = "this process lacks CAP_SYS_NICE"
-    fix = ("run npud as root with CAP_SYS_NICE; under systemd, the shipped unit's "
-           f"capability bounding set lacks it: install {DROP_IN} as "
-           "/etc/systemd/system/npud.service.d/protect-foreground.conf, then "
-           "systemctl daemon-reload && systemctl restart npud")
+    if app <= 0 and not hosts:
+        return []
+    priv = Privilege.of_this_process() if priv is None else priv
+    if priv.cap_sys_nice and not priv.refused:
+        return []
+    if priv.cap_sys_nice:
+        why = (f"the kernel refuses SCHED_FIFO to this process although it has CAP_SYS_NICE "
+               f"({priv.refused}: a seccomp filter such as systemd's RestrictRealtime=yes, "
+               "or its cgroup's real-time budget, cpu.rt_runtime_us 0)")
+        fix = (f"under systemd, RestrictRealtime=no ({DROP_IN} sets it, with the "
+               "capability); elsewhere, give npud's cgroup a real-time budget")
+    else:
+        why = "this process lacks CAP_SYS_NICE"
+        fix = ("run npud as root with CAP_SYS_NICE; under systemd, the shipped unit's "
+               f"capability bounding set lacks it: install {DROP_IN} as "
+               "/etc/systemd/system/npud.service.d/protect-foreground.conf, then "
+               "systemctl daemon-reload && systemctl restart npud")
     out: list[str] = []
     if app > 0:
         out.append(f"[manager] app_rt_priority = {app} is set, but {why}, so npud cannot put "
@@ -106,15 +155,18 @@ def fifo_problems(cfg: Config, priv: Privilege | None = None, use_drivers: bool 
                    f"{fix}")
     for where, priority in hosts:
         # Not root: the hosts run as npud's own uid and inherit its RLIMIT_RTPRIO, which
-        # the kernel checks on the target thread: enough on its own.
-        if priv.euid != 0 and priv.rtprio >= priority:
+        # the kernel checks on the target thread: enough on its own where it lets npud.
+        if not priv.cap_sys_nice and not priv.refused and priv.euid != 0 \
+                and priv.rtprio >= priority:
             continue
-        limit = ("" if priv.euid == 0 else
-                 f" (and its RLIMIT_RTPRIO {priv.rtprio} is below {priority})")
+        limit = ("" if priv.euid == 0 or priv.cap_sys_nice else
+                 f" (and its RLIMIT_RTPRIO {priv.rtprio} is below {priority})"
+                 if priv.rtprio < priority else f" (and {priv.refused})")
         out.append(f"{where} is set, but {why}{limit}, so npud cannot put that driver "
                    "host's burst thread at SCHED_FIFO: it serves FOREGROUND frames at normal "
                    f"priority (npud logs it once, at the first). Fix: {fix}")
     return out
 
 
-__all__ = ["CAP_SYS_NICE", "DROP_IN", "Privilege", "fifo_problems", "has_cap", "rt_keys"]
+__all__ = ["CAP_SYS_NICE", "DROP_IN", "Privilege", "fifo_probe", "fifo_problems", "has_cap",
+           "rt_keys"]

@@ -20,6 +20,7 @@ from npumanager.service.rt_privilege import (
     CAP_SYS_NICE,
     DROP_IN,
     Privilege,
+    fifo_probe,
     fifo_problems,
     has_cap,
     rt_keys,
@@ -80,6 +81,29 @@ def test_what_each_key_needs_and_says(tmp_path: Path) -> None:
     assert len(fifo_problems(cfg, ROOT_NO_NICE, use_drivers=False)) == 1
     # The keys off (the defaults): nothing.
     assert fifo_problems(Config.load(None), ROOT_NO_NICE) == []
+    # The capability, but the kernel refuses FIFO all the same (seccomp, a cgroup without
+    # a real-time budget): every key, with that cause and its fix.
+    blocked = fifo_problems(cfg, Privilege(True, 0, 0, refused="sched_setscheduler: "
+                                                                 "Operation not permitted"))
+    assert len(blocked) == 3, blocked
+    assert all("refuses SCHED_FIFO to this process although it has CAP_SYS_NICE" in ln
+               and "RestrictRealtime=no" in ln for ln in blocked), blocked
+    # Not root with a limit but refused: the hosts too.
+    assert len(fifo_problems(cfg, Privilege(False, 1000, 5, refused="EPERM"))) == 3
+
+
+def test_the_probe_takes_fifo_only_where_the_process_may() -> None:
+    """fifo_probe in this process: '' with CAP_SYS_NICE (root here), and the thread it
+    used is gone; the probe is also what Privilege reads."""
+    import threading
+
+    before = threading.active_count()
+    why = fifo_probe()
+    assert threading.active_count() == before
+    if has_cap(CAP_SYS_NICE):
+        assert why == "" and Privilege.of_this_process().refused == ""
+    else:
+        assert "not permitted" in why
 
 
 def test_the_effective_capability_is_read_from_proc(tmp_path: Path) -> None:
@@ -166,3 +190,48 @@ def test_npud_without_cap_sys_nice_logs_it_at_start(tmp_path: Path, runtime_dir:
     assert "RealtimeUnavailable" in log and DROP_IN in log, log
     # --no-drivers: no host threads, so no host key is named.
     assert "foreground_rt_priority = 1 is set" not in log, log
+
+
+#: A seccomp filter (classic BPF) that refuses sched_setscheduler and sched_setattr with
+#: EPERM, the effect of systemd's RestrictRealtime=yes on a SCHED_FIFO request, applied by a
+#: wrapper that then execs its argv (x86_64 syscall numbers; the arch is checked).
+SECCOMP_WRAPPER = """
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4  # (a pointer is 64 bits)
+def ins(code, jt, jf, k):
+    return struct.pack("HBBI", code, jt, jf, k)
+prog = b"".join([
+    ins(0x20, 0, 0, 4),             # ld arch
+    ins(0x15, 1, 0, 0xC000003E),    # jeq x86_64: next, else allow
+    ins(0x06, 0, 0, 0x7FFF0000),
+    ins(0x20, 0, 0, 0),             # ld nr
+    ins(0x15, 2, 0, 144),           # sched_setscheduler
+    ins(0x15, 1, 0, 314),           # sched_setattr
+    ins(0x06, 0, 0, 0x7FFF0000),    # allow
+    ins(0x06, 0, 0, 0x00050001),    # errno EPERM
+])
+buf = ctypes.create_string_buffer(prog)
+fprog = struct.pack("HxxxxxxQ", len(prog) // 8, ctypes.addressof(buf))
+fbuf = ctypes.create_string_buffer(fprog)
+assert libc.prctl(38, 1, 0, 0, 0) == 0                        # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.addressof(fbuf), 0, 0) == 0   # PR_SET_SECCOMP, FILTER
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or os.geteuid() != 0
+                    or not has_cap(CAP_SYS_NICE), reason="needs root with CAP_SYS_NICE, x86_64")
+def test_check_config_with_the_capability_under_a_realtime_filter_names_it(
+        runtime_dir: Path) -> None:
+    """CAP_SYS_NICE held, but sched_setscheduler refused as RestrictRealtime=yes does: the
+    check tries FIFO on a thread of its own, and says the kernel refuses it and why."""
+    cfg = config(runtime_dir)
+    run = check_config(cfg, runtime_dir, [sys.executable, "-c", SECCOMP_WRAPPER])
+    assert run.returncode == 0, run.stdout + run.stderr
+    notes = [ln for ln in run.stdout.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 3, run.stdout
+    for note in notes:
+        assert "although it has CAP_SYS_NICE (sched_setscheduler: Operation not permitted" \
+            in note, note
+        assert "RestrictRealtime=no" in note and DROP_IN in note, note
