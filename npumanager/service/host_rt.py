@@ -45,6 +45,7 @@ from npumanager.fds import close_fds
 from npumanager.hal import rt_sched, rt_wire
 from npumanager.hal.rt_sched import RtSet
 from npumanager.service.host_rt_watch import MAX_CPU_MS, SAMPLE_S, WINDOW_S, HostRtWatch
+from npumanager.service.rt_privilege import refusal_cause
 from npumanager.wire.conn import CallContext
 
 log = logging.getLogger("npumanager.service.host_rt")
@@ -80,7 +81,7 @@ class HostRtGrants:
             if "not permitted" in got.why and not self._warned:
                 self._warned = True
                 log.warning("cannot put driver hosts' burst threads at SCHED_FIFO (%s): "
-                            "npud lacks CAP_SYS_NICE; they go on without", got.why)
+                            "%s; they go on without", got.why, refusal_cause())
         return got
 
     def _grant(self, pid: int | str | None, tid: int, priority: int, configured: int

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from npumanager.errors import InvalidArgument, PermissionDenied, RealtimeUnavailable
 from npumanager.hal import rt_sched
 from npumanager.proto.v1.manager_pb2 import RealtimeGrant
+from npumanager.service.rt_privilege import refusal_cause
 from npumanager.service.rt_watch import Demote, RtLimits, RtWatch
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class AppRealtime:
             if not got.ok:
                 if "not permitted" in got.why:
                     raise RealtimeUnavailable(f"the kernel refused SCHED_FIFO for thread "
-                                              f"{tid} ({got.why}): npud lacks CAP_SYS_NICE")
+                                              f"{tid} ({got.why}): {refusal_cause()}")
                 if "not a thread of" in got.why or "left process" in got.why:
                     raise PermissionDenied(got.why)
                 raise InvalidArgument(f"thread {tid}: {got.why}")

@@ -104,6 +104,15 @@ def has_cap(cap: int, status_path: str = "/proc/self/status") -> bool:
     return False
 
 
+def refusal_cause(status_path: str = "/proc/self/status") -> str:
+    """Why the kernel refused npud a SCHED_FIFO request with EPERM (for its log and the
+    app's RealtimeUnavailable): the capability missing, else what refuses it anyway."""
+    if not has_cap(CAP_SYS_NICE, status_path):
+        return f"npud lacks CAP_SYS_NICE (under systemd: {DROP_IN})"
+    return ("npud has CAP_SYS_NICE, so a seccomp filter refuses it (systemd's "
+            f"RestrictRealtime=yes: {DROP_IN} lifts it) or its cgroup's real-time budget")
+
+
 def rt_keys(cfg: Config) -> tuple[int, list[tuple[str, int]]]:
     """The protection's priorities the config sets: ``[manager] app_rt_priority`` (0: off)
     and each host's ``foreground_rt_priority`` above 0, as (where, priority)."""
@@ -169,4 +178,4 @@ def fifo_problems(cfg: Config, priv: Privilege | None = None, use_drivers: bool 
 
 
 __all__ = ["CAP_SYS_NICE", "DROP_IN", "Privilege", "fifo_probe", "fifo_problems", "has_cap",
-           "rt_keys"]
+           "refusal_cause", "rt_keys"]

@@ -23,6 +23,7 @@ from npumanager.service.rt_privilege import (
     fifo_probe,
     fifo_problems,
     has_cap,
+    refusal_cause,
     rt_keys,
 )
 
@@ -90,6 +91,17 @@ def test_what_each_key_needs_and_says(tmp_path: Path) -> None:
                and "RestrictRealtime=no" in ln for ln in blocked), blocked
     # Not root with a limit but refused: the hosts too.
     assert len(fifo_problems(cfg, Privilege(False, 1000, 5, refused="EPERM"))) == 3
+
+
+def test_a_refusal_names_its_cause(tmp_path: Path) -> None:
+    """What npud's refusals say (an app's RealtimeUnavailable, the hosts' warning) by the
+    capability this process holds."""
+    status = tmp_path / "status"
+    status.write_text("CapEff:\t000001fffe7fffff\n")
+    assert refusal_cause(str(status)).startswith("npud lacks CAP_SYS_NICE (under systemd: ")
+    status.write_text("CapEff:\t000001ffffffffff\n")
+    held = refusal_cause(str(status))
+    assert "has CAP_SYS_NICE" in held and "RestrictRealtime=yes" in held and DROP_IN in held
 
 
 def test_the_probe_takes_fifo_only_where_the_process_may() -> None:
@@ -160,16 +172,36 @@ def test_check_config_as_another_uid_says_it_too(runtime_dir: Path) -> None:
     assert "RLIMIT_RTPRIO 0 is below 1" in notes[1], notes
 
 
-@needs_capsh
-def test_npud_without_cap_sys_nice_logs_it_at_start(tmp_path: Path, runtime_dir: Path,
-                                                    state_dir: Path) -> None:
-    cfg = config(tmp_path)
+def ask_realtime(rt: str) -> str:
+    """As an app (a forked child of root's: FOREGROUND to npud): its own thread to FIFO."""
+    from npumanager import NpuManager
+    from npumanager.errors import NpuError
+
+    with NpuManager(rt, client_name="fifo-app") as mgr:
+        try:
+            mgr.set_thread_realtime()
+        except NpuError as exc:
+            return f"{type(exc).__name__}: {exc}"
+    return "granted"
+
+
+def serve_and_ask(prefix: list[str], cfg: Path, runtime_dir: Path, state_dir: Path
+                  ) -> tuple[str, str]:
+    """`npu serve --no-drivers` under ``prefix`` until ready; an app's request for a FIFO
+    thread; SIGTERM. (npud's log, the app's answer)"""
+    from npumanager.testing import procs
+
     env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
-    proc = subprocess.Popen(["capsh", "--drop=cap_sys_nice", "--", "-c",
-                             f"exec {NPU} serve --config {cfg} --runtime-dir {runtime_dir} "
-                             "--no-drivers"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    argv = [NPU, "serve", "--config", str(cfg), "--runtime-dir", str(runtime_dir),
+            "--no-drivers"]
+    if prefix[:1] == ["capsh"]:
+        argv = [*prefix, "-c", "exec " + " ".join(argv)]
+    else:
+        argv = [*prefix, *argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
     lines: list[str] = []
+    answer = ""
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + 60
@@ -181,16 +213,26 @@ def test_npud_without_cap_sys_nice_logs_it_at_start(tmp_path: Path, runtime_dir:
             if "npud ready" in line:
                 break
         assert any("npud ready" in ln for ln in lines), "".join(lines)
+        answer = procs.run_as(None, None, ask_realtime, str(runtime_dir), timeout=60)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
         lines.append(out or "")
-    log = "".join(lines)
+    return "".join(lines), answer
+
+
+@needs_capsh
+def test_npud_without_cap_sys_nice_logs_it_at_start(tmp_path: Path, runtime_dir: Path,
+                                                    state_dir: Path) -> None:
+    log, answer = serve_and_ask(["capsh", "--drop=cap_sys_nice", "--"], config(tmp_path),
+                                runtime_dir, state_dir)
     assert "[manager] app_rt_priority = 2 is set, but this process lacks CAP_SYS_NICE" in log, log
     assert "RealtimeUnavailable" in log and DROP_IN in log, log
     # --no-drivers: no host threads, so no host key is named.
     assert "foreground_rt_priority = 1 is set" not in log, log
-
+    # What the app is told: the kernel refused, npud lacks the capability, the fix.
+    assert answer.startswith("RealtimeUnavailable: the kernel refused SCHED_FIFO"), answer
+    assert "npud lacks CAP_SYS_NICE (under systemd: " in answer and DROP_IN in answer, answer
 
 #: A seccomp filter (classic BPF) that refuses sched_setscheduler and sched_setattr with
 #: EPERM, the effect of systemd's RestrictRealtime=yes on a SCHED_FIFO request, applied by a
@@ -235,3 +277,18 @@ def test_check_config_with_the_capability_under_a_realtime_filter_names_it(
         assert "although it has CAP_SYS_NICE (sched_setscheduler: Operation not permitted" \
             in note, note
         assert "RestrictRealtime=no" in note and DROP_IN in note, note
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or os.geteuid() != 0
+                    or not has_cap(CAP_SYS_NICE), reason="needs root with CAP_SYS_NICE, x86_64")
+def test_npud_with_the_capability_under_a_realtime_filter_says_what_refuses(
+        tmp_path: Path, runtime_dir: Path, state_dir: Path) -> None:
+    """npud as the shipped unit would run it with the capability added alone (CAP_SYS_NICE,
+    RestrictRealtime's filter): its start names the filter, and so does an app's refusal."""
+    log, answer = serve_and_ask([sys.executable, "-c", SECCOMP_WRAPPER], config(tmp_path),
+                                runtime_dir, state_dir)
+    assert "[manager] app_rt_priority = 2 is set, but the kernel refuses SCHED_FIFO to this " \
+        "process although it has CAP_SYS_NICE" in log, log
+    assert answer.startswith("RealtimeUnavailable: the kernel refused SCHED_FIFO"), answer
+    assert "npud has CAP_SYS_NICE, so a seccomp filter refuses it (systemd's " \
+        "RestrictRealtime=yes" in answer, answer
