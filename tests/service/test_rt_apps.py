@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from npumanager import Importance, NpuManager
-from npumanager.client import AsyncNpuManager
+from npumanager.client import AsyncNpuManager, calls
 from npumanager.errors import NpuError, PermissionDenied
 from npumanager.hal import rt_sched
 from npumanager.service.daemon import Daemon
@@ -76,7 +76,12 @@ def test_rt_the_watchdog_demotes_on_npuds_clock_and_at_the_connections_close(
         runtime_dir: Path) -> None:
     async def scenario(d: Daemon, mgr: AsyncNpuManager, log: Any, clock: VirtualClock) -> None:
         with pytest.raises(PermissionDenied, match="npud's own"):  # this very process
-            await mgr.set_thread_realtime(threading.get_native_id())
+            # The bare call, not the SDK's: its backstop (hal/rt_backstop.prepare) would
+            # lower this pytest worker's RLIMIT_RTTIME hard limit for life (root here cannot
+            # raise it back), and every process it forks after would inherit the bound:
+            # test_app_rt_backstop's unbounded client was refused for the wrong reason
+            # when it ran after this test in the same worker.
+            await mgr._do(calls.set_thread_realtime(threading.get_native_id()))
         await mgr.set_uid_importance(APP, Importance.FOREGROUND)
         child = procs.spawn_as(APP, None, app, str(runtime_dir))
         assert await asyncio.to_thread(child.expect, ("fifo", True)) == ("fifo", True)
