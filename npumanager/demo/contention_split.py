@@ -31,9 +31,11 @@ import math
 import threading
 from typing import Any
 
+from npumanager.constants import ModelPriority
 from npumanager.demo import contention_probe
 from npumanager.demo.contention import UIDS, ContentionRun, RunResult
 from npumanager.drivers.burst_counters import STAGES
+from npumanager.paths import BACKGROUND_LANE, lane_socket
 
 #: Where a record's fields lie (drivers/burst_counters.py ``recent``).
 _SEEN, _ANSWERED, _RUN_US, _FIRST = 0, 7, 8, 11
@@ -153,8 +155,12 @@ class SplitRun(ContentionRun):
             from npumanager.hal.wire import SERVICE
             from npumanager.wire.client import SyncRpcClient
 
-            # (the host that serves the split app: a second one for own-host rows)
+            # (the host that serves the split app: a second one for own-host rows, the
+            # device's background lane for a BACKGROUND app where it has one)
             sock = contention_probe.driver_socket(self.rt, device=self.devices.get(self.split_app))
+            if (self.apps[self.split_app].priority >= ModelPriority.BACKGROUND
+                    and self.config["driver"][0].get("background_host")):
+                sock = str(lane_socket(sock, BACKGROUND_LANE))
             rpc = SyncRpcClient(sock, SERVICE,
                                 client_name=f"contention split ({self.split_app})")
             try:
