@@ -401,7 +401,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 # The second host tuned for throughput, hand-built (rt+app+bg-own-host+*) and as the
-# product's lane (rt+app+bg-host+*; #15, bgtune21; bench/contention_second_host.py).
+# product's lane (rt+app+bg-host+*; #15, bgtune21, embed22; contention_second_host.py).
 VARIANTS.update(second_host.ROWS)
 
 #: The second driver host's [[driver]] name (variants with "own_host").
@@ -526,9 +526,9 @@ def main() -> int:
         camera = {**({"spin_us": spin} if spin else {}),
                   **({"slice_us": cam_slice} if cam_slice else {}),
                   **({"realtime": cam_rt} if cam_rt else {})}
-        embedder_spin = float(knobs.pop("embedder_spin_us", 0))
+        embedder = second_host.embedder_knobs(knobs)  # (its spin)
         app_knobs = {**({"camera": camera} if camera else {}),
-                     **({"embedder": {"spin_us": embedder_spin}} if embedder_spin else {})}
+                     **({"embedder": embedder} if embedder else {})}
         devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs) if managed else None
         if cfg is not None and cam_rt:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contention import SECOND_HOST, VARIANTS, npud_config
+from contention_second_host import embedder_knobs
 
 from npumanager.demo import contention_split as cs
 from npumanager.demo.contention import (
@@ -88,7 +89,7 @@ def main() -> int:
         # Rows with apps on a second host and the camera's thread at FIFO (rt+app+bg-own-host
         # and its +* rows): the same devices and camera as bench/contention.py gives them.
         cam_rt = int(knobs.pop("camera_realtime", 0))
-        spin = float(knobs.pop("embedder_spin_us", 0))
+        embedder = embedder_knobs(knobs)  # (its spin)
         devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs)
         if cam_rt:
@@ -96,7 +97,7 @@ def main() -> int:
         run = EmbedSplit(name, True, Timing() if args.full else Timing.quick(), models,
                          cfg, log=lambda m: None, devices=devices,
                          app_knobs={**({"camera": {"realtime": cam_rt}} if cam_rt else {}),
-                                    **({"embedder": {"spin_us": spin}} if spin else {})})
+                                    **({"embedder": embedder} if embedder else {})})
         r = run.run()
         print(f"{name}: embedder {r.embedder_items_s:.0f} items/s, LLM "
               f"{r.llm_tokens_s:.0f} tokens/s")

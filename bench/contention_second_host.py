@@ -22,6 +22,11 @@ LLM 129-153 %, camera 0.67-1.11x its alone; with the embedder app's client spin 
 the embedder or the LLM (quick screens: 13-50 %, or the LLM at 2-7 %); slice-100 and
 lower-run (as root) no gain. On the product's lane with the keys on the entry
 (rt+app+bg-host+on-entry+*, two full runs): 49 / 50 % -> 76 / 77 %, with the spin 80 / 82 %.
+
+embed22 (#15's embedder without an app change): the lane's follow-on poll
+(background_follow_us) and the embedder app's adaptive spin (model.burst(spin_us=None))
+gained nothing in two full runs (+spin-auto 76 / 78 %, +follow+spin-auto 79 / 73 % vs
+80 / 77 % without; README "The second host tuned for throughput").
 """
 
 from __future__ import annotations
@@ -134,13 +139,34 @@ LANE: dict[str, dict[str, Any]] = {
     "on-entry+here-normal+step-nice": dict(SECOND["here-normal+step-nice"]),
     "on-entry+here-normal+step-nice+embedder-spin": {**SECOND["here-normal+step-nice"],
                                                      "embedder_spin_us": 1000},
+    # embed22: the lane's follow-on poll (background_follow_us: drivers/follow.py), the
+    # embedder app's adaptive spin (model.burst(spin_us=None): nn/burst_spin.py), both.
+    "here-normal+step-nice+follow": {"background": {**SECOND["here-normal+step-nice"],
+                                                    "background_follow_us": 500}},
+    "here-normal+step-nice+spin-auto": {"background": dict(SECOND["here-normal+step-nice"]),
+                                        "embedder_spin_us": "auto"},
+    "here-normal+step-nice+follow+spin-auto": {
+        "background": {**SECOND["here-normal+step-nice"], "background_follow_us": 500},
+        "embedder_spin_us": "auto"},
 }
+
+#: The embedder app's adaptive spin on npud's defaults (its steps on SCHED_IDLE workers).
+SPIN: dict[str, dict[str, Any]] = {"managed+spin-auto": {"embedder_spin_us": "auto"}}
 
 #: The rows bench/contention.py adds to its VARIANTS.
 ROWS: dict[str, dict[str, Any]] = {
     **{f"rt+app+bg-own-host+{k}": {**BASE, "second_host": v} for k, v in SECOND.items()},
     **{f"rt+app+bg-own-host+{k}": {**BASE, **v} for k, v in APP.items()},
-    **{f"rt+app+bg-host+{k}": {**LANE_BASE, **v} for k, v in LANE.items()}}
+    **{f"rt+app+bg-host+{k}": {**LANE_BASE, **v} for k, v in LANE.items()}, **SPIN}
+
+
+def embedder_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The embedder app's BenchApp fields a row's bench keys set (taken out of ``knobs``):
+    ``embedder_spin_us``, its burst's spin_us (µs; "auto": None, the adaptive spin)."""
+    spin = knobs.pop("embedder_spin_us", None)
+    if spin is None:
+        return {}
+    return {"spin_us": None if spin == "auto" else float(spin)}
 
 
 def second_entry(first: dict[str, Any], name: str,

@@ -333,6 +333,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "background_host"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "background"): _ANY,  # a table of [[driver]] keys, each checked as such
     ("driver", "burst_anticipate_us"): at_least(0, " (0 = off)"),
+    ("driver", "background_follow_us"): between(0, 5000, " (0 = off)"),
     ("driver", "foreground_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
     ("driver", "background_slice_us"): zero_or_between(100, 100_000, "the kernel's own"),
     ("driver", "foreground_rt_priority"): between(0, 10, " (0 = off)"),

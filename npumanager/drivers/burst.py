@@ -59,6 +59,7 @@ from npumanager.drivers.anticipate import (
 )
 from npumanager.drivers.burst_exec import BurstExecutions
 from npumanager.drivers.burst_fixed import FixedRequest
+from npumanager.drivers.follow import FollowOn, follow
 from npumanager.drivers.load_place import LoadPlace, Placed
 from npumanager.drivers.messages import ClientConn
 from npumanager.drivers.poll_turns import FirstCome, PollTurns
@@ -102,7 +103,7 @@ class BurstServer:
                  answered: Callable[[], None],
                  prepare_next: Callable[[BurstServer], None],
                  ended: Callable[[BurstServer], bool], anticipate: Anticipate | None = None,
-                 place: LoadPlace | None = None) -> None:
+                 place: LoadPlace | None = None, follow_us: int = 0) -> None:
         self.burst_id = burst_id
         self.client = client
         self.uid = client.conn.peer.uid
@@ -142,6 +143,8 @@ class BurstServer:
         self.anticipate = anticipate
         self.pace = Anticipation(anticipate.window_s) if anticipate else None
         self.foreground, self.run_us = False, 0.0
+        #: The follow-on poll after a BACKGROUND answer (background_follow_us: .follow).
+        self.follow = FollowOn(follow_us / 1e6) if follow_us > 0 else None
         #: Its thread has foreground_slice_us's slice (.burst_exec, ``_slice``).
         self.sliced = False
         #: Its thread's SCHED_FIFO state (foreground_rt_priority: .rt_threads), and what
@@ -193,6 +196,7 @@ class BurstServer:
             low_timer_slack()  # (its timed sleep before the window: drivers/anticipate.py)
         try:
             pace, counters, ns = self.pace, self.counters, time.perf_counter_ns
+            follow_on = self.follow
             placed = self.placed
             self.marks = marks = bc.new_marks()  # (on this thread: see bc.CpuMarks)
             while not self.closing:
@@ -209,6 +213,8 @@ class BurstServer:
                     if pace is not None and self.foreground:
                         how = await_request(pace, (sock.fileno(), self._stop), self.pool.buf,
                                             last, self)
+                    elif follow_on is not None and not self.foreground:
+                        how = follow(follow_on, self.pool.buf, last, self)
                     if how == bc.RUNG or how == bc.LATE:
                         poller.poll()
                     if self.closing:
@@ -223,7 +229,11 @@ class BurstServer:
                     seen = seen_ns / 1e9  # (perf_counter's clock)
                     # (read now: once answered, the client may stamp its next request)
                     called, rung = _read_stamps(self.pool.buf, layout.CALLED_AT)
+                    if follow_on is not None:
+                        follow_on.arrived(seen, rung / 1e9 if rung else None)
                     self._answer(seq, length)
+                    if follow_on is not None:  # (a FOREGROUND answer is not followed)
+                        follow_on.answered_at(0.0 if self.foreground else self.answered_at)
                     # The answer's ring wakes the client synchronously: it may be queued
                     # on this CPU (or spin here, yielding), behind what this thread does
                     # next (the loop's hand-over, the counters, the next request's
@@ -451,7 +461,8 @@ class Bursts(BurstExecutions):
         client.bursts[pool_id] = burst_id  # (no plain execute names this memory)
         server = BurstServer(burst_id, client, msg.model_id, pool, pool_id, req, resp,
                              self.execute, host.res.wake_loop, self.prepare_next,
-                             self._ended, self._anticipate, host.preparer.place)
+                             self._ended, self._anticipate, host.preparer.place,
+                             host.hc.background_follow_us)
         self._servers[burst_id] = server
         if host.rt is not None:
             server.rt_closed = host.rt.closed

@@ -46,7 +46,8 @@ RUNG = 1  # its doorbell woke the thread from a plain wait
 POLLED = 2  # the poll window caught it
 EARLY = 3  # its doorbell woke the thread from the timed sleep before the window
 LATE = 4  # its doorbell woke the thread after a window that ended without it
-HOW = ("ahead", "rung", "polled", "early", "late")
+FOLLOWED = 5  # the follow-on poll after a BACKGROUND answer caught it (drivers/follow.py)
+HOW = ("ahead", "rung", "polled", "early", "late", "followed")
 
 _NAN = math.nan
 
@@ -86,6 +87,10 @@ class BurstCounters:
     deferred: int = 0
     #: Warm-ups that rehearsed the one pass too (drivers/burst_exec.py ``rehearse``).
     rehearsed: int = 0
+    #: Follow-on polls after a BACKGROUND answer (drivers/follow.py), and those that
+    #: ended without the next request.
+    follows: int = 0
+    follow_expired: int = 0
     #: The request being waited for: its predicted due time, when the thread was to wake
     #: from its timed sleep and when it did, the warm-up's start and end, when polling
     #: began (NaN: did not).
@@ -140,6 +145,7 @@ class BurstCounters:
             "served": self.served, **dict(zip(HOW, self.found, strict=True)),
             "warms": self.warms, "expired": self.expired, "unplanned": self.unplanned,
             "busy": self.busy, "deferred": self.deferred, "rehearsed": self.rehearsed,
+            "follows": self.follows, "follow_expired": self.follow_expired,
             "offsets_n": len(offsets),
             "offset_p50_us": _pct(offsets, 0.5), "offset_p90_us": _pct(offsets, 0.9),
             "rung_seen_p50_us": _pct(stamped, 0.5), "rung_seen_p90_us": _pct(stamped, 0.9),

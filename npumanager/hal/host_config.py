@@ -102,6 +102,10 @@ class HostConfig:
     hold_loads: bool = False
     #: A burst's poll for its paced stream's next request, µs (drivers/anticipate.py; 0: off).
     burst_anticipate_us: int = 300
+    #: After a BACKGROUND burst answer, its thread polls for the stream's next request for
+    #: up to this long, µs, where the stream's recent gaps say it comes that soon
+    #: (drivers/follow.py; 0: off).
+    background_follow_us: int = 0
     #: Anticipation's one poll slot in turns between uids whose windows overlap
     #: (drivers/poll_turns.py); false: first come, first served (PollTurns vs FirstCome).
     burst_poll_turns: bool = True
@@ -221,6 +225,7 @@ class HostConfig:
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             burst_poll_turns=bool(d.get("burst_poll_turns", True)),
+            background_follow_us=int(d.get("background_follow_us", 0)),
             foreground_slice_us=int(d.get("foreground_slice_us", 0)),
             foreground_rt_priority=int(d.get("foreground_rt_priority", 0)),
             foreground_rt_max_run_us=int(d.get("foreground_rt_max_run_us", 5000)),

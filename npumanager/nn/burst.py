@@ -16,11 +16,14 @@ loop or worker hand-off in the driver. The driver still decides when the work
 runs (priority, preemption, thermal hold-back, revocation) exactly as for
 ``model.execute``.
 
-``spin_us`` (default 0) polls the response for that long before blocking (yielding the
-CPU at each look, so that the driver's thread woken onto this CPU runs): on a
-machine with a core to spare it saves the client's own wake-up for a model
-that answers within the spin, at the price of that CPU (bench/execute_overhead.py
-measures both). One execution at a time per burst; open one burst per thread.
+``spin_us`` (default 0: never) polls the response for that long before blocking
+(yielding the CPU at each look, so that the driver's thread woken onto this CPU runs): on
+a machine with a core to spare it saves the client's own wake-up for a model that answers
+within the spin, at the price of that CPU (bench/execute_overhead.py measures both).
+``spin_us=None`` is adaptive: it spins only while the stream runs back to back and its
+spun answers come sooner than its blocked ones, bounded by its recent answer times
+(:mod:`.burst_spin`); an opt-in (README "Bursts" has what it measured). One execution at
+a time per burst; open one burst per thread.
 
 ``slice_us`` (default 0: the kernel's) sets the EEVDF slice of the thread that executes
 (hal/sched_slice.py, Linux 6.12+; 100-100000 µs): a thread with a short slice woken by
@@ -45,7 +48,6 @@ number (:mod:`.burst_repeat`).
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import threading
@@ -66,6 +68,7 @@ from npumanager.errors import (
 from npumanager.fds import close_fds
 from npumanager.hal.sched_slice import check_slice_us, set_slice, set_this_thread
 from npumanager.nn.burst_repeat import FixedLayout
+from npumanager.nn.burst_spin import Spin
 from npumanager.nn.realtime import RealtimeLink
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.tensorio import burst as layout
@@ -79,10 +82,6 @@ _MIN_DATA = 64 * 1024
 _MIN_AREA = 64 * 1024
 #: Tries of one execution whose outputs outgrew the shared memory (each grows it).
 _GROW_TRIES = 4
-#: After this many spins in a row without the answer the client blocks at once, and
-#: spins again after _SPIN_RETRY executions.
-_SPIN_MISSES = 3
-_SPIN_RETRY = 32
 _put_seq = struct.Struct("<Q").pack_into
 _put_stamps = struct.Struct("<QQ").pack_into
 #: The client's clock for the header's stamps (CLOCK_MONOTONIC, as the driver's).
@@ -101,12 +100,13 @@ class _Grow(Exception):
 class Burst:
     """A burst of executions of one model; see the module docstring."""
 
-    def __init__(self, model: Model, *, spin_us: float = 0.0, slice_us: int = 0,
+    def __init__(self, model: Model, *, spin_us: float | None = 0.0, slice_us: int = 0,
                  realtime: bool = False) -> None:
-        if spin_us < 0:
-            raise InvalidArgument(f"spin_us must be >= 0, got {spin_us}")
+        if spin_us is not None and not spin_us >= 0:
+            raise InvalidArgument(f"spin_us must be >= 0 (or None: adaptive), got {spin_us}")
         self.model = model
-        self.spin_s = spin_us / 1e6
+        #: How long each execution polls for its answer (.burst_spin).
+        self.spin = Spin(spin_us)
         #: The EEVDF slice asked for the executing thread (0: none), and that thread's
         #: id once tried; ``sliced``: whether the kernel took it.
         self.slice_us = check_slice_us(slice_us)
@@ -118,7 +118,6 @@ class Burst:
             RealtimeLink(getattr(model.device, "runtime_dir", None)) if realtime else None)
         self._rt_tid = 0
         self.realtime_granted = False
-        self._misses = 0  # spins in a row that ended without the answer
         self.closed = False
         self._lock = threading.Lock()
         self._seq = 0
@@ -256,6 +255,18 @@ class Burst:
         ``copy_outputs=False`` large outputs are views of the burst's memory, valid
         until its next execution."""
         called = _now_ns()
+        spin = self.spin
+        spin.called(called / 1e9)
+        try:
+            return self._execute_once(inputs, job_priority, feature_id, original_uid, steps,
+                                      feedback, group_id, copy_outputs, called)
+        finally:
+            spin.done(_now_ns() / 1e9)
+
+    def _execute_once(self, inputs: Mapping[str, Any], job_priority: int,
+                      feature_id: int | None, original_uid: int | None, steps: int,
+                      feedback: Mapping[str, str] | None, group_id: bytes | None,
+                      copy_outputs: bool, called: int) -> dict[str, Any]:
         if steps < 1:
             raise InvalidArgument(f"steps must be >= 1, got {steps}")
         if group_id is not None and len(group_id) != 16:
@@ -463,33 +474,17 @@ class Burst:
     def _wait(self, seq: int, buf: Any, sock: socket.socket) -> tuple[int, int]:
         """Until the driver answered ``seq``: (status, length)."""
         read = layout.read_response_header
-        if self.spin_s:
-            if self._misses < _SPIN_MISSES:
-                clock, yield_ = time.perf_counter, os.sched_yield
-                end = clock() + self.spin_s
-                while True:
-                    got, status, length = read(buf)
-                    if got == seq:
-                        self._misses = 0
-                        self._take_rings(sock)
-                        return status, length
-                    if clock() >= end:
-                        break
-                    # The doorbell's wake-up is a sync one: the driver's thread is queued
-                    # on this CPU, behind this spin (measured, 2 vCPUs: 85 of 90 wake-ups
-                    # there, the driver seeing a ring 783 µs late, p50, under a 700 µs
-                    # spin). Yielding lets it run at once (the same probe: 91 µs p50).
-                    yield_()
-                self._misses += 1
-            else:
-                # Answers take longer than the spin: block, and try the spin again now
-                # and then (the stream may have got faster).
-                self._misses += 1
-                if self._misses >= _SPIN_RETRY:
-                    self._misses = _SPIN_MISSES - 1
+        spin, clock = self.spin, time.perf_counter
+        rang = clock()
+        span = spin.window()
+        if span > 0 and spin.spin(span, lambda: read(buf)[0] == seq):
+            spin.answered(clock() - rang, True, True)
+            self._take_rings(sock)
+            _, status, length = read(buf)
+            return status, length
         # Blocked in the ring's recv itself, the socket's receive timeout (_RING_WAIT)
         # bounding each: one system call per answer where a poll and a recv were two, and
-        # no clock read unless a wait times out (measured cold, 30 Hz: 54 vs 69 µs).
+        # no clock read but the spin's two (measured cold, 30 Hz: 54 vs 69 µs).
         waited = 0.0
         while True:
             try:
@@ -507,6 +502,7 @@ class Burst:
             # per execution. A stale ring (a spun answer's) is taken here later.
             got, status, length = read(buf)
             if got == seq:
+                spin.answered(clock() - rang, span > 0, False)
                 return status, length
             if not rung:
                 raise self._gone()

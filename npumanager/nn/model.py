@@ -345,14 +345,17 @@ class Model:
 
     # --- bursts ------------------------------------------------------------------------
 
-    def burst(self, *, spin_us: float = 0.0, slice_us: int = 0,
+    def burst(self, *, spin_us: float | None = 0.0, slice_us: int = 0,
               realtime: bool = False) -> Burst:
         """A burst of executions at a stream's own pace (NNAPI's ANeuralNetworksBurst):
         ``with model.burst() as b: b.execute(...)``. Sets up a shared-memory channel with
         the driver once; each execution is then one wake-up each way. ``spin_us``: poll
-        for the answer that long first; ``slice_us``: the executing thread's EEVDF slice
-        (0: the kernel's); ``realtime``: ask npud to put the executing thread at
-        SCHED_FIFO (:mod:`npumanager.nn.realtime`). See :mod:`npumanager.nn.burst`."""
+        for the answer that long first (0: never; None: adaptive, only while the stream
+        runs back to back and it pays, bounded: :mod:`npumanager.nn.burst_spin`);
+        ``slice_us``: the executing
+        thread's EEVDF slice (0: the kernel's); ``realtime``: ask npud to put the
+        executing thread at SCHED_FIFO (:mod:`npumanager.nn.realtime`). See
+        :mod:`npumanager.nn.burst`."""
         from npumanager.nn.burst import Burst
 
         if self.released:

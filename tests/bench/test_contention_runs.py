@@ -84,6 +84,27 @@ def test_the_tuned_background_host_rows_give_the_lane_the_hand_built_second_host
     assert on_entry == {**base, **product["background"]}
 
 
+def test_the_embed22_rows_differ_from_their_base_in_the_follow_and_the_spin_only() -> None:
+    """rt+app+bg-host+here-normal+step-nice+* (#15, embed22): "+follow" adds the lane's
+    background_follow_us, "+spin-auto" the embedder app's adaptive spin (spin_us None);
+    managed+spin-auto is npud's defaults with that spin."""
+    base = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice"]
+    follow = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+follow"]
+    assert follow == {**base, "background": {**base["background"],
+                                             "background_follow_us": 500}}
+    auto = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+spin-auto"]
+    assert auto == {**base, "embedder_spin_us": "auto"}
+    both = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+follow+spin-auto"]
+    assert both == {**follow, "embedder_spin_us": "auto"}
+    assert contention.VARIANTS["managed+spin-auto"] == {"embedder_spin_us": "auto"}
+    knobs = dict(auto)
+    assert contention.second_host.embedder_knobs(knobs) == {"spin_us": None}
+    assert "embedder_spin_us" not in knobs
+    assert contention.second_host.embedder_knobs({"embedder_spin_us": 1000}) == {
+        "spin_us": 1000.0}
+    assert contention.second_host.embedder_knobs(dict(base)) == {}
+
+
 def test_slice_rows_offer_the_unmanaged_camera_the_same_slice() -> None:
     """slice-*+app (#15, slice18): the managed camera's own thread asks for the slice the
     unmanaged-slice row gives the unmanaged camera's, and each is held against it."""
@@ -130,7 +151,7 @@ def test_second_host_rows_are_configs_npud_accepts(tmp_path: Path) -> None:
                  if n.startswith(("rt+app+bg-own-host+", "rt+app+bg-host+"))]:
         knobs = dict(contention.VARIANTS[name])
         knobs.pop("camera_realtime")  # (bench keys: the apps' side)
-        knobs.pop("embedder_spin_us", None)
+        contention.second_host.embedder_knobs(knobs)
         cfg = contention.npud_config(knobs)
         path = tmp_path / f"{len(name)}.toml"
         path.write_text(to_toml(cfg))

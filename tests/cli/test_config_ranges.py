@@ -86,6 +86,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "quiet_window_us"): (-5, "must be >= 0 (0 = off), not -5"),
     ("driver", "quiet_tail_us"): (-5, "must be >= 0 (0 = none), not -5"),
     ("driver", "burst_anticipate_us"): (-5, "must be >= 0 (0 = off), not -5"),
+    ("driver", "background_follow_us"): (
+        5001, "must be between 0 and 5000 (0 = off), not 5001"),
     ("driver", "foreground_slice_us"): (
         50, "must be 0 (the kernel's own) or between 100 and 100000, not 50"),
     ("driver", "background_slice_us"): (
