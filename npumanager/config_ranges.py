@@ -329,6 +329,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "quiet_window_us"): at_least(0, " (0 = off)"),
     ("driver", "quiet_tail_us"): at_least(0, " (0 = none)"),
     ("driver", "hold_loads"): _ANY,  # a boolean (its type is checked at load)
+    ("driver", "background_one_pass"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "quiet_release"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "background_host"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "background"): _ANY,  # a table of [[driver]] keys, each checked as such

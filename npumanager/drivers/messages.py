@@ -75,7 +75,8 @@ def params_from(hc: HostConfig) -> DriverParams:
                         background_share=hc.background_sched == "share",
                         background_lanes=len(lane_cpus())
                         if hc.background_cpus in LANE_CHOICES else 0,
-                        lanes_except_loads=hc.background_cpus == "lanes-except-loads")
+                        lanes_except_loads=hc.background_cpus == "lanes-except-loads",
+                        background_one_pass=hc.background_one_pass)
 
 
 def decode_tensor(t: pb.Tensor, pools: dict[int, tensorio.MappedPool]) -> Any:

@@ -49,6 +49,9 @@ class DriverParams:
     #: No lanes while a BACKGROUND model prepares (``"lanes-except-loads"``: lanes measured
     #: to cost the camera most while a model loads; README ``background_cpus``).
     lanes_except_loads: bool = False
+    #: BACKGROUND repeats take the one pass too where the dispatch weighs nothing for them
+    #: (:mod:`.state_repeat`; the shell's background_one_pass).
+    background_one_pass: bool = False
     #: Ended grants and released models remembered to say why a later call fails.
     tombstones: int = 4096
     decision_log_size: int = 4096

@@ -106,6 +106,9 @@ class HostConfig:
     #: up to this long, µs, where the stream's recent gaps say it comes that soon
     #: (drivers/follow.py; 0: off).
     background_follow_us: int = 0
+    #: A BACKGROUND burst repeat takes the one-pass admission where the dispatch has
+    #: nothing to weigh for it (drivers/state_repeat.py).
+    background_one_pass: bool = False
     #: Anticipation's one poll slot in turns between uids whose windows overlap
     #: (drivers/poll_turns.py); false: first come, first served (PollTurns vs FirstCome).
     burst_poll_turns: bool = True
@@ -226,6 +229,7 @@ class HostConfig:
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             burst_poll_turns=bool(d.get("burst_poll_turns", True)),
             background_follow_us=int(d.get("background_follow_us", 0)),
+            background_one_pass=bool(d.get("background_one_pass", False)),
             foreground_slice_us=int(d.get("foreground_slice_us", 0)),
             foreground_rt_priority=int(d.get("foreground_rt_priority", 0)),
             foreground_rt_max_run_us=int(d.get("foreground_rt_max_run_us", 5000)),

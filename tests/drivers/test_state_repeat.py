@@ -253,13 +253,42 @@ def test_a_priority_change_bites_on_the_next_repeat() -> None:
     assert job.info.effective_priority == 800
 
 
-def test_a_background_stream_never_takes_one_pass() -> None:
-    h = Harness(DriverParams(channels=1, enforce_admission=False, foreground_priority=200),
-                debounce_ms=50)
+@pytest.mark.parametrize("extra", [{}, {"background_share": True},
+                                   {"background_lanes": 1, "channels": 2},
+                                   {"channels": 2, "reserved_channels": 1}])
+def test_a_background_stream_takes_one_pass_where_the_dispatch_weighs_nothing(
+        extra: dict[str, Any]) -> None:
+    """With background_one_pass, a BACKGROUND repeat on an idle device takes the one pass
+    (embed22), its step a background one (without it, never); not where the full
+    dispatch has something to weigh: the background's share, its lanes, or a channel
+    background work may not take (another background job holds the one open to it)."""
+    params = {"channels": 1, "enforce_admission": False, "foreground_priority": 200,
+              "background_one_pass": True, **extra}
+    h = Harness(DriverParams(**params), debounce_ms=50)
     h.priorities(u1=900)
     m = h.prepare(1)
     s = Stream(h, 1, m)
-    warm(s)
+    blocked = extra.get("reserved_channels")
+    if blocked:
+        m2 = h.prepare(1)
+        other, out = h.execute(1, m2)  # a background job on the one channel open to it
+        assert started(out, other)
+        t, out = s.submit()
+        assert not started(out, t) and "one" not in s.ways
+        h.step_done(other)
+        s.end(t)
+        return
+    for _ in range(4):
+        t, out = s.submit()
+        assert started(out, t)
+        assert all(i.background for i in out if isinstance(i, ev.RunStep)), out
+        s.h.advance(0.01)
+        s.end(t)
+    assert ("one" in s.ways) == (not extra), s.ways
+    off = Harness(DriverParams(**{**params, "background_one_pass": False}), debounce_ms=50)
+    off.priorities(u1=900)
+    s = Stream(off, 1, off.prepare(1))
+    warm(s, 4)
     assert "one" not in s.ways
 
 
@@ -334,12 +363,19 @@ def _inside(h: Harness) -> tuple[Any, ...]:
              for j in st.jobs()], st.stats, st.epoch)
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(32))
 def test_one_pass_records_what_the_fast_path_records(seed: int) -> None:
     rng = random.Random(seed)
-    params = dict(channels=rng.choice((1, 2)), enforce_admission=True,
+    # (foreground_priority 200: the stream's repeats at 300 and 900 are BACKGROUND, and
+    # take the one pass too where the dispatch has nothing to weigh for them)
+    channels = rng.choice((1, 2, 3))
+    params = dict(channels=channels, enforce_admission=True,
                   quiet_window_us=rng.choice((0.0, 1000.0)), thermal_cutoff=500,
-                  foreground_priority=FG)
+                  foreground_priority=rng.choice((FG, 200)),
+                  reserved_channels=rng.choice((0, channels - 1)),
+                  background_share=rng.random() < 0.2,
+                  background_lanes=rng.choice((0, 0, 1)),
+                  background_one_pass=rng.random() < 0.8)
     listening = rng.random() < 0.8
     debounce = rng.choice((0, 50, 50))
     twins = []
@@ -398,7 +434,9 @@ def test_one_pass_records_what_the_fast_path_records(seed: int) -> None:
         assert _inside(twins[0][0]) == _inside(twins[1][0]), (seed, twins[0][1].ways[-3:])
     (a, sa, _), (b, sb, _) = twins
     # (listening with no debounce window, every execution is reported: never one pass)
-    assert ("one" in sa.ways) == (not listening or debounce > 0) and "one" not in sb.ways
+    if params["foreground_priority"] == FG:
+        assert ("one" in sa.ways) == (not listening or debounce > 0)
+    assert "one" not in sb.ways
     assert a.state.decisions() == b.state.decisions()
     assert a.state.stats == b.state.stats
     assert a.reports() == b.reports()
