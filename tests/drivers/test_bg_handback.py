@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from npumanager import nn
@@ -20,7 +19,7 @@ from npumanager.drivers.bg_handback import Handback
 from npumanager.drivers.steps import Done, Execution
 from npumanager.nn.burst import Burst
 
-from .test_burst_shell import close, served
+from .test_burst_shell import burst_served, close
 from .test_host_shell import Stack, X, run, uid
 
 
@@ -183,24 +182,13 @@ def test_a_background_bursts_ends_are_recorded_by_its_thread_the_same_as_through
         got: list[Any] = []
 
         async def body(s: Stack) -> None:
-            await s.grant("g1", uid())
-            dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
-            burst: Burst | None = None
-            try:
-                model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
-                burst = await asyncio.to_thread(model.burst)
-                for i in range(n):
-                    out = await asyncio.to_thread(burst.execute, {"x": X + i})
-                    np.testing.assert_array_equal(out["y"], X + i + 1)
-                await served(s, n)
+            async with burst_served(s, runtime_dir, n):
                 if not handback:
                     await ends_settled(s, n)
                 threads = s.driver.models[0].threads
                 assert len(threads) == n and all(t.startswith("npu-gated-bg")
                                                  for t in threads), threads
                 got.append((s.host.bg_ends.ended, records(s)))
-            finally:
-                await close(burst, dev)
 
         run(runtime_dir, state_dir, body, inline_run_us=0, background_handback=handback)
         return tuple(got[0])

@@ -4,20 +4,16 @@ state-level twin test holds the one pass to the fast path event for event)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from npumanager import nn
 from npumanager.drivers.state import DriverState
-from npumanager.nn.burst import Burst
 
 from .test_bg_handback import records
-from .test_burst_shell import close, served
-from .test_host_shell import Stack, X, run, uid
+from .test_burst_shell import burst_served
+from .test_host_shell import Stack, run
 
 
 def test_a_background_bursts_repeats_take_the_one_pass_with_the_same_records(
@@ -42,19 +38,8 @@ def test_a_background_bursts_repeats_take_the_one_pass_with_the_same_records(
         got: list[Any] = []
 
         async def body(s: Stack) -> None:
-            await s.grant("g1", uid())
-            dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
-            burst: Burst | None = None
-            try:
-                model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
-                burst = await asyncio.to_thread(model.burst)
-                for _ in range(n):
-                    out = await asyncio.to_thread(burst.execute, {"x": X})
-                    np.testing.assert_array_equal(out["y"], X + 1)
-                await served(s, n)
+            async with burst_served(s, runtime_dir, n):
                 got.append(records(s))
-            finally:
-                await close(burst, dev)
 
         run(runtime_dir, state_dir, body, inline_run_us=0, background_burst_here="normal",
             background_one_pass=one_pass)

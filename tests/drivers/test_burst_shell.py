@@ -7,8 +7,9 @@ from there. The app side is the real SDK (``nn``) on a thread, over the real soc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,26 @@ async def close(burst: Burst | None, dev: nn.Device) -> None:
             await asyncio.to_thread(burst.close)
     finally:
         await asyncio.to_thread(dev.close)
+
+
+@contextlib.asynccontextmanager
+async def burst_served(s: Stack, runtime_dir: Path, n: int) -> AsyncIterator[None]:
+    """The scenario several shell tests look at: the app (uid(), grant g1) prepares the
+    gated model and executes ``n`` times through one burst (X + i, answered X + i + 1);
+    the body runs once the host has served them, then the burst and device are closed."""
+    await s.grant("g1", uid())
+    dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
+    burst: Burst | None = None
+    try:
+        model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
+        burst = await asyncio.to_thread(model.burst)
+        for i in range(n):
+            out = await asyncio.to_thread(burst.execute, {"x": X + i})
+            np.testing.assert_array_equal(out["y"], X + i + 1)
+        await served(s, n)
+        yield
+    finally:
+        await close(burst, dev)
 
 
 @pytest.mark.parametrize("first_run_s", [0.0, 0.2])
@@ -311,16 +332,7 @@ def test_a_short_repeat_answered_before_its_bookkeeping_records_what_the_one_pas
         got: list[Any] = []
 
         async def body(s: Stack) -> None:
-            await s.grant("g1", uid())
-            dev = await asyncio.to_thread(nn.device, "gated", runtime_dir)
-            burst: Burst | None = None
-            try:
-                model = await asyncio.to_thread(dev.prepare_model, b"cheap", "g1")
-                burst = await asyncio.to_thread(model.burst)
-                for i in range(repeats):
-                    out = await asyncio.to_thread(burst.execute, {"x": X + i})
-                    np.testing.assert_array_equal(out["y"], X + i + 1)
-                await served(s, repeats)
+            async with burst_served(s, runtime_dir, repeats):
                 host, state = s.host, s.host.state
                 with host.lock:
                     got.append((
@@ -330,8 +342,6 @@ def test_a_short_repeat_answered_before_its_bookkeeping_records_what_the_one_pas
                         {u: e["executions"]
                          for u, e in host.res.stats.snapshot(0.0)["uids"].items()},
                         sorted(k for k, _ in s.pushes), len(s.pushes)))
-            finally:
-                await close(burst, dev)
 
         run(runtime_dir, state_dir, body, foreground_priority=1000)
         return got[0]
