@@ -48,8 +48,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from npumanager.drivers import lowering
 from npumanager.drivers.lowering import RunLowering
@@ -99,16 +97,18 @@ def unlowered() -> RunLowering:
     return low
 
 
-@contextmanager
-def lowered_runs(low: RunLowering) -> Iterator[None]:
-    """Within: the calling thread's backend runs lowered by ``low`` (.lowering's switch
-    around the native call, :meth:`.steps.StepRunner.run`), as a worker's with
-    ``background_lower = "run"``. A return that fails leaves the thread lowered, and it
-    runs no more background steps itself."""
+def begin_runs(low: RunLowering) -> None:
+    """From now until :func:`end_runs`: the calling thread's backend runs lowered by
+    ``low`` (.lowering's switch around the native call, :meth:`.steps.StepRunner.run`),
+    as a worker's with ``background_lower = "run"``. (Two plain calls, not a context
+    manager, on a burst's thread once per batch: trim22.)"""
     lowering.set_current(low)
-    try:
-        yield
-    finally:
-        if lowering.current() is None:  # (.lowering.give_up: the return failed)
-            _local.low = None
-        lowering.set_current(None)
+
+
+def end_runs() -> None:
+    """After :func:`begin_runs`: a return that failed left the thread lowered, and it
+    runs no more background steps itself."""
+    if lowering.current() is None:  # (.lowering.give_up: the return failed)
+        _local.low = None
+    lowering.set_current(None)
+

@@ -358,8 +358,9 @@ class BurstServer:
             buf[self.resp_off:self.resp_off + len(payload)] = payload
         self.serving = 0
         layout.write_response_header(buf, seq, status, len(payload))
-        self.answered_at = time.perf_counter()  # (before the ring: the client may run first)
-        self.marks[bc.M_ANSWERED] = time.perf_counter_ns()
+        # (before the ring: the client may run first; perf_counter's clock, one read)
+        self.marks[bc.M_ANSWERED] = at = time.perf_counter_ns()
+        self.answered_at = at / 1e9
         self._ring()
         self.marks[bc.M_RUNG] = time.perf_counter_ns()
 
@@ -369,8 +370,8 @@ class BurstServer:
         that the end will be COMPLETED (``DriverState.completes``) to its recording."""
         seq, self.serving = self.serving, 0
         layout.write_response_header(self.pool.buf, seq, layout.SAME, 0)
-        self.answered_at = time.perf_counter()
-        self.marks[bc.M_ANSWERED] = time.perf_counter_ns()
+        self.marks[bc.M_ANSWERED] = at = time.perf_counter_ns()
+        self.answered_at = at / 1e9
         self._ring()
         self.marks[bc.M_RUNG] = time.perf_counter_ns()
 

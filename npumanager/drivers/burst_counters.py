@@ -104,12 +104,12 @@ class BurstCounters:
     opens: float = _NAN
     until: float = _NAN
     #: (seen, how, due, woke, warm0, warm1, poll0, answered, run_us, wake_at, seq,
-    #: *stage µs, [*their CPU µs, *run-queue µs,] opens, until, called, rung) per
+    #: marks, (their CPU marks, run-queue marks) or None, opens, until, called, rung) per
     #: request (``seq``: the request's sequence number, so a bench pairs each with the
     #: client's call that rang it even when a request was skipped or answered twice; the
-    #: stages as ``STAGES``; the window; the client's stamps, s, as it wrote them: NaN for
-    #: none).
-    recent: deque[tuple[float, ...]] = field(
+    #: marks as ``BurstServer.marks``, made stages as ``STAGES`` by ``entries``; the
+    #: window; the client's stamps, s, as it wrote them: NaN for none).
+    recent: deque[tuple[Any, ...]] = field(
         default_factory=lambda: deque(maxlen=KEPT_RECENT))
 
     def waiting(self) -> None:
@@ -126,19 +126,34 @@ class BurstCounters:
         self.found[how] += 1
         if marks is None:
             marks = _CLEAR
-        extra: list[float] = []
+        cpu = None
         if isinstance(marks, CpuMarks):
-            extra = [*stages(marks.cpu, marks), *stages(marks.runq, marks)]
+            cpu = (tuple(marks.cpu), tuple(marks.runq))
+        # The marks as they are: their stages are worked out when read (``entries``), not
+        # on the burst's thread once per request (trim22).
         self.recent.append((seen, float(how), self.due, self.woke, self.warm0, self.warm1,
                             self.poll0, answered, run_us, self.wake_at, float(seq),
-                            *stages(marks), *extra, self.opens, self.until, *stamps))
+                            tuple(marks), cpu, self.opens, self.until, *stamps))
         marks[:] = _CLEAR
+
+    def entries(self) -> list[tuple[float, ...]]:
+        """The kept requests' records: (seen, how, due, woke, warm0, warm1, poll0,
+        answered, run_us, wake_at, seq, *stage µs, [*their CPU µs, *run-queue µs,] opens,
+        until, called, rung) each (see ``recent``)."""
+        out = []
+        for r in list(self.recent):  # (one C call: the burst's thread may append meanwhile)
+            marks, cpu = r[_MARKS], r[_MARKS + 1]
+            extra: list[float] = []
+            if cpu is not None:
+                extra = [*stages(list(cpu[0]), list(marks)), *stages(list(cpu[1]), list(marks))]
+            out.append((*r[:_MARKS], *stages(list(marks)), *extra, *r[_MARKS + 2:]))
+        return out
 
     def snapshot(self, recent: bool) -> dict[str, Any]:
         """JSON-ready: the counts, the arrival offsets from the predicted due time
         (median and p90, µs; negative: before it), and with ``recent`` every kept
         request's times."""
-        kept = list(self.recent)  # (one C call: the burst's thread may append meanwhile)
+        kept = self.entries()
         offsets = sorted((r[0] - r[2]) * 1e6 for r in kept if not math.isnan(r[2]))
         stamped = sorted((r[0] - r[-1]) * 1e6 for r in kept if not math.isnan(r[-1]))
         out: dict[str, Any] = {
@@ -162,6 +177,8 @@ class BurstCounters:
 
 
 _CLEAR = [0] * MARKS
+#: Where a ``recent`` record keeps its marks (then its CPU and run-queue marks, or None).
+_MARKS = 11
 #: Where the stages begin in a ``recent`` entry: wall µs, then (``CpuMarks``) CPU µs and
 #: run-queue µs.
 _FIRST = 11
@@ -221,7 +238,8 @@ def stages(marks: list[int], order: list[int] | None = None) -> list[float]:
     if order is None:
         order = marks
     out = [_NAN] * (MARKS - 1)
-    passed = sorted((t, i) for i, t in enumerate(order) if t)
+    passed = [(t, i) for i, t in enumerate(order) if t]
+    passed.sort()
     for (_, i0), (_, i) in pairwise(passed):
         if i:
             out[i - 1] = (marks[i] - marks[i0]) / 1e3

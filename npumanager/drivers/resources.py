@@ -179,11 +179,16 @@ class HostResources:
     def wake_loop(self) -> None:
         """From a burst's thread once its reply is out (or before it waits): hand what it
         left for the loop over, one wake-up for the lot; nothing when nothing is left.
-        Then the BACKGROUND steps of other burst executions this thread kept (.bg_pass)."""
-        with self.lock:
-            wake = bool(self._deferred) and not self._wake_pending
-            if wake:
-                self._wake_pending = True
+        Then the BACKGROUND steps of other burst executions this thread kept (.bg_pass).
+        Nothing left (a burst repeat's end carries out its FinishJob here): no lock taken,
+        on the burst's thread once per batch (trim22). Read unlocked: what this thread
+        left is seen; what another left, that thread hands over itself."""
+        wake = False
+        if self._deferred:
+            with self.lock:
+                wake = bool(self._deferred) and not self._wake_pending
+                if wake:
+                    self._wake_pending = True
         if wake:
             loop = self.loop
             assert loop is not None, "host not started"

@@ -109,13 +109,15 @@ class RepeatPath(FastAdmission):
         started on a free channel in one pass now (see the module docstring); changes
         nothing. Raises as ``handle`` does for the uid's job bound."""
         eff = key.eff
+        background = eff > self.protection.foreground_priority
+        if background and not self.params.background_one_pass:
+            return False  # (first: a BACKGROUND stream asks on every batch; trim22)
         cutoff = self._cutoff
         if (key.epoch != self.epoch or key.steps != 1 or not self._queue.starts_now()
                 or self.load_hold is not None or ticket in self._jobs
                 or (cutoff is not None and eff > cutoff)):
             return False
-        if eff > self.protection.foreground_priority and not (
-                self.params.background_one_pass and self._background_straight()):
+        if background and not self._background_straight():
             return False
         client = key.client
         # Its requested and started would be reported: the full path says so.

@@ -25,7 +25,7 @@ import numpy as np
 from npumanager import tensorio
 from npumanager.drivers.base import PreparedModel
 from npumanager.drivers.bg_handback import Handback
-from npumanager.drivers.bg_here import lowered_runs
+from npumanager.drivers.bg_here import Unlowered, begin_runs, end_runs
 from npumanager.drivers.bg_place import steer
 from npumanager.drivers.bg_threads import (
     BACKGROUND_CPUS,
@@ -319,8 +319,14 @@ class StepRunner:
             return self.run(ex, step)
         c0 = time.thread_time()
         try:
-            with lowered_runs(low):
+            if type(low) is Unlowered:
+                # ("normal": a switch that switches nothing, not set around the run)
                 return self.run(ex, step)
+            begin_runs(low)
+            try:
+                return self.run(ex, step)
+            finally:
+                end_runs()
         finally:
             with self._guard_lock:
                 self.guard.ended(token, time.monotonic(), time.thread_time() - c0)
