@@ -2,7 +2,7 @@
 
 The lane's embedder (bench/contention.py rows ``rt+app+bg-host+here-normal*``) is bound
 by its burst's thread, serially: most of its requests are in the header already when
-the thread finishes the previous one (README "The second host tuned for throughput"),
+the thread finishes the previous one (bench/README.md "The second host tuned for throughput"),
 so every µs of Python the thread spends per batch is throughput. This drives that path
 alone: a reference host with ``background_burst_here = "normal"`` (the step run on the
 burst's own thread), the client's work BACKGROUND (a direct connection's priority), the

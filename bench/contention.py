@@ -82,7 +82,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # block between kernels instead of keeping a core busy; they inherit SCHED_IDLE from
     # the lowered thread that builds the session. Not kept: the embedder -9 % (median of
     # four quick pairs; its batch is 12 kernels of ~14 µs, each waking the pool), the
-    # camera's loading p99 2.4-3.8 vs 2.0-2.8 ms (README: intra_op_spinning).
+    # camera's loading p99 2.4-3.8 vs 2.0-2.8 ms (bench/README.md: intra_op_spinning).
     "+bg-2-threads-nospin": {"options": {"intra_op_threads_background": 2,
                                          "intra_op_spinning_background": 0}},
     # Background models compile in the driver host (a lowered thread, the GIL shared)
@@ -101,7 +101,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # two paired full runs, but the camera's contended p99 went 2.1 -> 3.5 ms in one of
     # them (2.6 -> 2.0 in the other) and was 2.4-4.2 ms in four runs with it. Session 13
     # (three full runs): +4, +5, -6 %, the LLM -33, -39, -32 %, camera contended p99 2.0
-    # vs 1.3, 1.7 vs 1.4, 1.3 vs 1.4 ms (README: model.pipeline()).
+    # vs 1.3, 1.7 vs 1.4, 1.3 vs 1.4 ms (bench/README.md: model.pipeline()).
     "embedder-pipeline": {"embedder_inflight": 2},
     # Three batches in flight.
     "embedder-3-in-flight": {"embedder_inflight": 3},
@@ -138,7 +138,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Background lanes (drivers/runqueue.py): background steps running at once each on a
     # SCHED_IDLE thread kept on a CPU of its own, never two on one CPU. Not the default:
     # the embedder +7-28 % but the camera's p99 +0.2-1.6 ms contended and +0.9-3.3 ms
-    # while a model loads in five full runs (README: background_cpus).
+    # while a model loads in five full runs (bench/README.md: background_cpus).
     "bg-lanes": {"background_cpus": "lanes"},
     # Lanes steered instead of pinned (drivers/bg_place.py): lane k's thread is given, as
     # its step is handed over, every CPU but those the other background steps run on.
@@ -172,7 +172,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # A BACKGROUND burst step the state starts at once run on the burst's own thread,
     # lowered only for the run (drivers/bg_here.py), instead of on a SCHED_IDLE worker.
     # Opt-in: the embedder +2 % (eight quick pairs), the camera's loading p99 lower in
-    # the quick pairs but not in a full run (README: background_burst_here). Those pairs
+    # the quick pairs but not in a full run (bench/README.md: background_burst_here). Those pairs
     # measured the defaults: this VM's host may not return from a lowered run (RLIMIT_NICE
     # 0), so the steps stayed on the workers; see the *-root rows below.
     "bg-burst-here": {"background_burst_here": "lowered"},
@@ -185,7 +185,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # above it runs here on a host started as a driver user (this VM). Not the default:
     # embedder +42 % and +50 % (two full runs, same invocations; 71 % of unmanaged in the
     # clean one), camera contended p99 1.9 vs 1.4 and 1.7 vs 1.4 ms, LLM -10 % and -8 %
-    # (README: background_burst_here).
+    # (bench/README.md: background_burst_here).
     "bg-burst-here-normal": {"background_burst_here": "normal"},
     "embedder-pipeline+bg-burst-here-normal": {"embedder_inflight": 2,
                                                "background_burst_here": "normal"},
@@ -197,7 +197,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "bg-burst-here-nice-root": {"background_burst_here": "nice", "driver_user": "root"},
     "bg-burst-here-normal-root": {"background_burst_here": "normal", "driver_user": "root"},
     # #15's embedder target (embed18): the opt-ins that each raised the embedder alone,
-    # combined (README: "The embedder's opt-ins combined"). They do not add up: every
+    # combined (bench/README.md: "The embedder's opt-ins combined"). They do not add up: every
     # combination with "normal" landed where "normal" alone did (66-72 % of unmanaged in
     # one quick invocation), bound by the batch's round trip. The step on the burst's own
     # thread at normal priority, and the workers (the steps it cannot take: those started
@@ -207,7 +207,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The embedder app opens its burst with a client spin (model.burst(spin_us=N), an
     # app-side choice as the pipeline is): its thread polls for the answer instead of
     # sleeping and being woken (the batch's "answer back to the app" stage, and the app's
-    # wake-up that is most of its slowest 10 %: README "Where the embedder's batch goes").
+    # wake-up that is most of its slowest 10 %: bench/README.md "Where the embedder's batch goes").
     # With "normal": 92 % and 76 % of unmanaged in two quick invocations, but the spinning
     # thread keeps a core busy and the LLM's SCHED_IDLE step loses it (52 %, 59 %), the
     # camera's contended p99 2.0-2.5 vs 1.0-1.3 ms; alone (the worker's hand-off kept) no
@@ -244,7 +244,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the last compile's memory, "hugepages" faults 2 MiB at a time. compile-keep, three
     # full invocations against managed: the load's p50 241 / 225 / 237 vs 334 / 347 / 342
     # ms, the child 0.25-0.27 vs 0.42-0.43 cores; camera p99 loading 4.0 / 2.6 / 3.7 vs
-    # 3.0 / 4.0 / 3.4 ms, contended 1.5 / 1.4 / 1.4 vs 1.1 / 1.1 / 1.1 (README:
+    # 3.0 / 4.0 / 3.4 ms, contended 1.5 / 1.4 / 1.4 vs 1.1 / 1.1 / 1.1 (bench/README.md:
     # compile_malloc). Opt-in.
     "compile-keep": {"compile_malloc": "keep"},
     "compile-hugepages": {"compile_malloc": "hugepages"},
@@ -254,7 +254,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # "split" the FOREGROUND burst threads also keep off it while a background model
     # loads. Camera p99 loading, three full invocations: last 5.8 / 5.1 / 2.8, split 5.5 /
     # 5.2 / 5.1, compile-keep+load-split 4.4 / 4.8 / 4.8 vs managed 3.0 / 4.0 / 3.4 ms:
-    # worse (README: load_cpus). Opt-in.
+    # worse (bench/README.md: load_cpus). Opt-in.
     "load-last": {"load_cpus": "last"},
     "load-split": {"load_cpus": "split"},
     "compile-keep+load-split": {"compile_malloc": "keep", "load_cpus": "split"},
@@ -280,7 +280,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # unmanaged camera's thread at the same slice: a gain is not the slice given to one
     # side only). Not kept: one quick screen, loading p99 4.9 / 5.2 ms host-side only vs
     # 3.9 managed; two full invocations, 4.6 / 5.2 (slice-100+app) vs 4.0 / 3.0, app-slice
-    # 4.5 vs 4.0, the unmanaged camera at 100 µs 2.6 vs 0.4 ms (README: "Per-task slices").
+    # 4.5 vs 4.0, the unmanaged camera at 100 µs 2.6 vs 0.4 ms (bench/README.md: "Per-task
+    # slices").
     "slice-100": {"foreground_slice_us": 100},
     "slice-300": {"foreground_slice_us": 300},
     "slice-100+app": {"foreground_slice_us": 100, "camera_slice_us": 100},
@@ -296,7 +297,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Background threads lowered only around their native runs and session builds
     # (drivers/lowering.py, #15 gil16): at normal priority while they hold the host's GIL.
     # Opt-in: against root-host, loading p99 3.6/2.9/3.6/3.8 vs 2.9/3.2/3.3/3.5 ms in four
-    # quick pairs and 3.3 vs 2.2 in a full run, LLM -4 to -7 % (README: background_lower).
+    # quick pairs and 3.3 vs 2.2 in a full run, LLM -4 to -7 % (bench/README.md: background_lower).
     # Returning from SCHED_IDLE needs RLIMIT_NICE 20 (npud as root gives it where root
     # has CAP_SYS_RESOURCE); without it the host falls back to "thread", so on a machine
     # whose root lacks that capability (this VM) only a host running as root shows it:
@@ -305,7 +306,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The camera app's executing thread at SCHED_FIFO 2, granted by npud (npud's
     # [manager] app_rt_priority = 2, model.burst(realtime=True); service/rt_apps.py);
     # priority 2 so that it stays above a host thread at FIFO 1. Paired with
-    # "unmanaged-rt". README "Real-time app threads".
+    # "unmanaged-rt". bench/README.md "Real-time app threads".
     "app-rt": {"camera_realtime": 2},
     # The camera's burst thread in the driver host at SCHED_FIFO 1 while it serves its
     # FOREGROUND frames (foreground_rt_priority: the unprivileged host asks, npud applies;
@@ -313,12 +314,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # interval at 500 µs. Two full invocations, paired with "managed": camera p99 while a
     # model loads 3.0 / 2.3 (rt) and 3.3 / 2.9 ms (rt-nosw) vs 4.2 / 3.4; contended
     # 0.9 / 0.9, 0.8 / 0.7 vs 0.8 / 0.8; LLM 448 / 440, 458 / 473 vs 501 / 487 tokens/s.
-    # Off by default (README "Real-time foreground threads").
+    # Off by default (bench/README.md "Real-time foreground threads").
     "rt": {"foreground_rt_priority": 1, "switch_interval_us": 500},
     "rt-nosw": {"foreground_rt_priority": 1},
     # Both: the host's burst thread at FIFO 1 while it serves the camera's FOREGROUND
     # frames and the camera app's executing thread at FIFO 2 (npud's grant, "app-rt"),
-    # with "rt"'s switch interval. Paired with "unmanaged-rt". README "Real-time app threads".
+    # with "rt"'s switch interval. Paired with "unmanaged-rt". bench/README.md "Real-time app
+    # threads".
     "rt+app": {"foreground_rt_priority": 1, "switch_interval_us": 500, "camera_realtime": 2},
     "lower-run": {"background_lower": "run"},
     "root-host": {"driver_user": "root"},
@@ -333,7 +335,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # (quiet_release, drivers/quiet_release.py) instead of at once on the event loop under
     # the lock: dropping the 32 MiB LLM's session holds the GIL 1.6-2.6 ms, once per load
     # (py-spy of the loading phase, bench/trace_loop.py). Not kept: loading p99 4.1 / 3.4
-    # / 3.5 vs 3.3 / 3.6 / 5.2 ms in three full pairs (README: quiet_release).
+    # / 3.5 vs 3.3 / 3.6 / 5.2 ms in three full pairs (bench/README.md: quiet_release).
     "quiet-release": {"quiet_release": True},
     # The one-queue device model (--one-queue; drivers/device_queue.py): every native run,
     # here the driver's, holds one machine-wide token, first come first served, as on an
@@ -360,13 +362,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # prepare on it; the camera and voice stay on the first host. Is sharing the host
     # process (its GIL, lock, event loop, the background session's build) what costs the
     # camera while a model loads? Each device has its own budget in npud (max_budget each).
-    # Seven full invocations, order alternated (README: "Background work in a driver host of
-    # its own"), camera p99 while a model loads: bg-own-host 3.5 / 1.7 / 2.8 / 2.3 / 2.0 /
-    # 2.7 / 2.5 ms vs managed 4.4 / 3.5 / 4.3 / 3.6 / 4.2 / 4.2 / 4.3 (lower in every pair,
-    # still 1.9-5.2x alone; A/A pairs with bg-own-host+quiet-off 3.4 vs 2.0, 1.9 vs 2.7),
-    # loader-own-host 3.9 / 4.1 / 3.5 / 3.3 (no gain); contended bg-own-host worse in five of
-    # six clean pairs (the second host has no quiet window); LLM +2-13 %, embedder -8 to +37 %.
-    # Isolation does not reach the target: not a product option.
+    # Seven full invocations, order alternated (bench/README.md: "Background work in a
+    # driver host of its own"), camera p99 while a model loads: bg-own-host 3.5 / 1.7 /
+    # 2.8 / 2.3 / 2.0 / 2.7 / 2.5 ms vs managed 4.4 / 3.5 / 4.3 / 3.6 / 4.2 / 4.2 / 4.3
+    # (lower in every pair, still 1.9-5.2x alone; A/A pairs with bg-own-host+quiet-off 3.4
+    # vs 2.0, 1.9 vs 2.7), loader-own-host 3.9 / 4.1 / 3.5 / 3.3 (no gain); contended
+    # bg-own-host worse in five of six clean pairs (the second host has no quiet window);
+    # LLM +2-13 %, embedder -8 to +37 %. Isolation does not reach the target: not a
+    # product option.
     "loader-own-host": {"own_host": ["loader"]},
     "bg-own-host": {"own_host": ["llm", "embedder", "loader"]},
     # The same without the quiet window, against quiet-off: a second host does not see the
@@ -385,7 +388,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # its own alone (rt+app 1.2 / 1.2 / 1.4 / 1.8, 2.2-3.2x; managed 4.0 / 2.4 / 2.6, one run
     # with foreign CPU; bg-own-host 1.9 in the fifth), contended 0.63-0.90x; LLM -2..-5 %,
     # embedder -13..+5 % vs managed; loader-own-host 1.1 ms (3.4x). Not a product option yet
-    # (two budgets, apps pointed at the second host by name): README "Real-time threads and
+    # (two budgets, apps pointed at the second host by name): bench/README.md "Real-time threads and
     # a background host together".
     "rt+app+bg-own-host": {"foreground_rt_priority": 1, "switch_interval_us": 500,
                            "camera_realtime": 2, "own_host": ["llm", "embedder", "loader"]},
@@ -395,7 +398,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # background_host = true (service/host_lanes.py). One device and one budget; npud
     # spawns the second host process and tells the BACKGROUND requests' grants (the LLM,
     # the embedder, the loader) to it, and the SDK prepares them there; every app uses the
-    # default device. README "Real-time threads and a background host together".
+    # default device. bench/README.md "Real-time threads and a background host together".
     "rt+app+bg-host": {"foreground_rt_priority": 1, "switch_interval_us": 500,
                        "camera_realtime": 2, "background_host": True},
 }

@@ -13,7 +13,7 @@ the wait for the lowered worker).
 
 Usage: python bench/contention_embed_split.py [--full] [--cpu-marks] [RUN,...] (runs:
 managed, or bench/contention.py's VARIANTS; quick phases unless --full). Measured with
-it: README, "Where the embedder's batch goes".
+it: bench/README.md, "Where the embedder's batch goes".
 """
 
 from __future__ import annotations

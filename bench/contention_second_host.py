@@ -14,7 +14,7 @@ A row's ``"second_host"`` holds [[driver]] keys for the second entry only (its
 ``"options"`` merged into the first's): the driver keys' own names, so they map one to
 one onto the product's background host (``[[driver]] background_host = true``).
 
-Measured (README "The second host tuned for throughput"; full runs, --repeat 2, twice):
+Measured (bench/README.md "The second host tuned for throughput"; full runs, --repeat 2, twice):
 "here-normal+step-nice" (background_burst_here = "normal", background_step_nice = 19) is
 the best host-only setting, the embedder 75 / 71 / 77 / 82 % of unmanaged (49 % without),
 LLM 129-153 %, camera 0.67-1.11x its alone; with the embedder app's client spin on top
@@ -26,7 +26,7 @@ lower-run (as root) no gain. On the product's lane with the keys on the entry
 embed22 (#15's embedder without an app change): the lane's follow-on poll
 (background_follow_us) and the embedder app's adaptive spin (model.burst(spin_us=None))
 gained nothing in two full runs (+spin-auto 76 / 78 %, +follow+spin-auto 79 / 73 % vs
-80 / 77 % without; README "The second host tuned for throughput"), nor the one-pass
+80 / 77 % without; bench/README.md "The second host tuned for throughput"), nor the one-pass
 admission of its BACKGROUND repeats (+one-pass, background_one_pass: 81 / 80 % vs 82 /
 78 %, two full runs; the admission stage 26 vs 31 µs).
 """
@@ -105,7 +105,7 @@ SECOND: dict[str, dict[str, Any]] = {
 }
 
 #: Rows that also change an app (bench keys, not the host's): the embedder app's client
-#: spin (model.burst(spin_us=N), an app-side choice; README "The embedder's opt-ins
+#: spin (model.burst(spin_us=N), an app-side choice; bench/README.md "The embedder's opt-ins
 #: combined").
 APP: dict[str, dict[str, Any]] = {
     "here-normal+embedder-spin": {"embedder_spin_us": 1000,

@@ -6,7 +6,7 @@ compile child does, and each variant's session is built from them as the host bu
 background session (``session_from_artifacts``: one intra-op thread), then run through
 the IO binding made once that a burst's step uses (``OrtModel.bind``). Per variant, in
 rounds that alternate the variants' order, two timings: back to back (a warm cache) and
-after 32 MiB of writes (the contended run's cold cache after its round trip, README
+after 32 MiB of writes (the contended run's cold cache after its round trip, bench/README.md
 "Where the embedder's batch goes"). Reports each variant's median per round, in µs, as
 median [min-max] over the rounds.
 

@@ -19,7 +19,7 @@ LLM and embedder, and the app loading a BACKGROUND model again and again) and re
   session build (to the build thread's last sample), and the rest until the app had it.
 
 Why: in the loading phase's slow camera frames a normal-priority thread waits runnable
-for a CPU that a SCHED_IDLE thread holds (README: "What the camera's path sleeps on");
+for a CPU that a SCHED_IDLE thread holds (bench/README.md: "What the camera's path sleeps on");
 this kernel is PREEMPT_NONE, so a SCHED_IDLE thread in kernel mode keeps its CPU until
 it returns to user mode or reaches a cond_resched: its kernel time is where the camera
 can wait up to a tick. Run under /work/notes/cpu-exclusive (perf costs a few %).

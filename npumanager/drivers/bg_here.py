@@ -21,7 +21,7 @@ while this thread submits it, runs here; one it starts later (after the quiet wi
 channel freed) still goes to the workers. The starvation bound (:mod:`.starve`) counts
 these steps like the workers': one it says to boost runs here at normal priority.
 
-Measured (README: background_burst_here; bench rows bg-burst-here*): the embedder's
+Measured (bench/README.md: background_burst_here; bench rows bg-burst-here*): the embedder's
 items/s +2 % in eight quick same-run pairs (+6 % lowered to nice 19, -3 % not lowered
 at all), within the runs' spread: the hand-off costs ~0.02 ms of a 0.6 ms batch, whose
 time goes to its single-threaded run (0.34 ms, 0.17 alone) and the round trip. An opt-in.
@@ -35,7 +35,7 @@ hosts run as a driver user) ``"lowered"`` and ``"nice"`` change nothing, and the
 above were the defaults' (measured again, session 13: the run on the burst's thread took
 21 µs of its CPU, the rest waiting for the worker). With the host as root (bench rows
 ``*-root``) they do run here: embedder 10586 items/s lowered, 11422 not lowered, vs 8083
-(quick, one invocation; README: background_burst_here).
+(quick, one invocation; bench/README.md: background_burst_here).
 
 ``"normal"`` runs the step here without lowering the thread at all (:func:`unlowered`):
 nothing to return from, so it needs no RLIMIT_NICE and works for any host. The step is

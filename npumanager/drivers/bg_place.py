@@ -7,7 +7,7 @@ as idle when it places a waking thread: an embedder's short step woken onto the 
 the LLM's long step runs waited there for the scheduler's tick (4 ms) while the other CPU
 idled (21 % of its batches over 2 ms in the driver: bench/contention.py --device-time).
 Lanes (:mod:`.runqueue`, ``"lanes"``) keep lane k's thread on CPU k for good, which fixes
-that, and measured to cost the camera (README: ``background_cpus``); why is not known. One
+that, and measured to cost the camera (bench/README.md: ``background_cpus``); why is not known. One
 suspect is the pin itself: an LLM step pinned to the CPU the camera wakes on stays there,
 behind the camera, even when the other CPU is free.
 

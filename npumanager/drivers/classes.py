@@ -311,7 +311,7 @@ against the same defaults as the unprivileged driver user in four quick pairs (2
 the full run above): the noise of one run.
 
 Session 13: kernel stacks of the loading phase's slow frames (bench/trace_stacks.py,
-``contention_trace.py --stacks``; README, "What the camera's path sleeps on while a model
+``contention_trace.py --stacks``; bench/README.md, "What the camera's path sleeps on while a model
 loads"): the camera's burst thread asleep on the GIL 18-35 % of their excess in three
 quick traces, on the host's lock 5-8 %, runnable behind SCHED_IDLE work 14-22 %, behind
 the loader app 1-21 %; no page-fault I/O or mmap_lock. The GIL's holders were mostly

@@ -25,7 +25,7 @@ nice 20, nice 0 needs a limit of 20), and the default limit is 0. A host started
 sets its RLIMIT_NICE to 20 before it drops root: its threads and its compile child may
 then return to nice 0, never below (no more than any process starts with). Root may set
 that limit only with CAP_SYS_RESOURCE, which it lacks in a container (and here): with
-``compile_raise = "npud"`` (opt-in; README has the numbers) such a host asks npud instead
+``compile_raise = "npud"`` (opt-in; bench/README.md has the numbers) such a host asks npud instead
 (:class:`CompileRaiser`; ``hal.request_raise``, checked and applied by
 service/host_raise.py), and lowers the child again itself (lowering needs no privilege).
 A host with neither (``compile_raise = "self"``, no npud attached, npud refusing) leaves

@@ -26,7 +26,7 @@ Bounds, because the poll is CPU nobody asked for:
   anticipation, :mod:`.anticipate`), and only on a host configured for it (off by
   default: the background lane's ``[driver.background]`` is where it is meant to go).
 
-Measured (#15, embed22; README "The second host tuned for throughput"): on the lane the
+Measured (#15, embed22; bench/README.md "The second host tuned for throughput"): on the lane the
 embedder's doorbell-to-thread stage went 0.10 -> 0.06-0.09 ms, its items/s did not move
 (its batch is mostly the state's admission and ONNX Runtime's single-threaded run; its
 slow tail is the app's own wake-up): an opt-in.

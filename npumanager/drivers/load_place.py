@@ -18,7 +18,7 @@ per burst), so the camera's burst thread is never woken onto the load's CPU.
 
 Measured, neither helps: three full same-run invocations of bench/contention.py against
 the defaults, camera p99 while a model loads "last" 5.8 / 5.1 / 2.8, "split" 5.5 / 5.2 /
-5.1 vs 3.0 / 4.0 / 3.4 ms (README: ``load_cpus``). Kept off the load's CPU, the camera's
+5.1 vs 3.0 / 4.0 / 3.4 ms (bench/README.md: ``load_cpus``). Kept off the load's CPU, the camera's
 burst thread waits for the one CPU that the apps and the step workers share. Opt-ins.
 """
 

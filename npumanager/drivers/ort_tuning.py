@@ -1,6 +1,6 @@
 """ONNX Runtime session options for the reference driver's BACKGROUND sessions
 (``[[driver]] options``: ``graph_optimization_background``, ``mem_arena_background``,
-``mem_pattern_background``), opt-ins measured for #15's embedder (README: "ONNX
+``mem_pattern_background``), opt-ins measured for #15's embedder (bench/README.md: "ONNX
 Runtime's session options for background sessions").
 
 Why these: the contention bench's managed embedder is bound by one batch's latency, and

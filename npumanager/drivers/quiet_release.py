@@ -19,7 +19,7 @@ the window off, or no stream paced, it is freed at once, off the lock.
 Off by default: three full same-run pairs of bench/contention.py (``quiet-release`` vs
 the defaults, order alternated) put the camera's p99 while a model loads at 4.1 / 3.4 /
 3.5 vs 3.3 / 3.6 / 5.2 ms: one ~2 ms hold per load meets few frames, and the GIL's
-convoy (README, "What the camera's path sleeps on while a model loads") is made of
+convoy (bench/README.md, "What the camera's path sleeps on while a model loads") is made of
 many other holds.
 """
 

@@ -47,7 +47,7 @@ class DriverParams:
     #: get distinct ``RunStep.lane``\ s (the shell's background_cpus = "lanes").
     background_lanes: int = 0
     #: No lanes while a BACKGROUND model prepares (``"lanes-except-loads"``: lanes measured
-    #: to cost the camera most while a model loads; README ``background_cpus``).
+    #: to cost the camera most while a model loads; bench/README.md ``background_cpus``).
     lanes_except_loads: bool = False
     #: BACKGROUND repeats take the one pass too where the dispatch weighs nothing for them
     #: (:mod:`.state_repeat`; the shell's background_one_pass).

@@ -240,14 +240,14 @@ class ReferenceDriver(Driver):
         # Whether a session's intra-op pool spins for work (1: ONNX Runtime's default), per
         # class as above. Spinning, a 2-thread pool keeps a second core busy between a
         # session's kernels; without it the pool's threads block, and each kernel wakes
-        # them (README: intra_op_spinning).
+        # them (bench/README.md: intra_op_spinning).
         self.intra_op_spinning = int(self.options.get("intra_op_spinning", 1)) != 0
         self.intra_op_spinning_fg = int(self.options.get("intra_op_spinning_foreground",
                                                          self.intra_op_spinning)) != 0
         self.intra_op_spinning_bg = int(self.options.get("intra_op_spinning_background",
                                                          self.intra_op_spinning)) != 0
         # ONNX Runtime's session options for background sessions (drivers/ort_tuning.py:
-        # opt-ins measured for the embedder; README: "ONNX Runtime's session options").
+        # opt-ins measured for the embedder; bench/README.md: "ONNX Runtime's session options").
         self.tuning_bg = SessionTuning.background(self.options)
         self.version += self.tuning_bg.version_tag()
         self.thermal = ThermalModel(

@@ -1,4 +1,4 @@
-"""When a burst's thread asks for SCHED_FIFO and when it lowers itself (README: "Real-time
+"""When a burst's thread asks for SCHED_FIFO and when it lowers itself (bench/README.md: "Real-time
 foreground threads"); pure, one per burst, driven by drivers/rt_threads.py.
 
 A burst's thread is at FIFO only while it serves FOREGROUND work (the spot where

@@ -1,5 +1,5 @@
 """The driver host's burst threads at SCHED_FIFO while they serve FOREGROUND work
-(``[[driver]] foreground_rt_priority``; README: "Real-time foreground threads").
+(``[[driver]] foreground_rt_priority``; bench/README.md: "Real-time foreground threads").
 
 The host runs as the unprivileged ``driver_user``: it may lower its own threads but not
 raise them (RLIMIT_RTPRIO is 0, and root here lacks CAP_SYS_RESOURCE to raise it), so a

@@ -21,7 +21,7 @@ holds them to it event for event.
 BACKGROUND repeats too, with ``background_one_pass`` (embed22): the contention bench's
 embedder on the background lane (its steps on the burst's own thread,
 ``background_burst_here = "normal"``) spent 32 µs of each 0.50 ms batch in the full
-admission, on the one thread its batches wait for (README "The second host tuned for
+admission, on the one thread its batches wait for (bench/README.md "The second host tuned for
 throughput"). Where the full path's dispatch would have nothing to weigh for it (no paced
 stream for the quiet window to hold it behind, no lanes to give out, no share to
 consult, a channel open to background work) it is the same straight line with the job's

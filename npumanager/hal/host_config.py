@@ -148,7 +148,7 @@ class HostConfig:
     #: Who raises a starved background compile (drivers/compile_starve.py): "self" (only
     #: the compile child, only where the host may raise it itself) or "npud" (the host
     #: itself where RLIMIT_NICE lets it, npud on its request otherwise; compiles in the
-    #: host bounded too: drivers/compile_watch.py). Opt-in: README has the numbers.
+    #: host bounded too: drivers/compile_watch.py). Opt-in: bench/README.md has the numbers.
     compile_raise: str = "self"
     options: dict[str, Any] = field(default_factory=dict)
     #: Its device's index in ``nn.devices()`` (the [[driver]] entry's position): what

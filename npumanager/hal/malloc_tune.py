@@ -57,7 +57,7 @@ def set_mmap_threshold(kb: int) -> bool:
 #: for ``KEEP_IDLE_S``: compile_worker.py); "hugepages": glibc asks for transparent huge pages
 #: (``madvise``) on the memory it maps or grows, so a fault brings 2 MiB, not 4 KiB
 #: (the kernel's ``transparent_hugepage`` set to ``madvise`` or ``always``);
-#: "keep-hugepages": both. Measured (README: ``compile_malloc``): "keep" makes the bench's
+#: "keep-hugepages": both. Measured (bench/README.md: ``compile_malloc``): "keep" makes the bench's
 #: loads a third faster at half the child's CPU; the camera's tail while a model loads
 #: did not move beyond the spread in three full paired runs, so an opt-in.
 COMPILE_MALLOC: dict[str, str] = {

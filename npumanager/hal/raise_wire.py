@@ -1,4 +1,4 @@
-"""What a driver host and npud say about raising a starved background compile (README:
+"""What a driver host and npud say about raising a starved background compile (bench/README.md:
 ``background_starve_ms``; drivers/compile_starve.py, service/host_raise.py):
 ``hal.request_raise`` (host to npud: raise the compile tree ``(pid, tid)`` from
 SCHED_IDLE to nice 0 for one bound; ``tid`` 0: every thread of process ``pid``; a

@@ -2,7 +2,7 @@
 
 A SCHED_FIFO thread runs before every normal thread on its CPU until it blocks or a
 higher FIFO thread wakes, so #15 puts the camera's frame path there while it serves
-FOREGROUND work (README: "Real-time foreground threads"). Linux lets a thread *leave*
+FOREGROUND work (bench/README.md: "Real-time foreground threads"). Linux lets a thread *leave*
 SCHED_FIFO without privilege (:func:`set_other` on one's own threads) but *enter* it only
 with CAP_SYS_NICE or RLIMIT_RTPRIO > 0; here (a VM whose root has CAP_SYS_NICE but not
 CAP_SYS_RESOURCE, the hard RLIMIT_RTPRIO 0) only root's npud can, so npud applies

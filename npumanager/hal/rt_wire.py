@@ -1,4 +1,4 @@
-"""What a driver host and npud say about a burst thread's SCHED_FIFO (README: "Real-time
+"""What a driver host and npud say about a burst thread's SCHED_FIFO (bench/README.md: "Real-time
 foreground threads"): ``hal.request_rt`` (host to npud: put my thread ``tid`` at FIFO
 ``priority``) and ``hal.rt_applied`` (npud's answer: whether it did, and why not).
 

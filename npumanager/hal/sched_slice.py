@@ -6,7 +6,7 @@ eligible thread with the earliest deadline. A thread with a shorter slice gets a
 deadline, and with the ``PREEMPT_SHORT`` feature (on by default since 6.12) a woken
 short-slice thread may preempt the running one before that one's slice ends. On a kernel
 built ``PREEMPT_NONE`` with HZ 250 the running thread otherwise keeps the CPU up to the
-next tick (4 ms): the tails #15's traces showed on the camera's path (README: "Per-task
+next tick (4 ms): the tails #15's traces showed on the camera's path (bench/README.md: "Per-task
 slices").
 
 ``sched_setattr`` sets the policy, nice value and slice together, so :func:`set_slice`

@@ -31,12 +31,12 @@ the answer may preempt the one running on its CPU at once instead of waiting for
 one's slice to end or the next tick. It is the app's own thread (any uid may shorten its
 own threads' slices; a slice is not more CPU), set at its first execution; ``sliced``
 says whether the kernel took it, and a close on that thread gives it the kernel's slice
-back. README "foreground_slice_us" has what it measured.
+back. bench/README.md "foreground_slice_us" has what it measured.
 
 ``realtime`` (default False) asks npud, once per executing thread, to put that thread at
 SCHED_FIFO for the burst's life (:mod:`npumanager.nn.realtime`: FOREGROUND apps only,
 bounded by npud's watchdog); ``realtime_granted`` says whether it did, a refusal is
-logged once and the burst goes on without it. README "Real-time app threads".
+logged once and the burst goes on without it. bench/README.md "Real-time app threads".
 
 Inputs in the model's ``input_buffers()`` (memory registered once, NNAPI's
 ``ANeuralNetworksMemory``) are not copied: the request names them where they

@@ -1,5 +1,5 @@
 """npud's watch of a driver host's compile that runs in the host process itself, where the
-host may not raise it (README: ``compile_raise``; drivers/compile_watch.py).
+host may not raise it (bench/README.md: ``compile_raise``; drivers/compile_watch.py).
 
 Why npud and not the host: a compile on a lowered host thread (an ONNX Runtime session
 built at SCHED_IDLE, torch's tracing) holds the host's GIL while it waits for the CPU, and

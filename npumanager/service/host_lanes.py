@@ -5,7 +5,7 @@ thread and its app's thread at SCHED_FIFO, were host-lock holds and GIL hand-off
 camera's host process, which the background steps, session builds and load messages
 share; moving the background apps to a host process of their own removed them (bench
 ``rt+app+bg-own-host``: camera p99 while a model loads 0.4-0.5 ms, 0.64-0.96x its own
-alone, in five of five full runs; README "Real-time threads and a background host
+alone, in five of five full runs; bench/README.md "Real-time threads and a background host
 together"). The bench built that from two devices; this is the product form: one device,
 one budget, two host processes.
 

@@ -1,5 +1,5 @@
 """npud's side of the compile starvation bound where a driver host may not apply it itself
-(README: ``background_starve_ms``; drivers/compile_starve.py).
+(bench/README.md: ``background_starve_ms``; drivers/compile_starve.py).
 
 A BACKGROUND prepare compiles at SCHED_IDLE (the host's compile child, or a lowered host
 thread with its g++ children). Past the bound the host raises the starved compile to nice

@@ -1,5 +1,5 @@
 """npud's side of a driver host's burst threads at SCHED_FIFO (``[[driver]]
-foreground_rt_priority``; README: "Real-time foreground threads").
+foreground_rt_priority``; bench/README.md: "Real-time foreground threads").
 
 The host runs as the unprivileged ``driver_user`` and cannot enter SCHED_FIFO itself; it
 asks (``hal.request_rt``, a push on the link npud opened to it) and npud applies it here,

@@ -77,7 +77,8 @@ def test_the_tuned_background_host_rows_give_the_lane_the_hand_built_second_host
     assert entry["background_host"] is True and entry["background"] == product["background"]
     spin = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+embedder-spin"]
     assert spin == {**product, "embedder_spin_us": 1000}
-    # The same keys on the entry itself (both hosts), the rows README's lane table measured.
+    # The same keys on the entry itself (both hosts), the rows bench/README.md's lane table
+    # measured.
     base = contention.VARIANTS["rt+app+bg-host"]
     on_entry = contention.VARIANTS["rt+app+bg-host+on-entry+here-normal+step-nice"]
     assert product == {**base, "background": product["background"]}
