@@ -65,7 +65,7 @@ class BenchApp:
     #: SDK's adaptive spin, nn/burst_spin.py). The camera
     #: does not spin: 1.5 and 3 ms spins (bench rows camera-spin*) gave it no lower p99
     #: and a higher p50 (1.0-1.2 vs 0.7-1.0 ms alone, three quick runs): the driver's
-    #: burst thread is woken onto the spinning client's CPU (README: Bursts).
+    #: burst thread is woken onto the spinning client's CPU (bench/README.md: Bursts).
     spin_us: float | None = 0.0
     #: The EEVDF slice of the app's executing thread, µs (0: the kernel's): managed,
     #: through ``model.burst(slice_us=...)``; unmanaged, the app sets its own thread's

@@ -22,8 +22,8 @@ a machine with a core to spare it saves the client's own wake-up for a model tha
 within the spin, at the price of that CPU (bench/execute_overhead.py measures both).
 ``spin_us=None`` is adaptive: it spins only while the stream runs back to back and its
 spun answers come sooner than its blocked ones, bounded by its recent answer times
-(:mod:`.burst_spin`); an opt-in (README "Bursts" has what it measured). One execution at
-a time per burst; open one burst per thread.
+(:mod:`.burst_spin`); an opt-in (bench/README.md "Bursts: a stream at its own pace" has
+what it measured). One execution at a time per burst; open one burst per thread.
 
 ``slice_us`` (default 0: the kernel's) sets the EEVDF slice of the thread that executes
 (hal/sched_slice.py, Linux 6.12+; 100-100000 µs): a thread with a short slice woken by

@@ -20,7 +20,7 @@ compares its own answer times: the median of its last ``TOOK`` blocked execution
 against its last ``TOOK`` spun ones (ring to answer seen, back to back only), and spins
 while the spun ones are faster. The mode not chosen is tried again for ``TOOK``
 executions every ``EVERY`` (what it costs: at most ``TOOK / EVERY`` of the executions in
-the worse mode). Measured with the comparison (#15, embed22; README "Bursts"): no gain
+the worse mode). Measured with the comparison (#15, embed22; bench/README.md "Bursts"): no gain
 for the contention bench's embedder on the background lane (76 / 78 % of unmanaged vs
 80 / 77 % without, two full runs) and still a small loss on npud's defaults (-5 / +3 %
 in two quick pairs): an opt-in, not the default.
@@ -34,7 +34,7 @@ Bounds, because a spin is CPU the app burns waiting:
 * at most ``MARGIN`` times the ``QUANTILE`` of its last ``KEPT`` answer times, and at
   most ``MAX_S``: per execution it burns at most that (its answer time, when the answer
   comes within it): while it waits, the stream's thread is on a core instead of asleep
-  (README "Bursts" has what it cost in the contention bench);
+  (bench/README.md "Bursts" has what it cost in the contention bench);
 * a fixed spin (``spin_us`` > 0) whose answers stop coming within it (``MISSES`` in a
   row) blocks at once, and tries the spin again after ``RETRY`` executions.
 
