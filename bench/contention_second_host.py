@@ -155,6 +155,21 @@ LANE: dict[str, dict[str, Any]] = {
         "embedder_spin_us": "auto"},
 }
 
+#: The recommended config (README "Protecting a foreground stream (opt-in)") with one part
+#: left out at a time, for #15's ablation rows: without the camera app's FIFO thread
+#: (``rt+bg-host+...``), without the host's FIFO burst thread and its switch interval
+#: (``app+bg-host+...``), without either (``bg-host+...``: what a machine where npud lacks
+#: CAP_SYS_NICE gets, the lane and its keys only). ``rt+app+bg-host`` (the lane untuned)
+#: and ``rt+app`` (no lane) are the other two parts left out.
+RECOMMENDED = "rt+app+bg-host+here-normal+step-nice"
+_TUNED_LANE = {"background_host": True, "background": dict(SECOND["here-normal+step-nice"])}
+WITHOUT: dict[str, dict[str, Any]] = {
+    "rt+bg-host+here-normal+step-nice": {"foreground_rt_priority": 1,
+                                         "switch_interval_us": 500, **_TUNED_LANE},
+    "app+bg-host+here-normal+step-nice": {"camera_realtime": 2, **_TUNED_LANE},
+    "bg-host+here-normal+step-nice": dict(_TUNED_LANE),
+}
+
 #: The embedder app's adaptive spin on npud's defaults (its steps on SCHED_IDLE workers).
 SPIN: dict[str, dict[str, Any]] = {"managed+spin-auto": {"embedder_spin_us": "auto"}}
 
@@ -162,7 +177,8 @@ SPIN: dict[str, dict[str, Any]] = {"managed+spin-auto": {"embedder_spin_us": "au
 ROWS: dict[str, dict[str, Any]] = {
     **{f"rt+app+bg-own-host+{k}": {**BASE, "second_host": v} for k, v in SECOND.items()},
     **{f"rt+app+bg-own-host+{k}": {**BASE, **v} for k, v in APP.items()},
-    **{f"rt+app+bg-host+{k}": {**LANE_BASE, **v} for k, v in LANE.items()}, **SPIN}
+    **{f"rt+app+bg-host+{k}": {**LANE_BASE, **v} for k, v in LANE.items()}, **SPIN,
+    **WITHOUT}
 
 
 def embedder_knobs(knobs: dict[str, Any]) -> dict[str, Any]:

@@ -158,3 +158,25 @@ def test_second_host_rows_are_configs_npud_accepts(tmp_path: Path) -> None:
         path.write_text(to_toml(cfg))
         assert file_problems(path).problems == [], name
         assert list(option_problems("reference", cfg["driver"][-1]["options"])) == [], name
+
+
+def test_the_recommended_configs_ablation_rows_each_leave_out_one_part() -> None:
+    """#15's ablation of the recommended config: each WITHOUT row is the recommended row
+    less the app's FIFO thread, the host's FIFO thread (and its switch interval), or both;
+    each is held against unmanaged, and its npud config is one [[driver]] with the lane."""
+    sh = contention.second_host
+    full = contention.VARIANTS[sh.RECOMMENDED]
+    host_rt = {"foreground_rt_priority", "switch_interval_us"}
+    less = {"rt+bg-host+here-normal+step-nice": {"camera_realtime"},
+            "app+bg-host+here-normal+step-nice": host_rt,
+            "bg-host+here-normal+step-nice": host_rt | {"camera_realtime"}}
+    for name, gone in less.items():
+        row = contention.VARIANTS[name]
+        assert row == {k: v for k, v in full.items() if k not in gone}, name
+        assert ("unmanaged", name) in contention.pairs(["unmanaged", name])
+        knobs = {k: v for k, v in row.items() if k != "camera_realtime"}
+        [entry] = contention.npud_config(knobs)["driver"]
+        assert entry["background_host"] is True
+        assert entry["background"] == {"background_burst_here": "normal",
+                                       "background_step_nice": 19}
+        assert ("foreground_rt_priority" in entry) == ("foreground_rt_priority" not in gone)
