@@ -8,7 +8,9 @@ alone: a reference host with ``background_burst_here = "normal"`` (the step run 
 burst's own thread), the client's work BACKGROUND (a direct connection's priority), the
 contention bench's embedder model, back-to-back burst executions of the same request.
 
-Per round, in one invocation, order alternated: ``ort`` (the same model compiled by the
+Per round, in one invocation, order rotated (each configuration takes each place in turn;
+``--rounds`` a multiple of 6 with ``--against``, of 2 without, gives each place the same
+number of rounds): ``ort`` (the same model compiled by the
 reference driver in this process, its run back to back: the baseline), ``burst`` (this
 tree's host) and, with ``--against DIR``, ``burst@DIR`` (a host run from that tree, the
 client side this tree's). Per configuration, µs per batch: the client's call (p50), the
@@ -115,7 +117,14 @@ def main() -> int:
             local = ReferenceDriver({}).compile(embed.onnx, CompileOptions())
             labels = ["ort", *devs]
             for r in range(args.rounds):
-                order = labels if r % 2 == 0 else labels[::-1]
+                # Rotated, each turn of rotations reversed: every configuration takes every
+                # place in turn (alternating the order alone kept the middle one in the
+                # middle, and that place measured ~30 µs a batch slower, same tree both:
+                # bench/README.md "The second host tuned for throughput", pipe23).
+                k = r % len(labels)
+                order = labels[k:] + labels[:k]
+                if (r // len(labels)) % 2:
+                    order.reverse()
                 for label in order:
                     if label == "ort":
                         for _ in range(20):
@@ -139,7 +148,7 @@ def main() -> int:
             "copy", "lock2", "answer", "ring"]
     print(f"\nembedder (384x6, batch 8), BACKGROUND burst repeats, background_burst_here = "
           f"normal; {args.rounds} rounds x {args.calls} back-to-back calls, order "
-          "alternated; µs per batch, median of the rounds' medians [min-max of the rounds]")
+          "rotated; µs per batch, median of the rounds' medians [min-max of the rounds]")
     base = [row["call"] for row in got["ort"]]
     for label, rows in got.items():
         cells = []
