@@ -147,6 +147,10 @@ LANE: dict[str, dict[str, Any]] = {
                                                     "background_follow_us": 500}},
     "here-normal+step-nice+spin-auto": {"background": dict(SECOND["here-normal+step-nice"]),
                                         "embedder_spin_us": "auto"},
+    # The embedder app's two batches in flight (model.pipeline(), a burst each: so two
+    # burst threads on the lane, each running its batch's step itself).
+    "here-normal+step-nice+pipeline": {"background": dict(SECOND["here-normal+step-nice"]),
+                                       "embedder_inflight": 2},
     # The embedder's repeats admitted in one pass (background_one_pass: state_repeat.py).
     "here-normal+step-nice+one-pass": {"background": {**SECOND["here-normal+step-nice"],
                                                       "background_one_pass": True}},

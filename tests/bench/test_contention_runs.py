@@ -98,6 +98,8 @@ def test_the_embed22_rows_differ_from_their_base_in_the_follow_and_the_spin_only
     both = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+follow+spin-auto"]
     assert both == {**follow, "embedder_spin_us": "auto"}
     assert contention.VARIANTS["managed+spin-auto"] == {"embedder_spin_us": "auto"}
+    piped = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+pipeline"]
+    assert piped == {**base, "embedder_inflight": 2}
     knobs = dict(auto)
     assert contention.second_host.embedder_knobs(knobs) == {"spin_us": None}
     assert "embedder_spin_us" not in knobs
@@ -152,6 +154,7 @@ def test_second_host_rows_are_configs_npud_accepts(tmp_path: Path) -> None:
                  if n.startswith(("rt+app+bg-own-host+", "rt+app+bg-host+"))]:
         knobs = dict(contention.VARIANTS[name])
         knobs.pop("camera_realtime")  # (bench keys: the apps' side)
+        knobs.pop("embedder_inflight", None)
         contention.second_host.embedder_knobs(knobs)
         cfg = contention.npud_config(knobs)
         path = tmp_path / f"{len(name)}.toml"
