@@ -341,23 +341,20 @@ class BurstExecutions:
 
     def _submit_repeat(self, ex: Execution, key: FastKey) -> tuple[bool, ev.RunStep | None]:
         """The lock held: ``ex``, a repeat of the request ``key`` was made for, admitted in
-        one pass where the state can (``repeat_begin``), else as ``host.submit_fast``."""
+        one pass where the state can (``repeat_begin``), else through the state's fast
+        path (``execute_fast``: a BACKGROUND repeat without background_one_pass comes there
+        every batch), registered once for both. (False, None): not admitted, the state
+        wants the full path (nothing changed)."""
         host = self.host
         res = host.res
+        state = host.state
         ticket = ex.ticket
         res.executions[ticket] = ex
         try:
-            step = host.state.repeat_begin(key, ticket, f"execute-{ticket}",
-                                           host.clock.now())
-        except BaseException:
-            del res.executions[ticket]
-            raise
-        if step is not None:
-            return True, step
-        # (host.submit_fast, its execution registered already: a BACKGROUND repeat without
-        # background_one_pass comes here every batch)
-        try:
-            out = host.state.execute_fast(key, ticket, f"execute-{ticket}", host.clock.now())
+            step = state.repeat_begin(key, ticket, f"execute-{ticket}", host.clock.now())
+            if step is not None:
+                return True, step
+            out = state.execute_fast(key, ticket, f"execute-{ticket}", host.clock.now())
         except BaseException:
             del res.executions[ticket]
             raise

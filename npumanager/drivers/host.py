@@ -60,7 +60,6 @@ from npumanager.drivers.quiet_release import QuietReleases
 from npumanager.drivers.resources import HostResources
 from npumanager.drivers.rt_threads import RtThreads
 from npumanager.drivers.state import DriverState
-from npumanager.drivers.state_fast import FastKey
 from npumanager.drivers.steps import Execution, Reply, StepRunner
 from npumanager.errors import InvalidArgument, NpuError
 from npumanager.fds import close_fds
@@ -506,23 +505,6 @@ class DriverHost:
                          feedback or {}, msg.original_uid if msg.has_original_uid
                          else client.conn.peer.uid,
                          msg.feature_id if msg.has_feature_id else None, t0)
-
-    def submit_fast(self, ex: Execution, key: FastKey) -> tuple[bool, ev.RunStep | None]:
-        """From a burst thread, the lock held: admit ``ex`` as a repeat of the request
-        ``key`` was made for (:mod:`.state_fast`); (admitted, the step of ``ex`` this thread
-        runs). Not admitted: the state wants the full path (nothing changed)."""
-        res = self.res
-        ticket = ex.ticket
-        res.executions[ticket] = ex
-        try:
-            out = self.state.execute_fast(key, ticket, f"execute-{ticket}", self.clock.now())
-        except BaseException:
-            del res.executions[ticket]
-            raise
-        if out is None:
-            del res.executions[ticket]
-            return False, None
-        return True, res.carry_out_here(out, ex)
 
     def submit_here(self, ex: Execution, event: ev.Event) -> ev.RunStep | None:
         """From a burst thread, with the lock held: submit ``event`` about ``ex``; the
