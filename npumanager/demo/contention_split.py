@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import threading
+import time
 from typing import Any
 
 from npumanager.constants import ModelPriority
@@ -134,6 +135,12 @@ class SplitRun(ContentionRun):
         super().__init__(*args, **kwargs)
         self.records: dict[str, list[list[float | None]]] = {}
         self.frame_split: dict[str, dict[str, Any]] = {}
+        #: phase -> when its records were fetched (CLOCK_MONOTONIC): a frame the app
+        #: reported after that has no record yet, so the split covers the window up to it.
+        self.fetched_at: dict[str, float] = {}
+        #: phase -> how many of the app's requests the split had to pair (its window's,
+        #: up to the fetch)
+        self.split_frames: dict[str, int] = {}
 
     def phase(self, name: str, seconds: float) -> None:
         if not self.managed or name not in self.phases:
@@ -164,9 +171,15 @@ class SplitRun(ContentionRun):
             rpc = SyncRpcClient(sock, SERVICE,
                                 client_name=f"contention split ({self.split_app})")
             try:
+                # Stamped before the call: a frame reported before this had its answer
+                # recorded before the driver read its records. (The window's end is the
+                # phase's, a little later on a loaded machine: a frame between the two
+                # has no record, and pairing it is not the split's to do.)
+                fetched = time.monotonic()
                 payload, _ = rpc.call("device.stats", b"recent")
             finally:
                 rpc.close()
+            self.fetched_at[name] = fetched
             self.records[name] = camera_records(
                 json.loads(payload), UIDS[self.split_app] if self.root else None)
 
@@ -174,6 +187,8 @@ class SplitRun(ContentionRun):
         super().collect(r)
         frames = self.events.find(self.split_app, self.split_event)
         for name, (a, b) in self.windows.items():
-            mine = [(e["t"], e["ms"]) for e in frames if a <= e["t"] < b]
+            end = min(b, self.fetched_at.get(name, b))
+            mine = [(e["t"], e["ms"]) for e in frames if a <= e["t"] < end]
+            self.split_frames[name] = len(mine)
             self.frame_split[name] = summarize(split(mine, self.records.get(name, [])),
                                                q=self.split_q)

@@ -49,11 +49,14 @@ def test_sigusr1_writes_an_apps_stacks_to_its_log_and_it_goes_on(tmp_path: Path)
     try:
         assert log.wait("app", "up", 30.0) is not None
         os.kill(proc.pid, signal.SIGUSR1)
+        # faulthandler writes the stacks a thread at a time: read until the app's own
+        # frame is there (a read between two writes saw only the first thread's, once,
+        # on a loaded machine).
         deadline = time.monotonic() + 30
-        while "most recent call first" not in log_path.read_text():
+        while "_waiting_app" not in log_path.read_text():
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.05)
-        assert "_waiting_app" in log_path.read_text()
+        assert "most recent call first" in log_path.read_text()
         assert not proc.poll()  # still running
         proc.stop(timeout=10.0)
         assert log.wait("app", "bye", 1.0) is not None

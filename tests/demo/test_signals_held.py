@@ -17,10 +17,15 @@ from npumanager.demo.process import signals_held
 
 @pytest.fixture(autouse=True)
 def sigint_unblocked_here() -> Iterator[None]:
-    """The main thread starts with SIGINT unblocked, as the demo's does, whatever this
-    worker process did before; its mask is put back after."""
+    """The main thread starts with SIGINT unblocked and handled by Python's default
+    handler, as a demo run from a terminal does, whatever this worker process was given:
+    a test run started in the background from a script (`make test &`, nohup) inherits
+    SIGINT ignored, which Python keeps, and a held Ctrl-C is then rightly dropped. The
+    mask and the handler are put back after."""
     old = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
+    signal.signal(signal.SIGINT, old_handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
@@ -57,3 +62,12 @@ def test_nothing_pending_changes_nothing() -> None:
     with signals_held():
         pass
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_ctrl_c_held_while_sigint_is_ignored_stays_ignored() -> None:
+    """A demo started with SIGINT ignored (`nohup npu demo &` from a script) drops a Ctrl-C
+    held in the block, as it would have without the block, and keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with signals_held():
+        signal.raise_signal(signal.SIGINT)  # held: pending while blocked here
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
