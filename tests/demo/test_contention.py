@@ -18,7 +18,7 @@ from npumanager.demo.contention import (
     side_by_side,
     verdicts,
 )
-from npumanager.demo.contention_memory import descendants
+from tests.demo.conftest import LeftBehind
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,8 @@ def check(r: RunResult) -> None:
 
 
 @pytest.mark.parametrize("managed", [False, True], ids=["unmanaged", "managed"])
-def test_a_run_measures_every_phase(models: dict[str, object], managed: bool) -> None:
+def test_a_run_measures_every_phase(models: dict[str, object], managed: bool,
+        left_behind: LeftBehind) -> None:
     cfg = driver_config(reserved_channels=1, background_sched="nice") if managed else None
     r = LoadsOnce("m" if managed else "u", managed, TINY, models, cfg,  # type: ignore[arg-type]
                       device_probe=True).run()
@@ -70,21 +71,22 @@ def test_a_run_measures_every_phase(models: dict[str, object], managed: bool) ->
         assert r.host_threads["contended"]
         assert ({"llm", "embedder"} <= set(r.device) if os.getuid() == 0
                 else len(r.device) == 1), r.device  # (one uid for every app)
-    assert descendants(os.getpid()) == []  # apps, npud and its driver are gone
+    assert left_behind() == []  # apps, npud and its driver are gone
 
 
 def test_an_embedder_with_two_batches_in_flight_uses_the_pipeline(
-        models: dict[str, object]) -> None:
+        models: dict[str, object], left_behind: LeftBehind) -> None:
     """The ablation row embedder-pipeline: the SDK's pipeline, two in flight."""
     r = ContentionRun("m2", True, TINY, models, driver_config(), phases=("alone", "contended"),
                       embedder_inflight=2).run()  # type: ignore[arg-type]
     assert r.errors == []
     assert r.embedder_batch.ms and r.embedder_items_s > 0
     assert r.streams == 2
-    assert descendants(os.getpid()) == []
+    assert left_behind() == []
 
 
-def test_the_camera_can_spin_and_its_driver_anticipate(models: dict[str, object]) -> None:
+def test_the_camera_can_spin_and_its_driver_anticipate(models: dict[str, object],
+        left_behind: LeftBehind) -> None:
     """The rows anticipate-300+spin: the camera's burst opened with a client spin (an app
     override), the driver anticipating its frames; the camera still gets every frame."""
     r = ContentionRun("as", True, TINY, models,  # type: ignore[arg-type]
@@ -92,10 +94,11 @@ def test_the_camera_can_spin_and_its_driver_anticipate(models: dict[str, object]
                       app_knobs={"camera": {"spin_us": 1500.0}}).run()
     assert r.errors == []
     assert r.camera["alone"].ms
-    assert descendants(os.getpid()) == []
+    assert left_behind() == []
 
 
-def test_apps_can_run_on_a_second_driver_host(models: dict[str, object]) -> None:
+def test_apps_can_run_on_a_second_driver_host(models: dict[str, object],
+        left_behind: LeftBehind) -> None:
     """The rows loader-own-host / bg-own-host: the background apps ask npud for a second
     device (its own driver host) and prepare on it, each grant valid there only; the
     camera and voice stay on the first. Each host's CPU is its own role."""
@@ -110,7 +113,7 @@ def test_apps_can_run_on_a_second_driver_host(models: dict[str, object]) -> None
         assert roles["driver reference-bg"] > 0, roles  # the LLM's and embedder's steps
         assert "driver reference" in roles and roles["driver"] >= roles["driver reference-bg"]
     assert any(g.startswith("reference-bg/") for g in r.host_threads["contended"])
-    assert descendants(os.getpid()) == []
+    assert left_behind() == []
 
 
 def test_the_table_puts_runs_side_by_side() -> None:

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from npumanager.demo.contention import ContentionRun, Timing, build_models, driver_config
-from npumanager.demo.contention_memory import descendants
 from npumanager.testing.proc_locks import queue_pids
+from tests.demo.conftest import LeftBehind
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,8 @@ class Watched(ContentionRun):
 
 
 @pytest.mark.parametrize("managed", [False, True], ids=["unmanaged-1q", "1q-1ch"])
-def test_one_queue_runs_take_the_token_where_the_model_says(managed: bool) -> None:
+def test_one_queue_runs_take_the_token_where_the_model_says(managed: bool,
+        left_behind: LeftBehind) -> None:
     cfg = driver_config(channels=1) if managed else None
     run = Watched("1q" if managed else "u1q", managed, TINY, build_models(), cfg,
                   phases=("alone", "contended"), device_queue=True)
@@ -62,7 +63,7 @@ def test_one_queue_runs_take_the_token_where_the_model_says(managed: bool) -> No
         # The background apps run back to back: each is seen with the token.
         assert {run.app_pids["llm"], run.app_pids["embedder"]} <= run.holders
         assert run.holders <= apps
-    assert descendants(os.getpid()) == []
+    assert left_behind() == []
 
 
 def test_without_the_model_nobody_takes_a_token() -> None:

@@ -4,14 +4,13 @@ pairing on made-up times, and one real managed run that pairs its frames."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
 from npumanager.demo.contention import Timing, build_models, driver_config
-from npumanager.demo.contention_memory import descendants
 from npumanager.demo.contention_split import SplitRun, camera_records, split, summarize
 from npumanager.drivers.burst_counters import STAGES
+from tests.demo.conftest import LeftBehind
 
 
 def record(called: float, rung: float, seen: float, answered: float,
@@ -67,7 +66,7 @@ def test_the_camera_is_picked_by_uid_or_as_the_foreground() -> None:
 
 
 @pytest.mark.slow
-def test_a_managed_run_pairs_its_frames() -> None:
+def test_a_managed_run_pairs_its_frames(left_behind: LeftBehind) -> None:
     timing = Timing(alone_s=0.6, contended_s=0.6, loading_s=0.6, settle_s=0.1)
     run = SplitRun("split", True, timing, build_models(), driver_config(),  # type: ignore[arg-type]
                    phases=("alone", "contended"))
@@ -80,7 +79,7 @@ def test_a_managed_run_pairs_its_frames() -> None:
     assert alone["n"] == run.split_frames["alone"] > 0
     assert run.split_frames["alone"] >= len(r.camera["alone"].ms) // 2  # (not fetched early)
     assert alone["all"]["served"] > 0 and alone["all"]["run"] > 0
-    assert descendants(os.getpid()) == []
+    assert left_behind() == []
 
 
 class EmbedderSplit(SplitRun):
@@ -90,7 +89,8 @@ class EmbedderSplit(SplitRun):
 
 
 @pytest.mark.slow
-def test_an_app_on_a_second_host_pairs_with_that_hosts_records() -> None:
+def test_an_app_on_a_second_host_pairs_with_that_hosts_records(
+        left_behind: LeftBehind) -> None:
     """The embedder served by a second [[driver]] (bench rows *-own-host): its batches pair
     with the records of the host that serves it, fetched as the phase ends (the first
     host has no burst of its)."""
@@ -104,4 +104,4 @@ def test_an_app_on_a_second_host_pairs_with_that_hosts_records() -> None:
     assert r.errors == []
     contended = run.frame_split["contended"]
     assert contended and contended["n"] > 0 and contended["all"]["run"] > 0
-    assert descendants(os.getpid()) == []
+    assert left_behind() == []
