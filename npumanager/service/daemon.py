@@ -420,10 +420,15 @@ class Daemon:
         if callable(lanes):
             # Which host a granted request's grant is valid on ("": its device's main one).
             of = lanes()
+            moves_of = getattr(self.drivers, "request_moves", None)
+            moves: dict[tuple[int, int], str] = moves_of() if callable(moves_of) else {}
             for r in out.get("requests") or []:
-                lane = of.get((r.get("uid"), r.get("request_id")))
+                key = (r.get("uid"), r.get("request_id"))
+                lane = of.get(key)
                 if lane is not None:
                     r["lane"] = lane
+                if key in moves:  # the rule now picks the other host: on its next request
+                    r["lane_now"] = moves[key]
         return out
 
     # --- lifecycle ----------------------------------------------------------

@@ -30,6 +30,8 @@ class DriverFeed(HostLanes):
         #: grant id -> the lane of the host that reported holding it when it attached
         #: (an adopted host): a restarted npud tells the grant to that host again.
         self.held_lanes: dict[str, str] = {}
+        #: grant id -> its request's model priority (what the rule routed it by)
+        self.grant_priority: dict[str, int] = {}
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
 
@@ -66,6 +68,7 @@ class DriverFeed(HostLanes):
             target = grant_target(slot, priority, self.table.get(uid) or default_config(uid))
         self.grants[grant_id] = (uid, request_id, slot.name if slot is not None else "",
                                  target.lane if target is not None else "")
+        self.grant_priority[grant_id] = priority
         msg = pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id)
         if target is None:
             self._push_all("hal.grant_issued", msg)
@@ -78,6 +81,23 @@ class DriverFeed(HostLanes):
         with_lane = {s.name for s in self.slots if s.background is not None}
         return {(uid, rid): lane for uid, rid, driver, lane in self.grants.values()
                 if driver in with_lane}
+
+    def request_moves(self) -> dict[tuple[int, int], str]:
+        """(uid, request id) -> the lane a new grant of the same request would be valid on
+        now, for the live grants whose host the rule would no longer pick (their uid's
+        class changed since, or an adopted grant stayed on the host holding it). The grant
+        keeps its host (grant_target): the model moves when the app requests again, and
+        npu status says so rather than leave the old host looking like the rule's."""
+        out: dict[tuple[int, int], str] = {}
+        for gid, (uid, rid, driver, lane) in self.grants.items():
+            slot = self.driver_of(driver) if driver else None
+            if slot is None or slot.background is None:
+                continue
+            now = grant_target(slot, self.grant_priority.get(gid, 0),
+                               self.table.get(uid) or default_config(uid)).lane
+            if now != lane:
+                out[(uid, rid)] = now
+        return out
 
     def note_held(self, slot: DriverSlot, grant_ids: list[str]) -> None:
         """``slot``'s host attached holding ``grant_ids`` (it outlived an npud): their
@@ -92,6 +112,7 @@ class DriverFeed(HostLanes):
 
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         entry = self.grants.pop(grant_id, None)
+        self.grant_priority.pop(grant_id, None)
         self.held_lanes.pop(grant_id, None)  # (a held grant no client claimed)
         msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked, ack=ack)
         slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None

@@ -94,6 +94,11 @@ def test_a_restarted_npud_tells_an_adopted_grant_to_the_host_holding_it(
                 # A new NORMAL request of root's is the main host's under this config.
                 _req2, cb2 = grant(mgr, 2)
                 assert cb2.listener.lane == ""
+                # npu status says so: request 1's grant is the lane's, and the main host's
+                # on its next request; request 2 is where the rule puts it.
+                reqs = {r["request_id"]: r for r in mgr.dump()["requests"]}
+                assert (reqs[1]["lane"], reqs[1]["lane_now"]) == ("background", ""), reqs
+                assert reqs[2]["lane"] == "" and "lane_now" not in reqs[2], reqs
                 np.testing.assert_array_equal(model.execute({"x": X})["y"], X + 1)
                 # The grant is still the lane's: a second model under it goes there.
                 again = dev.prepare_model(add_model(), grant=cb.listener)

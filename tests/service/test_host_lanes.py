@@ -122,6 +122,47 @@ def test_a_grant_keeps_its_host_when_the_uids_importance_changes() -> None:
     assert feed.grant_lane("g3") == "background"
 
 
+def test_npu_status_says_where_a_grant_would_go_now_that_its_class_changed() -> None:
+    """A grant keeps its host; request_moves names those the rule would now put on the
+    other host (the dump's "lane_now"), and only those, for as long as they live."""
+    main = slot()
+    make_lane(main, "/x.sock")
+    feed = Feed(main, slot("other"))  # "other": no lane, never a move
+    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=400),
+                                    SchedulingConfig(uid=1001, app_priority=100)])
+    feed.grant_issued(1000, 1, "g1", "ref", int(ModelPriority.NORMAL))  # lane
+    feed.grant_issued(1001, 1, "g2", "ref", int(ModelPriority.NORMAL))  # main
+    feed.grant_issued(1001, 2, "g3", "ref", int(ModelPriority.BACKGROUND))  # lane, stays
+    feed.grant_issued(1000, 3, "g4", "other", int(ModelPriority.NORMAL))
+    assert feed.request_moves() == {}
+    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=100),  # raised
+                                    SchedulingConfig(uid=1001, app_priority=400)])  # demoted
+    assert feed.request_moves() == {(1000, 1): "", (1001, 1): "background"}
+    # An adopted grant held where the rule no longer puts it: the same.
+    feed.note_held(main, ["g5"])
+    feed.grant_issued(1001, 5, "g5", "ref", int(ModelPriority.NORMAL))
+    assert feed.request_moves()[(1001, 5)] == "background"
+    for gid in ("g1", "g2", "g5"):
+        feed.grant_ended(gid, False)
+    assert feed.request_moves() == {} and set(feed.grant_priority) == {"g3", "g4"}
+
+    from npumanager.cli.status import render
+
+    dump = {"devices": [{"name": "ref", "available": True, "backend": "onnxruntime",
+                         "hosts": {"pid": 12, "background": {"pid": 34, "up": True}}}],
+            "requests": [
+                {"uid": 7, "request_id": 1, "state": "loaded", "grant": "aaaa1111",
+                 "lane": "background", "lane_now": ""},
+                {"uid": 7, "request_id": 2, "state": "loaded", "grant": "bbbb2222",
+                 "lane": "", "lane_now": "background"},
+                {"uid": 7, "request_id": 3, "state": "loaded", "grant": "cccc3333",
+                 "lane": "background"}]}
+    text = render(dump, width=400)
+    assert "aaaa1111 (background lane; main host on its next request)" in text, text
+    assert "bbbb2222 (background lane on its next request)" in text, text
+    assert "cccc3333 (background lane)" in text, text
+
+
 def test_an_adopted_grant_goes_to_the_host_that_holds_it_not_to_the_rule() -> None:
     main = slot()
     lane = make_lane(main, "/x.sock")
