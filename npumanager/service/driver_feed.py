@@ -25,13 +25,12 @@ class DriverFeed(HostLanes):
 
     def __init__(self) -> None:
         self.table: dict[int, SchedulingConfig] = {}
-        #: grant id -> (uid, request id, the driver it is valid on, the lane of its host)
-        self.grants: dict[str, tuple[int, int, str, str]] = {}
+        #: grant id -> (uid, request id, the driver it is valid on, the lane of its host,
+        #: its request's model priority: what the rule routed it by)
+        self.grants: dict[str, tuple[int, int, str, str, int]] = {}
         #: grant id -> the lane of the host that reported holding it when it attached
         #: (an adopted host): a restarted npud tells the grant to that host again.
         self.held_lanes: dict[str, str] = {}
-        #: grant id -> its request's model priority (what the rule routed it by)
-        self.grant_priority: dict[str, int] = {}
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
 
@@ -56,8 +55,7 @@ class DriverFeed(HostLanes):
         # A grant is valid on its device only: only that device's driver hears of it, so
         # a prepare on any other device is refused (GrantRequired) by its own driver; and
         # on one host of it: the one that holds it after an npud restart, else by the
-        # request's effective class (host_lanes.grant_target: ``priority`` is the
-        # request's; the uid's row is the one the drivers have).
+        # request's effective class (_rule).
         slot = self.driver_of(device)
         held = self.held_lanes.pop(grant_id, None)
         if slot is None:
@@ -65,10 +63,9 @@ class DriverFeed(HostLanes):
         elif held is not None:
             target = slot.background if held and slot.background is not None else slot
         else:
-            target = grant_target(slot, priority, self.table.get(uid) or default_config(uid))
+            target = self._rule(slot, uid, priority)
         self.grants[grant_id] = (uid, request_id, slot.name if slot is not None else "",
-                                 target.lane if target is not None else "")
-        self.grant_priority[grant_id] = priority
+                                 target.lane if target is not None else "", priority)
         msg = pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id)
         if target is None:
             self._push_all("hal.grant_issued", msg)
@@ -79,7 +76,7 @@ class DriverFeed(HostLanes):
         """(uid, request id) -> the lane of the host its live grant is valid on, for the
         grants on a device with a background lane (npu status/top show it)."""
         with_lane = {s.name for s in self.slots if s.background is not None}
-        return {(uid, rid): lane for uid, rid, driver, lane in self.grants.values()
+        return {(uid, rid): lane for uid, rid, driver, lane, _ in self.grants.values()
                 if driver in with_lane}
 
     def request_moves(self) -> dict[tuple[int, int], str]:
@@ -89,15 +86,20 @@ class DriverFeed(HostLanes):
         keeps its host (grant_target): the model moves when the app requests again, and
         npu status says so rather than leave the old host looking like the rule's."""
         out: dict[tuple[int, int], str] = {}
-        for gid, (uid, rid, driver, lane) in self.grants.items():
+        for uid, rid, driver, lane, priority in self.grants.values():
             slot = self.driver_of(driver) if driver else None
             if slot is None or slot.background is None:
                 continue
-            now = grant_target(slot, self.grant_priority.get(gid, 0),
-                               self.table.get(uid) or default_config(uid)).lane
+            now = self._rule(slot, uid, priority).lane
             if now != lane:
                 out[(uid, rid)] = now
         return out
+
+    def _rule(self, slot: DriverSlot, uid: int, priority: int) -> DriverSlot:
+        """The host of ``slot``'s device the rule puts a new grant of ``uid``'s on
+        (host_lanes.grant_target: ``priority`` is the request's; the uid's row is the
+        one the drivers have)."""
+        return grant_target(slot, priority, self.table.get(uid) or default_config(uid))
 
     def note_held(self, slot: DriverSlot, grant_ids: list[str]) -> None:
         """``slot``'s host attached holding ``grant_ids`` (it outlived an npud): their
@@ -112,7 +114,6 @@ class DriverFeed(HostLanes):
 
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         entry = self.grants.pop(grant_id, None)
-        self.grant_priority.pop(grant_id, None)
         self.held_lanes.pop(grant_id, None)  # (a held grant no client claimed)
         msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked, ack=ack)
         slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None
@@ -153,7 +154,7 @@ class DriverFeed(HostLanes):
         on it and the thermal status, before it is marked up."""
         await conn.call("hal.set_scheduling_configs", configs_msg(list(self.table.values())))
         await conn.call("hal.set_callback", pb.SetCallback(debounce_ms=DEBOUNCE_DURATION_MS))
-        for grant_id, (uid, request_id, driver, lane) in self.grants.items():
+        for grant_id, (uid, request_id, driver, lane, _) in self.grants.items():
             if driver == "" or (driver == slot.name and lane == slot.lane):
                 conn.push("hal.grant_issued",
                           pb.GrantIssued(uid=uid, request_id=request_id, grant_id=grant_id))

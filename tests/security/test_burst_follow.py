@@ -17,7 +17,6 @@ after."""
 
 from __future__ import annotations
 
-import json
 import random
 import struct
 import threading
@@ -28,16 +27,13 @@ from typing import Any
 import numpy as np
 
 from npumanager import NpuManager
-from npumanager.hal.wire import SERVICE
-from npumanager.paths import driver_socket
 from npumanager.testing import procs
 from npumanager.testing.onnx_models import add_model
-from npumanager.wire.client import SyncRpcClient
 from tests.security.burst_apps import Raw
 from tests.security.conftest import StartDaemon
 from tests.security.driver_apps import granted
 from tests.security.harness import ATTACKER, BYSTANDER, assert_device_served, needs_root
-from tests.security.test_burst_stamps import STAMPS_AT, STAMPS_END, _garbage
+from tests.security.test_burst_stamps import STAMPS_AT, STAMPS_END, _garbage, recent_bursts
 
 pytestmark = needs_root
 
@@ -115,15 +111,6 @@ def victim(rt: str) -> dict[str, Any]:
     return got
 
 
-def open_bursts(rt: str) -> list[dict[str, Any]]:
-    rpc = SyncRpcClient(str(driver_socket("reference", rt)), SERVICE)
-    try:
-        payload, _ = rpc.call("device.stats", b"")
-        return list(json.loads(payload)["bursts"])
-    finally:
-        rpc.close()
-
-
 def test_lying_ring_stamps_bound_only_the_attackers_own_polls(
         start_npud: StartDaemon, runtime_dir: Path) -> None:
     start_npud(drivers=True, driver=DRIVER)
@@ -140,7 +127,7 @@ def test_lying_ring_stamps_bound_only_the_attackers_own_polls(
         good.send("go")
         bad.expect("done", 240)
         good.expect("done", 240)
-        bursts = open_bursts(rt)  # both still open
+        bursts = recent_bursts(rt)  # both still open
         bad.send("bye")
         good.send("bye")
         mine = bad.wait(120)

@@ -144,7 +144,7 @@ def test_npu_status_says_where_a_grant_would_go_now_that_its_class_changed() -> 
     assert feed.request_moves()[(1001, 5)] == "background"
     for gid in ("g1", "g2", "g5"):
         feed.grant_ended(gid, False)
-    assert feed.request_moves() == {} and set(feed.grant_priority) == {"g3", "g4"}
+    assert feed.request_moves() == {} and set(feed.grants) == {"g3", "g4"}
 
     from npumanager.cli.status import render
 
