@@ -47,6 +47,11 @@ class GrantRequired(CallerError):
     """Enforced admission: the driver refuses to prepare a model without a live grant."""
 
 
+class GrantMoved(GrantRequired):
+    """The grant moved to its device's other host (its app's class changed since npud
+    granted it: service/grant_moves.py): prepare there. ``nn``'s prepare_model does."""
+
+
 class GrantRevoked(CallerError):
     """The grant this model was bound to was revoked by npud; the model is released."""
 

@@ -166,12 +166,14 @@ def _request_row(r: dict[str, Any], queue_pos: dict[tuple[int, int], int]) -> li
     if r.get("real_bytes"):
         holds += f" ({fmt.nbytes(r['real_bytes'])})"
     grant = fmt.cell(r.get("grant"))
-    lane, now = r.get("lane"), r.get("lane_now")
-    if lane:  # valid on its device's background lane (service/host_lanes.py)
-        grant += f" ({lane} lane" + ("; main host on its next request)" if now is not None
-                                     else ")")
-    elif now:  # on the main host, where its uid's class no longer puts it
-        grant += f" ({now} lane on its next request)"
+    lane, moves = r.get("lane"), r.get("moves")
+    # Valid on its device's background lane (service/host_lanes.py); moved between the
+    # device's hosts as its uid's class changed (service/grant_moves.py).
+    moved = f"moved {moves}x" if moves else ""
+    if lane:
+        grant += f" ({lane} lane" + (f"; {moved})" if moved else ")")
+    elif moved:
+        grant += f" (main host; {moved})"
     return [str(r.get("uid_name") or r.get("uid")), fmt.cell(r.get("request_id")), state,
             fmt.size_name(r.get("size")), str(r.get("priority", "-")).lower(),
             fmt.cell(r.get("rank")), holds, grant,

@@ -202,8 +202,10 @@ def render(frame: dict[str, Any]) -> Any:
         req.add_column(col, no_wrap=True)
     for r in dump.get("requests") or []:
         state = str(r.get("state", "?"))
-        host = (() if not with_lane else
-                (LANE_LABEL if r.get("lane") else "main" if "lane" in r else "-",))
+        where = LANE_LABEL if r.get("lane") else "main" if "lane" in r else "-"
+        if r.get("moves"):  # its grant followed its uid's class (service/grant_moves.py)
+            where += f" (moved {r['moves']}x)"
+        host = () if not with_lane else (where,)
         req.add_row(str(r.get("uid_name") or r.get("uid")), fmt.cell(r.get("request_id")),
                     fmt.size_name(r.get("size")), str(r.get("priority", "-")).lower(),
                     Text(state, style=STATE_STYLE.get(state, "")),

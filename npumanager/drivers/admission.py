@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from npumanager.drivers.records import Grant, GrantCheck
-from npumanager.errors import GrantRequired, GrantRevoked
+from npumanager.errors import GrantMoved, GrantRequired, GrantRevoked
 
 
 class Grants:
@@ -33,6 +33,12 @@ class Grants:
         if grant is not None:
             if grant.uid != uid:
                 raise GrantRequired(f"that grant was not issued to uid {uid}")
+            if grant.moved_to is not None:
+                where = (f"its {grant.moved_to} lane" if grant.moved_to
+                         else "its main host")
+                raise GrantMoved(
+                    f"grant {grant_id[:8]}… moved to {where} of driver {self.driver_name} "
+                    "(its app's class changed): prepare there")
             return GrantCheck.LIVE
         if grant_id in self.ended:
             raise GrantRevoked(f"grant {grant_id[:8]}… has already ended")

@@ -470,7 +470,11 @@ class Bursts(BurstExecutions):
         server.start()
         peer = server.peer_fd
         # The reply carries the client's end; the host closes it once sent.
-        return pb.BurstOpened(burst_id=burst_id, pool_id=pool_id), [peer]
+        opened = pb.BurstOpened(burst_id=burst_id, pool_id=pool_id)
+        moved = host.state.moved.get(msg.model_id)
+        if moved is not None:  # served here all the same; its app may follow the grant
+            opened.moved, opened.moved_lane = True, moved
+        return opened, [peer]
 
     def close(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.BurstId.FromString(payload)

@@ -117,6 +117,15 @@ class GrantEnded(Event):
 
 
 @dataclass(kw_only=True, slots=True)
+class GrantMoved(Event):
+    """npud's table now puts the grant on the device's other host (hal.grant_moved):
+    ``lane`` is that host's ("" the main one)."""
+
+    grant_id: str
+    lane: str
+
+
+@dataclass(kw_only=True, slots=True)
 class ThermalSet(Event):
     status: ThermalStatus
 
@@ -293,10 +302,12 @@ class ReleaseModel(Instruction):
 
 @dataclass(slots=True)
 class ReportModelMemory(Instruction):
-    """Tell npud what a granted model really holds (the MEMORY policy charges it)."""
+    """Tell npud what a granted model really holds (the MEMORY policy charges it);
+    ``freed``: a model of a moved grant was released here, its bytes leave the count."""
 
     grant_id: str
     nbytes: int
+    freed: bool = False
 
 
 @dataclass(slots=True)

@@ -331,6 +331,7 @@ class DriverHost:
         with self.lock:
             channels, busy, queued = self.state.load()
             grants = self.state.held_grants()
+            moved = len(self.state.moved)
             orphaned = self.state.orphaned_at
             # The caller's own place in the scheduling table (only its own: another uid's
             # importance is not its business), so an app can see why it runs as it does.
@@ -360,6 +361,9 @@ class DriverHost:
                            # Which of its device's host processes this is (a device with
                            # background_host has two: service/host_lanes.py).
                            "pid": os.getpid(), "lane": self.hc.lane,
+                           # Models served here whose grant npud moved to the device's
+                           # other host (their apps follow: service/grant_moves.py).
+                           "moved": moved,
                            # Seconds since npud went away (None: attached, or never was).
                            "orphaned_s": None if orphaned is None
                            else round(self.clock.now() - orphaned, 3),
@@ -471,14 +475,15 @@ class DriverHost:
             # reply leaves without a future, a task or a thread hand-off.
             error, run_us = self.runner.run(ex, inline)
             self._step_finished(ticket, error, run_us)
+        moved = self.state.moved.get(msg.model_id)  # (one lookup: its grant moved away)
         outcome = ex.outcome
         if outcome is not None:
             if isinstance(outcome, BaseException):
                 raise outcome
-            return outcome
+            return outcome if moved is None else _say_moved(outcome, moved)
         fut: asyncio.Future[Reply] = self.loop.create_future()
         ex.future = fut
-        return fut
+        return fut if moved is None else _moved_when_done(fut, moved)
 
     def new_execution(self, client: ClientConn, msg: pb.Execute, inputs: dict[str, Any],
                       t0: float) -> tuple[Execution, ev.ExecuteRequested]:
@@ -550,3 +555,13 @@ class DriverHost:
                                         model_id=msg.model_id, exec_id=msg.exec_id))
         return Empty()
 
+
+def _say_moved(reply: Reply, lane: str) -> Reply:
+    """``reply`` telling its app that the model's grant moved to ``lane``'s host (hal.
+    grant_moved): the answer is right, the next ones should come from there."""
+    reply[0].moved, reply[0].moved_lane = True, lane
+    return reply
+
+
+async def _moved_when_done(fut: asyncio.Future[Reply], lane: str) -> Reply:
+    return _say_moved(await fut, lane)

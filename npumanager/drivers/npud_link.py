@@ -86,6 +86,7 @@ class NpudLink:
             "hal.attach_manager": admin(self._attach_manager),
             "hal.grant_issued": admin(self._grant_issued),
             "hal.grant_ended": admin(self._grant_ended),
+            "hal.grant_moved": admin(self._grant_moved),
             "hal.set_thermal_status": admin(self._set_thermal),
             "hal.get_temperature": admin(self._get_temperature),
             rt_wire.APPLIED: admin(self._rt_applied),
@@ -117,7 +118,8 @@ class NpudLink:
     def report_memory(self, ins: ev.ReportModelMemory) -> None:
         if self.manager_conn is not None:
             self.manager_conn.push("hal.model_memory",
-                                   pb.ModelMemory(grant_id=ins.grant_id, nbytes=ins.nbytes))
+                                   pb.ModelMemory(grant_id=ins.grant_id, nbytes=ins.nbytes,
+                                                  freed=ins.freed))
 
     def grace_expired(self, ins: ev.GraceExpired) -> None:
         log.warning("no manager attached again within %g s: released %d model(s)",
@@ -236,6 +238,12 @@ class NpudLink:
             # Applied: the state released the grant's models under the host's lock, so
             # no execution or burst of them starts from here on.
             ctx.conn.push("hal.grant_end_applied", pb.GrantEnded(grant_id=msg.grant_id))
+        return Empty()
+
+    def _grant_moved(self, ctx: CallContext, payload: bytes) -> Empty:
+        msg = pb.GrantMoved.FromString(payload)
+        self._submit(ev.GrantMoved(stimulus_id=self._stimulus("grant-moved"),
+                                   now=self.clock.now(), grant_id=msg.grant_id, lane=msg.lane))
         return Empty()
 
     # --- configs, callback, manager, thermal -------------------------------------------

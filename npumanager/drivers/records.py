@@ -123,6 +123,8 @@ class Grant:
     uid: int
     request_id: int
     models: set[int] = field(default_factory=set)
+    #: The lane of the device's other host npud moved it to ("" the main one); None: here.
+    moved_to: str | None = None
 
 
 @dataclass

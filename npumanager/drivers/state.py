@@ -94,7 +94,8 @@ _STARTED, _ENDED = WorkKind.STARTED, WorkKind.ENDED
 #: other event bumps it, a debounce timer excepted.
 _NEUTRAL = frozenset({ev.ExecuteRequested, ev.StepFinished, ev.PoolRegistered,
                       ev.PoolUnregistered, ev.PrepareBegun, ev.PrepareEnded,
-                      ev.ClientConnected, ev.ModelPrepared, ev.GrantIssued})
+                      ev.ClientConnected, ev.ModelPrepared, ev.GrantIssued,
+                      ev.GrantMoved})
 
 
 class DriverState(ModelRules, RepeatPath, LoadHoldRules, WorkRules):
@@ -117,6 +118,9 @@ class DriverState(ModelRules, RepeatPath, LoadHoldRules, WorkRules):
         self._debounce = Debouncer(DEBOUNCE_DURATION_MS)
         self._clients: dict[int, ClientRecord] = {}
         self._models: dict[int, ModelRecord] = {}
+        #: model id -> the lane of the host its grant moved to ("" the main one): its
+        #: answers say so (the host reads it without the lock: one dict lookup).
+        self.moved: dict[int, str] = {}
         #: Models dropped while a step of theirs still runs: released when it ends.
         self._releasing: dict[int, ModelRecord] = {}
         self.grants = Grants(p.name, p.tombstones)
@@ -156,6 +160,7 @@ class DriverState(ModelRules, RepeatPath, LoadHoldRules, WorkRules):
             ev.LauncherGone: self._on_launcher_gone,
             ev.GrantIssued: self._on_grant_issued,
             ev.GrantEnded: self._on_grant_ended,
+            ev.GrantMoved: self._on_grant_moved,
             ev.PrepareBegun: self._on_prepare_begun,
             ev.PrepareEnded: self._on_prepare_ended,
             ev.ThermalSet: self._on_thermal,

@@ -41,6 +41,12 @@ def validate_driver_state(s: DriverState) -> None:
         else:
             assert job.cancel_reason is not None, f"{job}: its connection is gone, it runs on"
     assert len(queued) + len(running) == len(s._jobs), "a queued or running job is not live"
+    # A model marked moved is live, under a live grant that moved there (drivers/state_models).
+    for model_id, lane in s.moved.items():
+        model = s._models.get(model_id)
+        assert model is not None and model.grant_id is not None, f"moved {model_id}: not live"
+        grant = s.grants.live.get(model.grant_id)
+        assert grant is not None and grant.moved_to == lane, f"moved {model_id}: not its grant's"
     # Work conservation: no free channel while work that may run waits.
     cutoff = s._cutoff
     waiting = [j for j in q.queued() if cutoff is None or j.info.effective_priority <= cutoff]

@@ -44,6 +44,7 @@ class ModelRules:
         ledger: Ledger
         _clients: dict[int, ClientRecord]
         _models: dict[int, ModelRecord]
+        moved: dict[int, str]
         _releasing: dict[int, ModelRecord]
         _prepares: dict[int, PrepareRecord]
         _queue: RunQueue
@@ -111,6 +112,30 @@ class ModelRules:
     def _on_grant_issued(self, e: ev.GrantIssued) -> None:
         if self.grants.issue(e.grant_id, e.uid, e.request_id):
             self._decide("grant", e.grant_id, "issued", uid=e.uid, request_id=e.request_id)
+            return
+        grant = self.grants.live.get(e.grant_id)
+        if grant is not None and grant.moved_to is not None:
+            # It moved back before its app followed it away: valid here again, and its
+            # models' answers stop saying otherwise.
+            grant.moved_to = None
+            for model_id in grant.models:
+                self.moved.pop(model_id, None)
+            self._decide("grant", e.grant_id, "moved back", models=sorted(grant.models))
+
+    def _on_grant_moved(self, e: ev.GrantMoved) -> None:
+        """npud's table puts the grant on the device's other host now. Its models here
+        keep serving (an app that does not follow is not failed), each answer names the
+        host to prepare on (``moved``); a prepare under it here is refused (Grants.check).
+        Its end still comes here. O(models of the grant): a flood of moves costs no
+        more per move."""
+        grant = self.grants.live.get(e.grant_id)
+        if grant is None:
+            return
+        grant.moved_to = e.lane
+        for model_id in grant.models:
+            self.moved[model_id] = e.lane
+        self._decide("grant", e.grant_id, "moved", lane=e.lane or "main",
+                     models=sorted(grant.models))
 
     def _on_grant_ended(self, e: ev.GrantEnded) -> None:
         grant = self.grants.end(e.grant_id, e.revoked)
@@ -189,6 +214,8 @@ class ModelRules:
         self._out.append(ev.ModelReady(e.conn, model_id))
         if grant is not None:
             grant.models.add(model_id)
+            if grant.moved_to is not None:  # (its prepare began before the grant moved)
+                self.moved[model_id] = grant.moved_to
             if self.manager_attached:
                 self._out.append(ev.ReportModelMemory(grant.grant_id, e.memory_bytes))
         self._decide("model", model_id, "prepared", uid=client.uid, grant=e.grant_id,
@@ -204,6 +231,12 @@ class ModelRules:
         its grant ended) and it is released once no step of it runs any more."""
         del self._models[model.model_id]
         self.ledger.drop_model(model.uid, model.memory_bytes)
+        if self.moved.pop(model.model_id, None) is not None and revoked is None \
+                and model.grant_id is not None and self.manager_attached:
+            # Its app followed the grant to the other host and released it here: npud
+            # counts the grant's memory once, the copy there.
+            self._out.append(ev.ReportModelMemory(model.grant_id, model.memory_bytes,
+                                                  freed=True))
         client = self._clients.get(model.conn)
         if client is not None:
             client.models.discard(model.model_id)

@@ -168,6 +168,8 @@ class Burst:
             pool.close()
             raise DeviceUnavailable("the driver sent no doorbell for the burst")
         msg = pb.BurstOpened.FromString(payload)
+        if msg.moved:  # its grant moved to the other host: Model.burst follows it
+            m._note_moved(msg.moved_lane, start=False)
         pool.pool_id = msg.pool_id
         self.burst_id = msg.burst_id
         self._pool = pool

@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from npumanager import paths
 from npumanager.errors import (
     DeviceUnavailable,
+    GrantMoved,
     GrantRequired,
     GrantRevoked,
     InvalidArgument,
@@ -32,6 +33,7 @@ from npumanager.fds import close_fds
 from npumanager.hal.wire import SERVICE
 from npumanager.nn.cache_files import cache_file_names, open_cache_files
 from npumanager.nn.model import Model
+from npumanager.nn.model_move import Recipe
 from npumanager.nn.token import check_token, driver_token
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
@@ -169,6 +171,8 @@ class Device:
         #: opened when a grant names them ([[driver]] background_host).
         self.lane_name = ""
         self._lanes: dict[str, Device] = {}
+        #: The device as opened (its main host's); a lane's Device names the one it is of.
+        self.home: Device = self
 
     def __repr__(self) -> str:
         state = "connected" if self._rpc is not None and not self._rpc.closed else "idle"
@@ -219,6 +223,7 @@ class Device:
                 dev = Device(self.name, self.runtime_dir,
                              str(paths.lane_socket(self.socket_path, lane)), self.number)
                 dev.lane_name = lane
+                dev.home = self
                 self._lanes[lane] = dev
         return dev
 
@@ -265,18 +270,50 @@ class Device:
     ) -> Model:
         """Prepare ``model`` (ONNX path or bytes) under ``grant``; NNAPI caching if asked.
         On the device's host that npud said the grant is valid on (the listener's or
-        lease's ``lane``: a BACKGROUND request's on a device with a background lane)."""
+        lease's ``lane``: a BACKGROUND request's on a device with a background lane), or
+        on the other one if the grant moved there since (GrantMoved: its app's class
+        changed). The model follows its grant if it moves later (nn/model_move.py)."""
         lane = _grant_lane(grant)
         if lane and not self.lane_name:  # (a lane's own Device prepares where it is)
             return self.lane(lane).prepare_model(model, grant, preference, priority,
                                                  cache_dir, token)
+        grant_id = _grant_id(grant)
+        try:
+            return self.prepare_here(model, grant_id, preference, priority, cache_dir, token)
+        except GrantMoved:
+            other = self.home.lane("" if self.lane_name else paths.BACKGROUND_LANE)
+            return other.prepare_here(model, grant_id, preference, priority, cache_dir, token)
+
+    def prepare_here(
+        self,
+        model: str | os.PathLike[str] | bytes,
+        grant_id: str,
+        preference: ExecutionPreference | int = ExecutionPreference.FAST_SINGLE_ANSWER,
+        priority: Priority | int = Priority.MEDIUM,
+        cache_dir: str | os.PathLike[str] | None = None,
+        token: bytes | None = None,
+    ) -> Model:
+        """Prepare ``model`` on this host (this Device's lane), whatever the grant says."""
+        prepared = self._prepare_here(model, grant_id, preference, priority, cache_dir, token)
+        prepared.recipe = Recipe(self.home, model, grant_id, int(preference), int(priority),
+                                 cache_dir, token)
+        return prepared
+
+    def _prepare_here(
+        self,
+        model: str | os.PathLike[str] | bytes,
+        grant_id: str,
+        preference: ExecutionPreference | int,
+        priority: Priority | int,
+        cache_dir: str | os.PathLike[str] | None,
+        token: bytes | None,
+    ) -> Model:
         if int(preference) not in (0, 1, 2):
             raise InvalidArgument(f"unknown execution preference {preference!r}")
         if int(priority) not in (90, 100, 110):
             raise InvalidArgument(f"unknown priority {priority!r}")
         if token is not None:
             check_token(token)
-        grant_id = _grant_id(grant)
         onnx = _model_bytes(model)
         rpc = self.connection()
         if cache_dir is None or token is None:
@@ -286,7 +323,11 @@ class Device:
         if n_model + n_data == 0:
             return self._prepare(rpc, model, onnx, grant_id, int(preference), int(priority),
                                  b"", [], 0)
-        dtoken = driver_token(token, self.name, self.version, int(preference), int(priority))
+        # Each host its own cache files: a host trusts only the entries its own cache map
+        # recorded, and a model that follows its grant to the other host would otherwise
+        # rewrite the first host's files (and miss there on the way back).
+        host_name = f"{self.name}.{self.lane_name}" if self.lane_name else self.name
+        dtoken = driver_token(token, host_name, self.version, int(preference), int(priority))
         model_paths, data_paths = cache_file_names(cache_dir, dtoken, n_model, n_data)
         fds = open_cache_files([*model_paths, *data_paths], create=False)
         if fds is not None:

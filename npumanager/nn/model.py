@@ -25,6 +25,7 @@ from npumanager.tensorio import TensorSpec
 if TYPE_CHECKING:
     from npumanager.nn.burst import Burst
     from npumanager.nn.device import Device
+    from npumanager.nn.model_move import Follow, Recipe
     from npumanager.nn.pipeline import Pipeline
     from npumanager.wire.client import SyncRpcClient
 
@@ -101,12 +102,106 @@ class Model:
         self._staging_lock = threading.Lock()
         self._all_pools: list[tensorio.ClientPool] = []
         self._bursts: list[Burst] = []
+        #: Its executions in flight (a move swaps hosts only between executions).
+        self._inflight = 0
+        #: Following its grant to the device's other host (nn/model_move.py); None until
+        #: a host says the grant moved.
+        self._follow: Follow | None = None
+        self._recipe: Recipe | None = None
 
     def __repr__(self) -> str:
         state = "released" if self.released else "prepared"
         origin = "from cache" if self.loaded_from_cache else "compiled"
-        return (f"<Model {self.model_id} on {self.device.name} {state}, {origin}, "
+        where = f" ({self.device.lane_name} lane)" if self.device.lane_name else ""
+        return (f"<Model {self.model_id} on {self.device.name}{where} {state}, {origin}, "
                 f"{self.memory_bytes} bytes>")
+
+    # --- following its grant (nn/model_move.py) -------------------------------------
+
+    @property
+    def recipe(self) -> Recipe | None:
+        """How it was prepared (what it is prepared again with on the other host)."""
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, recipe: Recipe) -> None:
+        self._recipe = recipe
+
+    @property
+    def lane(self) -> str:
+        """The host of its device it runs on now: "" the main one, "background" the
+        background lane (it changes when the model follows its grant)."""
+        return self.device.lane_name
+
+    @property
+    def moves(self) -> int:
+        """How many times it moved to the other host of its device."""
+        return self._follow.moves if self._follow is not None else 0
+
+    def _note_moved(self, lane: str | None, *, start: bool = True) -> None:
+        """An answer said the grant moved to ``lane``'s host (None: it is valid here);
+        ``start``: prepare the copy there on a thread now (else when asked)."""
+        follow = self._follow
+        if follow is None:
+            if lane is None or self._recipe is None or self.released:
+                return
+            from npumanager.nn.model_move import Follow
+
+            with self._lock:
+                if self._follow is None:
+                    self._follow = Follow(self._recipe)
+                follow = self._follow
+        follow.noted(lane, self.device.lane_name, start=start)
+
+    def _swap(self) -> bool:
+        """Swap to the copy prepared on the host the grant moved to, if one is ready and
+        nothing of this model is in flight on the old host; the old copy is released there.
+        True when it moved."""
+        follow = self._follow
+        if follow is None or follow.ready is None:
+            return False
+        with self._lock:
+            if self._inflight or self._bursts or self.released:
+                return False
+            new = follow.take()
+            if new is None:
+                return False
+            staging = self._staging
+            if staging is not None:
+                try:  # the app's input_buffers stay valid: the new host maps the same memory
+                    payload, _ = new.device.call(new._rpc, "device.register_pool",
+                                                 pb.RegisterPool(size=staging.size),
+                                                 fds=[staging.fd])
+                except Exception:
+                    new.release()
+                    return False
+            old_dev, old_rpc, old_id = self.device, self._rpc, self.model_id
+            old_pools = self._all_pools
+            self.device, self._rpc, self.model_id = new.device, new._rpc, new.model_id
+            self.memory_bytes = new.memory_bytes
+            self.loaded_from_cache = new.loaded_from_cache
+            self.loaded_from_fleet = new.loaded_from_fleet
+            self._inline_limit = new._inline_limit
+            self._free_pools, self._all_pools = [], []
+            old_ids = {id(p): p.pool_id for p in old_pools}
+            if staging is not None:
+                staging.pool_id = pb.PoolId.FromString(payload).pool_id
+                self._all_pools.append(staging)
+            new.released = True  # (its model is this one's now)
+            follow.moves += 1
+        try:
+            if not old_rpc.closed:
+                old_dev.call(old_rpc, "device.release", pb.Release(model_id=old_id))
+                for pool in old_pools:
+                    old_dev.call(old_rpc, "device.unregister_pool",
+                                 pb.PoolId(pool_id=old_ids[id(pool)]))
+        except Exception:
+            pass  # the old host is gone: it released everything with the connection
+        finally:
+            for pool in old_pools:
+                if pool is not staging:
+                    pool.close()
+        return True
 
     # --- pools ----------------------------------------------------------------------
 
@@ -201,6 +296,8 @@ class Model:
         valid until the next execute of this model (saves a copy of big tensors)."""
         if self.released:
             raise InvalidArgument("this model was released")
+        if self._follow is not None and self._follow.ready is not None:
+            self._swap()  # its grant moved and the copy on the new host is ready
         if steps < 1:
             raise InvalidArgument(f"steps must be >= 1, got {steps}")
         if group_id is not None and len(group_id) != 16:
@@ -223,6 +320,17 @@ class Model:
             steps=steps, feedback=dict(feedback or {}), exec_id=next(_exec_ids),
             group_id=group_id or b"",
         )
+        with self._lock:
+            self._inflight += 1
+        try:
+            return self._execute(msg, arrays, values, copy_outputs)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def _execute(self, msg: pb.Execute, arrays: dict[str, np.ndarray],
+                 values: dict[str, Any] | None, copy_outputs: bool) -> dict[str, Any]:
+        msg.model_id = self.model_id  # (after a move: the copy on the new host)
         staging = self._staging
         staged: dict[str, int] = {}
         if staging is not None:
@@ -276,8 +384,10 @@ class Model:
                 msg.out_capacity = pool.size - pos
             payload, fds = self.device.call(self._rpc, "device.execute", msg)
             try:
-                return self._outputs(pb.ExecuteResult.FromString(payload), pool, fds,
-                                     copy_outputs)
+                res = pb.ExecuteResult.FromString(payload)
+                if res.moved or self._follow is not None:
+                    self._note_moved(res.moved_lane if res.moved else None)
+                return self._outputs(res, pool, fds, copy_outputs)
             finally:
                 close_fds(fds)
         finally:
@@ -360,10 +470,31 @@ class Model:
 
         if self.released:
             raise InvalidArgument("this model was released")
-        b = Burst(self, spin_us=spin_us, slice_us=slice_us, realtime=realtime)
+        b = self._open_burst(Burst, spin_us, slice_us, realtime)
+        follow = self._follow
+        if follow is not None and follow.target is not None and not self._bursts:
+            # Its grant moved (this open's answer, or an earlier one, said so): follow
+            # now, before the stream starts, and open there (nn/model_move.py).
+            follow.prepare_now(follow.target)
+            if follow.ready is not None:
+                b.close()
+                self._swap()
+                b = self._open_burst(Burst, spin_us, slice_us, realtime)
         with self._lock:
             self._bursts.append(b)
         return b
+
+    def _open_burst(self, burst: type[Burst], spin_us: float | None, slice_us: int,
+                    realtime: bool) -> Burst:
+        if self._follow is not None and self._follow.ready is not None:
+            self._swap()
+        with self._lock:
+            self._inflight += 1  # (no swap while it opens on this host)
+        try:
+            return burst(self, spin_us=spin_us, slice_us=slice_us, realtime=realtime)
+        finally:
+            with self._lock:
+                self._inflight -= 1
 
     def pipeline(self, *, depth: int = 2, job_priority: int = 0) -> Pipeline:
         """Independent executions kept ``depth`` in flight (an embedder's batches):
@@ -388,6 +519,8 @@ class Model:
 
     def release(self) -> None:
         """Free the model in the driver; safe to call twice."""
+        if self._follow is not None:
+            self._follow.close()
         with self._lock:
             bursts = list(self._bursts)
         for b in bursts:

@@ -92,12 +92,15 @@ def on_model_memory(s: ManagerState, ev: ModelMemory) -> None:
     if key is None:
         return  # the grant already ended
     req = s._table.requests[key]
-    # One report per model prepared under the grant: a grant's models add up.
-    req.real_bytes += ev.nbytes
+    # One report per model prepared under the grant: a grant's models add up; a moved
+    # grant's old copy, released, counts no more (the device's one budget holds it once).
+    req.real_bytes = max(0, req.real_bytes - ev.nbytes) if ev.freed \
+        else req.real_bytes + ev.nbytes
     budget = req.dev.budget
     old, req.charge = req.charge, budget.charge(req)
     budget.recharge(old, req.charge, unloading=req.state is _U)
-    s._decide(key, "model memory", nbytes=ev.nbytes, charge=req.charge)
+    s._decide(key, "model freed" if ev.freed else "model memory", nbytes=ev.nbytes,
+              charge=req.charge)
     if req.charge > old:
         s._enforce(req.dev, UnloadReason.MEMORY_PRESSURE)
 

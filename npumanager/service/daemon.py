@@ -378,6 +378,12 @@ class Daemon:
                                            now=self.clock.now(), grant_id=grant_id,
                                            nbytes=nbytes))
 
+    def model_freed(self, driver: str, grant_id: str, nbytes: int) -> None:
+        """A model of a moved grant was released on the host it moved away from."""
+        self.submit_quietly(ev.ModelMemory(stimulus_id=self.stimulus("model-freed"),
+                                           now=self.clock.now(), grant_id=grant_id,
+                                           nbytes=nbytes, freed=True))
+
     # --- optional inputs (see integrations.py) -----------------------------
 
     def client_seen(self, client: ManagerClient) -> None:
@@ -420,15 +426,16 @@ class Daemon:
         if callable(lanes):
             # Which host a granted request's grant is valid on ("": its device's main one).
             of = lanes()
-            moves_of = getattr(self.drivers, "request_moves", None)
-            moves: dict[tuple[int, int], str] = moves_of() if callable(moves_of) else {}
+            counts = getattr(self.drivers, "request_move_counts", None)
+            moves: dict[tuple[int, int], int] = counts() if callable(counts) else {}
             for r in out.get("requests") or []:
                 key = (r.get("uid"), r.get("request_id"))
                 lane = of.get(key)
                 if lane is not None:
                     r["lane"] = lane
-                if key in moves:  # the rule now picks the other host: on its next request
-                    r["lane_now"] = moves[key]
+                if key in moves:  # its grant followed its uid's class (service/grant_moves)
+                    r["moves"] = moves[key]
+            out["grant_moves"] = getattr(self.drivers, "moves_total", 0)
         return out
 
     # --- lifecycle ----------------------------------------------------------

@@ -5,7 +5,8 @@ driver, in order and before npud answers its client (a grant reaches the driver 
 the client can use it), and replayed in full whenever a host (re)attaches, so a restarted
 or adopted driver knows what the one before it knew. A device with a background lane
 (:mod:`.host_lanes`) has two hosts: the table and thermal status go to both, each grant to
-the one it is valid on."""
+the one it is valid on, and moved to the other when its uid's class changes
+(:mod:`.grant_moves`)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from npumanager.hal.types import DEBOUNCE_DURATION_MS, SchedulingConfig, default
 from npumanager.hal.wire import configs_msg
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.service.driver_slots import DriverSlot
-from npumanager.service.host_lanes import HostLanes, grant_target
+from npumanager.service.grant_moves import GrantMoves
+from npumanager.service.host_lanes import grant_target
 from npumanager.wire.conn import RpcConnection
 
 
-class DriverFeed(HostLanes):
+class DriverFeed(GrantMoves):
     """The pushes; the supervisor owns the slots and their connections."""
 
     def __init__(self) -> None:
@@ -31,17 +33,25 @@ class DriverFeed(HostLanes):
         #: grant id -> the lane of the host that reported holding it when it attached
         #: (an adopted host): a restarted npud tells the grant to that host again.
         self.held_lanes: dict[str, str] = {}
+        #: grant id -> the lane of the host it moved away from, which still knows it
+        #: (its app's models there serve until it follows): its end goes there too.
+        self.left_on: dict[str, str] = {}
+        #: grant id -> how many times it moved; and every move since npud started.
+        self.grant_moves: dict[str, int] = {}
+        self.moves_total = 0
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
 
     def set_scheduling_configs(self, table: list[SchedulingConfig]) -> None:
         self.table = {c.uid: c for c in table}
         self._push_all("hal.set_scheduling_configs", configs_msg(table))
+        self.move_grants()
 
     def update_scheduling_configs(self, entries: list[SchedulingConfig]) -> None:
         for c in entries:
             self.table[c.uid] = c
         self._push_all("hal.update_scheduling_configs", configs_msg(entries))
+        self.move_grants({c.uid for c in entries})
 
     def driver_of(self, device: str) -> DriverSlot | None:
         """The slot serving ``device`` (``DRIVER`` or ``DRIVER:DEVICE``), if any."""
@@ -71,6 +81,12 @@ class DriverFeed(HostLanes):
             self._push_all("hal.grant_issued", msg)
         else:
             self._push(target, "hal.grant_issued", msg)
+        if held is not None:  # adopted where it was held: where the rule puts it now
+            other = self.left_on.get(grant_id)
+            if target is not None and slot is not None and other is not None:
+                self._push(self._host(slot, other), "hal.grant_moved",
+                           pb.GrantMoved(grant_id=grant_id, lane=target.lane))
+            self.move_grants({uid}, only=grant_id)
 
     def request_lanes(self) -> dict[tuple[int, int], str]:
         """(uid, request id) -> the lane of the host its live grant is valid on, for the
@@ -78,22 +94,6 @@ class DriverFeed(HostLanes):
         with_lane = {s.name for s in self.slots if s.background is not None}
         return {(uid, rid): lane for uid, rid, driver, lane, _ in self.grants.values()
                 if driver in with_lane}
-
-    def request_moves(self) -> dict[tuple[int, int], str]:
-        """(uid, request id) -> the lane a new grant of the same request would be valid on
-        now, for the live grants whose host the rule would no longer pick (their uid's
-        class changed since, or an adopted grant stayed on the host holding it). The grant
-        keeps its host (grant_target): the model moves when the app requests again, and
-        npu status says so rather than leave the old host looking like the rule's."""
-        out: dict[tuple[int, int], str] = {}
-        for uid, rid, driver, lane, priority in self.grants.values():
-            slot = self.driver_of(driver) if driver else None
-            if slot is None or slot.background is None:
-                continue
-            now = self._rule(slot, uid, priority).lane
-            if now != lane:
-                out[(uid, rid)] = now
-        return out
 
     def _rule(self, slot: DriverSlot, uid: int, priority: int) -> DriverSlot:
         """The host of ``slot``'s device the rule puts a new grant of ``uid``'s on
@@ -105,7 +105,13 @@ class DriverFeed(HostLanes):
         """``slot``'s host attached holding ``grant_ids`` (it outlived an npud): their
         host, for when npud adopts them (grant_issued)."""
         for gid in grant_ids:
-            self.held_lanes[gid] = slot.lane
+            first = self.held_lanes.get(gid)
+            if first is not None and first != slot.lane:
+                # Both hosts hold it (it had moved, its app not yet followed): told to the
+                # first, moved away from this one (grant_issued), its end to both.
+                self.left_on[gid] = slot.lane
+            else:
+                self.held_lanes[gid] = slot.lane
 
     def grant_lane(self, grant_id: str) -> str:
         """The lane of the host a live grant is valid on ("": its device's main host)."""
@@ -115,6 +121,8 @@ class DriverFeed(HostLanes):
     def grant_ended(self, grant_id: str, revoked: bool, *, ack: bool = False) -> None:
         entry = self.grants.pop(grant_id, None)
         self.held_lanes.pop(grant_id, None)  # (a held grant no client claimed)
+        self.grant_moves.pop(grant_id, None)
+        left = self.left_on.pop(grant_id, None)
         msg = pb.GrantEnded(grant_id=grant_id, revoked=revoked, ack=ack)
         slot = self.driver_of(entry[2]) if entry is not None and entry[2] else None
         if slot is None:
@@ -127,10 +135,15 @@ class DriverFeed(HostLanes):
                            pb.GrantEnded(grant_id=grant_id, revoked=revoked))
             return
         assert entry is not None
-        target = slot.background if entry[3] and slot.background is not None else slot
-        self._push(target, "hal.grant_ended", msg)
-        if ack:
-            self._await_ack(target, grant_id)
+        # Every host that knows it: the one it is valid on, and the one it moved away
+        # from (the app's models there, if it never followed, are freed with it). The
+        # main host's acknowledgement is awaited first: a lane that is down applies its
+        # part at once, and npud hears the end applied once both are (_other_owes).
+        for name in sorted({entry[3], *([] if left is None else [left])}):
+            target = self._host(slot, name)
+            self._push(target, "hal.grant_ended", msg)
+            if ack:
+                self._await_ack(target, grant_id)
 
     def set_thermal_status(self, status: ThermalStatus, device: str = "") -> None:
         """The machine's status (``device`` ""), or one device's own: each driver holds

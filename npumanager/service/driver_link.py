@@ -136,6 +136,11 @@ def event_handlers(name: str, events: DriverEvents) -> dict[str, object]:
     def on_memory(ctx: CallContext, payload: bytes) -> None:
         close_fds(ctx.fds)
         msg = pb.ModelMemory.FromString(payload)
+        if msg.freed:  # a moved grant's old copy, released (service/grant_moves.py)
+            freed = getattr(events, "model_freed", None)
+            if freed is not None:
+                freed(name, msg.grant_id, msg.nbytes)
+            return
         events.model_memory(name, msg.grant_id, msg.nbytes)
 
     return {"hal.on_work_requested": ignore, "hal.on_work_started": on_started,

@@ -146,10 +146,13 @@ class GrantEndApplied(Event):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelMemory(Event):
-    """A driver reports the real memory of a model prepared under ``grant_id``."""
+    """A driver reports the real memory of a model prepared under ``grant_id``;
+    ``freed``: one of a moved grant was released on the host it left (its app prepared
+    it again on the other one), its bytes leave the grant's count."""
 
     grant_id: str
     nbytes: int
+    freed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,10 @@ What npud does for a device with a background lane (the supervisor's part, a mix
 * Grants (:mod:`.driver_feed`): each grant is told to one host of its device:
   :func:`grant_target` (the lane for a request whose effective class is BACKGROUND: a
   BACKGROUND or OPPORTUNISTIC request, or any request of a uid the driver runs as
-  BACKGROUND; the main host otherwise; decided by npud when it grants, kept for the
-  grant's life and said to the app in the grant answer); its end goes to that host, which
-  acknowledges the release. The other host does not know the
+  BACKGROUND; the main host otherwise; decided by npud when it grants and said to the app
+  in the grant answer; moved to the other host when the uid's class changes later,
+  :mod:`.grant_moves`); its end goes to the hosts that know it, which acknowledge the
+  release. The other host does not know the
   grant, so a prepare there is refused (GrantRequired naming the lane): a background model
   in the foreground's host is what costs the camera.
 * One device: the lane's capabilities are not reported (``nn.devices()`` numbering and the
@@ -97,11 +98,11 @@ def grant_class(priority: int, config: SchedulingConfig, foreground_priority: in
 def grant_target(slot: DriverSlot, priority: int, config: SchedulingConfig) -> DriverSlot:
     """The host a new grant for a request of ``priority`` (ModelPriority) by ``config``'s
     uid (the driver's row for it) is valid on: the device's background lane when the
-    request's :func:`grant_class` is BACKGROUND, its main host otherwise. Decided once,
-    when npud grants: the grant keeps its host (DriverFeed.grants records it), so an
-    importance that changes later does not move a loaded model, and a restarted npud
-    that adopts the grant routes it to the host that reported holding it
-    (DriverFeed.held_lanes), whatever the rule says then."""
+    request's :func:`grant_class` is BACKGROUND, its main host otherwise. Decided when
+    npud grants (DriverFeed.grants records it) and again whenever the drivers' table
+    changes: a live grant the rule now puts on the other host moves there
+    (:mod:`.grant_moves`); a restarted npud that adopts the grant tells it first to the
+    host that reported holding it (DriverFeed.held_lanes), then moves it likewise."""
     lane = slot.background
     if lane is None:
         return slot
@@ -150,16 +151,20 @@ class HostLanes:
         # Soon, not now: this runs inside the daemon carrying out the state's instructions.
         loop = asyncio.get_running_loop()
         for gid in grant_ids:
-            loop.call_soon(self.events.grant_end_applied, slot.name, gid)
+            if not _other_owes(slot, gid):
+                loop.call_soon(self.events.grant_end_applied, slot.name, gid)
 
     def _lane_handlers(self, slot: DriverSlot, handlers: dict[str, Any]) -> dict[str, Any]:
         """``handlers`` with the end acknowledgement noted for ``slot`` (restart() kills the
-        host that has one outstanding)."""
+        host that has one outstanding). A grant that moved between the device's hosts
+        (:mod:`.grant_moves`) ends on both: npud hears it applied once the second has."""
         forward = handlers["hal.grant_end_applied"]
 
         def on_end_applied(ctx: CallContext, payload: bytes) -> None:
-            slot.acks.discard(pb.GrantEnded.FromString(payload).grant_id)
-            forward(ctx, payload)
+            gid = pb.GrantEnded.FromString(payload).grant_id
+            slot.acks.discard(gid)
+            if not _other_owes(slot, gid):
+                forward(ctx, payload)
 
         return {**handlers, "hal.grant_end_applied": on_end_applied}
 
@@ -201,6 +206,12 @@ class HostLanes:
                                           {"down_reason": lane.last_exit or "starting"})}
             out[slot.name] = entry
         return out
+
+
+def _other_owes(slot: DriverSlot, grant_id: str) -> bool:
+    """Whether the other host of ``slot``'s device still owes the end of ``grant_id``."""
+    other = slot.main if slot.lane else slot.background
+    return other is not None and grant_id in other.acks and other.up
 
 
 def _pid(slot: DriverSlot) -> int:

@@ -13,6 +13,7 @@ from npumanager.drivers.state import DriverParams, GrantCheck
 from npumanager.errors import (
     AttributionDenied,
     DirectAccessDenied,
+    GrantMoved,
     GrantRequired,
     GrantRevoked,
     IllegalArgument,
@@ -538,3 +539,37 @@ def test_inputs_are_checked_against_the_model_types_before_any_work_is_queued() 
     assert h.state.stats.submitted == 0 and h.state.load()[2] == 0  # nothing was queued
     _, out = h.execute(1, m, values={"x": np.ones((5, 3), np.float32)})
     assert h.state.stats.submitted == 1 and any(isinstance(i, ev.RunStep) for i in out)
+
+
+def test_a_moved_grants_models_keep_serving_and_nothing_new_is_prepared_under_it() -> None:
+    """hal.grant_moved: npud put the grant on the device's other host. The models here keep
+    running (marked moved: each answer says where to), a prepare under it is refused
+    (GrantMoved), a release reports the bytes freed (npud counts the copy there once), a
+    grant issued again undoes the move, and its end still drops what is left."""
+    h = enforced()
+    h.grant("g1", 1)
+    h.connect(1)
+    m1 = h.prepare(1, "g1", memory=100)
+    m2 = h.prepare(1, "g1", memory=50)
+    h.handle(h.mk(ev.GrantMoved, grant_id="g1", lane="background"))
+    assert h.state.moved == {m1: "background", m2: "background"}
+    with pytest.raises(GrantMoved, match="moved to its background lane"):
+        h.state.check_grant("g1", 1)
+    t, out = h.execute(1, m1)
+    assert any(isinstance(i, ev.RunStep) for i in out), out  # served here all the same
+    out = h.step_done(t)
+    assert any(isinstance(i, ev.FinishJob) and i.error is None for i in out), out
+    out = h.release(1, m1)
+    assert ev.ReportModelMemory("g1", 100, freed=True) in out, out
+    assert h.state.moved == {m2: "background"}
+    # Moved back before the app followed: valid here again, nothing marked moved.
+    h.grant("g1", 1)
+    assert h.state.moved == {} and h.state.check_grant("g1", 1) is GrantCheck.LIVE
+    h.handle(h.mk(ev.GrantMoved, grant_id="g1", lane=""))
+    out = h.end_grant("g1", revoked=False)
+    assert ev.ReleaseModel(m2) in out and h.state.moved == {}
+    assert not any(isinstance(i, ev.ReportModelMemory) for i in out), out
+    h.handle(h.mk(ev.GrantMoved, grant_id="g1", lane=""))  # ended: nothing to move
+    assert h.state.moved == {}
+    assert [d.what for d in h.state.story(grant_id="g1")] == [
+        "issued", "moved", "moved back", "moved", "ended"]

@@ -3,8 +3,10 @@
 real sockets. The app here is root, whose importance is fixed (FOREGROUND), so an [[app]]
 entry gives its row in the drivers' table a background app priority: its NORMAL request
 is then BACKGROUND, its grant the lane's, and its model runs in the lane's process. A
-restarted npud whose config says otherwise still tells the adopted grant to the host that
-holds it: the lane, whose release then answers the app."""
+restarted npud whose config says otherwise tells the adopted grant to the host that holds
+it (the lane), then moves it where its config puts it (service/grant_moves.py): the app's
+model keeps serving on the lane, follows to the main host, and the grant's end reaches
+both."""
 
 from __future__ import annotations
 
@@ -65,12 +67,12 @@ def test_a_normal_request_of_a_background_app_is_the_lanes(runtime_dir: Path,
     assert "Traceback" not in npud.output
 
 
-def test_a_restarted_npud_tells_an_adopted_grant_to_the_host_holding_it(
+def test_a_restarted_npud_moves_an_adopted_grant_where_its_config_puts_it(
         runtime_dir: Path, state_dir: Path) -> None:
     """The first npud routes root's NORMAL grant to the lane; the second one's config has no
     [[app]] entry (root foreground: the rule now says the main host). The lane reported the
-    grant when it attached, so the grant is told to the lane again: its release reaches
-    the process that holds the model."""
+    grant when it attached, so the grant is told to the lane again, then moved to the main
+    host: the model keeps serving, follows, and the end reaches both hosts."""
     env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
     first = DaemonProcess(runtime_dir, background_root(adopt_grace_s=5.0), drivers=True,
                           env=env, ready_timeout=60).start()
@@ -94,19 +96,25 @@ def test_a_restarted_npud_tells_an_adopted_grant_to_the_host_holding_it(
                 # A new NORMAL request of root's is the main host's under this config.
                 _req2, cb2 = grant(mgr, 2)
                 assert cb2.listener.lane == ""
-                # npu status says so: request 1's grant is the lane's, and the main host's
-                # on its next request; request 2 is where the rule puts it.
+                # npu status says so: request 1's grant moved to the main host (once);
+                # request 2 is where the rule puts it.
                 reqs = {r["request_id"]: r for r in mgr.dump()["requests"]}
-                assert (reqs[1]["lane"], reqs[1]["lane_now"]) == ("background", ""), reqs
-                assert reqs[2]["lane"] == "" and "lane_now" not in reqs[2], reqs
+                assert (reqs[1]["lane"], reqs[1]["moves"]) == ("", 1), reqs
+                assert reqs[2]["lane"] == "" and "moves" not in reqs[2], reqs
+                # The model keeps serving on the lane, then follows its grant.
                 np.testing.assert_array_equal(model.execute({"x": X})["y"], X + 1)
-                # The grant is still the lane's: a second model under it goes there.
+                wait_until(lambda: model.execute({"x": X}) and model.lane == "",
+                           "the model on the main host")
+                np.testing.assert_array_equal(model.execute({"x": X})["y"], X + 1)
+                # A second model under the grant: the listener still says the lane, which
+                # refuses (GrantMoved); prepare_model goes to the main host instead.
                 again = dev.prepare_model(add_model(), grant=cb.listener)
-                assert again.device.socket_path == str(lane_sock(runtime_dir))
-                assert held_requests(main_sock) == []
+                assert again.device.socket_path == str(main_sock)
+                assert held_requests(lane_sock(runtime_dir)) == []
                 cb.listener.notify_model_unloaded(req)
                 cb.wait_for("COMPLETE", 30)
-                # The lane applied the end: it holds nothing and refuses the model.
+                # Both hosts applied the end: they hold nothing and refuse the model.
+                assert held_requests(main_sock) == []
                 assert held_requests(lane_sock(runtime_dir)) == []
                 with pytest.raises(GrantRevoked):
                     model.execute({"x": X})

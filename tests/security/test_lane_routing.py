@@ -2,13 +2,15 @@
 (service/host_lanes.grant_target): an app whose uid's importance is a background one,
 set by the admin, that asks with a NORMAL model priority gets a grant valid on the lane
 only. The main host, where a foreground stream's burst thread runs, refuses it, so the
-app cannot put its load there by asking NORMAL. The grant keeps its host: raised to
-FOREGROUND later, the app's loaded model stays on the lane and keeps serving, and only
-its next request's grant is the main host's."""
+app cannot put its load there by asking NORMAL. Raised to FOREGROUND later by the admin,
+the grant moves to the main host (service/grant_moves.py): the loaded model keeps serving
+on the lane until the app's runtime has prepared it on the main host, then the lane frees
+it; the app's next request's grant is the main host's."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,13 @@ def background_app(runtime_dir: str) -> dict[str, str]:
             procs.announce("loaded")
             assert procs.receive(timeout=60) == "raised"
             got["run raised"] = outcome(lambda: model.execute({"x": X})["y"].ravel().tolist())
+            got["raised on"] = model.lane  # still the lane: served there, it said moved
+            deadline = time.monotonic() + 60
+            while model.lane != "" and time.monotonic() < deadline:
+                got["run moving"] = outcome(
+                    lambda: model.execute({"x": X})["y"].ravel().tolist())
+                time.sleep(0.02)
+            got["moved to"] = model.lane
             second = Lifecycle()
             mgr.request_can_load_model(ModelLoadRequest(2), second)
             second.wait_for("CAN_LOAD_NOW")
@@ -89,7 +98,7 @@ def test_a_background_importance_apps_normal_request_is_the_lanes(
             admin.set_uid_importance(ATTACKER, Importance.FOREGROUND)
             app.send("raised")
             app.expect("second", 60)
-            assert (held(main_sock), held(lane_sock)) == ([(ATTACKER, 2)], [(ATTACKER, 1)])
+            assert (held(main_sock), held(lane_sock)) == ([(ATTACKER, 1), (ATTACKER, 2)], [])
             app.send("done")
             got: dict[str, Any] = app.wait(60)
         finally:
@@ -99,8 +108,11 @@ def test_a_background_importance_apps_normal_request_is_the_lanes(
     assert "background lane only" in got["on main"], got
     assert got["model on"] == str(lane_sock), got
     assert got["run"] == "ok: [1.0, 2.0, 3.0, 4.0]", got
-    # Raised to FOREGROUND: the loaded model did not move; the next grant is the main host's.
+    # Raised to FOREGROUND: the loaded model served on the lane, then followed its grant
+    # to the main host; the next grant is the main host's.
     assert got["run raised"] == "ok: [1.0, 2.0, 3.0, 4.0]", got
+    assert (got["raised on"], got["moved to"]) == ("background", ""), got
+    assert got.get("run moving", "ok: [1.0, 2.0, 3.0, 4.0]") == "ok: [1.0, 2.0, 3.0, 4.0]", got
     assert (got["second lane"], got["second on"]) == ("", str(main_sock)), got
     assert "Traceback" not in npud.output
 

@@ -1,6 +1,7 @@
-"""service/host_lanes.py without processes: which host of a device a grant is told to (by
-the request's effective class; kept for the grant's life; an adopted one where it is held), the
-acknowledgements a lane owes when it goes, and which host a hung device's restart kills."""
+"""service/host_lanes.py and grant_moves.py without processes: which host of a device a grant
+is told to (by the request's effective class; moved with its uid's class; an adopted one where
+it is held, then where the rule puts it), the acknowledgements a lane owes when it goes, and
+which host a hung device's restart kills."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from npumanager.constants import ModelPriority
 from npumanager.hal.exec_class import ExecClass, model_class
 from npumanager.hal.types import SchedulingConfig, default_config
+from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.driver_feed import DriverFeed
 from npumanager.service.driver_slots import Backoff, DriverSlot
@@ -100,66 +102,117 @@ class Feed(DriverFeed):
         self.pushed.append((slot.sock_name, method, getattr(msg, "grant_id", "")))
 
 
-def test_a_grant_keeps_its_host_when_the_uids_importance_changes() -> None:
+def test_a_grant_moves_with_its_uids_class() -> None:
+    """Raised to FOREGROUND, a lane grant moves to the main host: told there first, then
+    the lane hears it moved (and keeps it, for the app's models until they follow); its
+    end goes to both. A BACKGROUND request's grant never moves."""
     main = slot()
     make_lane(main, "/x.sock")
     feed = Feed(main)
     feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=400)])  # cached
     feed.grant_issued(1000, 1, "g1", "ref", int(ModelPriority.NORMAL))
-    assert feed.grant_lane("g1") == "background"
-    assert ("ref.background", "hal.grant_issued", "g1") in feed.pushed
-    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=100)])  # foreground
-    assert feed.grant_lane("g1") == "background"  # the grant stays where it was told
-    feed.grant_issued(1000, 2, "g2", "ref", int(ModelPriority.NORMAL))  # a new one: main
-    assert feed.grant_lane("g2") == ""
+    feed.grant_issued(1000, 2, "g2", "ref", int(ModelPriority.BACKGROUND))
+    assert (feed.grant_lane("g1"), feed.grant_lane("g2")) == ("background", "background")
     feed.pushed.clear()
-    feed.grant_ended("g1", False)
-    feed.grant_ended("g2", False)
-    assert [(h, m) for h, m, _ in feed.pushed] == [("ref.background", "hal.grant_ended"),
-                                                   ("ref", "hal.grant_ended")]
-    # An unknown uid (no row pushed): the driver's default row, 1000: the lane.
-    feed.grant_issued(2000, 1, "g3", "ref", int(ModelPriority.NORMAL))
-    assert feed.grant_lane("g3") == "background"
+    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=100)])  # foreground
+    assert feed.grant_lane("g1") == "" and feed.grant_lane("g2") == "background"
+    assert [p for p in feed.pushed if p[1] != "hal.update_scheduling_configs"] == [
+        ("ref", "hal.grant_issued", "g1"), ("ref.background", "hal.grant_moved", "g1")]
+    assert feed.request_lanes() == {(1000, 1): "", (1000, 2): "background"}
+    assert feed.request_move_counts() == {(1000, 1): 1} and feed.moves_total == 1
+    feed.grant_issued(1000, 3, "g3", "ref", int(ModelPriority.NORMAL))  # a new one: main
+    assert feed.grant_lane("g3") == ""
+    feed.pushed.clear()
+    for gid in ("g1", "g2", "g3"):
+        feed.grant_ended(gid, False)
+    assert [(h, m, g) for h, m, g in feed.pushed] == [
+        ("ref", "hal.grant_ended", "g1"), ("ref.background", "hal.grant_ended", "g1"),
+        ("ref.background", "hal.grant_ended", "g2"), ("ref", "hal.grant_ended", "g3")]
+    assert feed.left_on == {} and feed.grant_moves == {} and feed.request_move_counts() == {}
+    # Another uid's row changing moves nothing of this one's.
+    feed.grant_issued(2000, 1, "g4", "ref", int(ModelPriority.NORMAL))  # unknown: lane
+    feed.pushed.clear()
+    feed.update_scheduling_configs([SchedulingConfig(uid=1001, app_priority=100)])
+    assert [p for p in feed.pushed if p[1] != "hal.update_scheduling_configs"] == []
 
 
-def test_npu_status_says_where_a_grant_would_go_now_that_its_class_changed() -> None:
-    """A grant keeps its host; request_moves names those the rule would now put on the
-    other host (the dump's "lane_now"), and only those, for as long as they live."""
+def test_a_grant_that_flips_back_is_known_to_the_host_its_app_is_on() -> None:
+    """Demoted then raised again before the app followed: the main host (where the app's
+    model still is) is told the grant again, which undoes the move there, and the lane
+    hears it moved away; every flip is two pushes and the grant is known to the two hosts
+    at most, however many flips."""
     main = slot()
     make_lane(main, "/x.sock")
-    feed = Feed(main, slot("other"))  # "other": no lane, never a move
-    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=400),
-                                    SchedulingConfig(uid=1001, app_priority=100)])
-    feed.grant_issued(1000, 1, "g1", "ref", int(ModelPriority.NORMAL))  # lane
-    feed.grant_issued(1001, 1, "g2", "ref", int(ModelPriority.NORMAL))  # main
-    feed.grant_issued(1001, 2, "g3", "ref", int(ModelPriority.BACKGROUND))  # lane, stays
-    feed.grant_issued(1000, 3, "g4", "other", int(ModelPriority.NORMAL))
-    assert feed.request_moves() == {}
-    feed.update_scheduling_configs([SchedulingConfig(uid=1000, app_priority=100),  # raised
-                                    SchedulingConfig(uid=1001, app_priority=400)])  # demoted
-    assert feed.request_moves() == {(1000, 1): "", (1001, 1): "background"}
-    # An adopted grant held where the rule no longer puts it: the same.
-    feed.note_held(main, ["g5"])
-    feed.grant_issued(1001, 5, "g5", "ref", int(ModelPriority.NORMAL))
-    assert feed.request_moves()[(1001, 5)] == "background"
-    for gid in ("g1", "g2", "g5"):
-        feed.grant_ended(gid, False)
-    assert feed.request_moves() == {} and set(feed.grants) == {"g3", "g4"}
+    feed = Feed(main)
+    fg, bg = (SchedulingConfig(uid=1000, app_priority=100),
+              SchedulingConfig(uid=1000, app_priority=400))
+    feed.update_scheduling_configs([fg])
+    feed.grant_issued(1000, 1, "g1", "ref", int(ModelPriority.NORMAL))
+    feed.pushed.clear()
+    feed.update_scheduling_configs([bg])
+    feed.update_scheduling_configs([fg])
+    moves = [p for p in feed.pushed if p[1] != "hal.update_scheduling_configs"]
+    assert moves == [("ref.background", "hal.grant_issued", "g1"),
+                     ("ref", "hal.grant_moved", "g1"),
+                     ("ref", "hal.grant_issued", "g1"),
+                     ("ref.background", "hal.grant_moved", "g1")]
+    assert feed.grant_lane("g1") == "" and feed.left_on == {"g1": "background"}
+    feed.pushed.clear()
+    for _ in range(500):
+        feed.update_scheduling_configs([bg])
+        feed.update_scheduling_configs([fg])
+    assert len([p for p in feed.pushed if p[1] != "hal.update_scheduling_configs"]) == 2000
+    assert feed.grant_moves == {"g1": 1002} and len(feed.left_on) == 1
+    feed.pushed.clear()
+    feed.grant_ended("g1", True)
+    assert [(h, m) for h, m, _ in feed.pushed] == [("ref", "hal.grant_ended"),
+                                                   ("ref.background", "hal.grant_ended")]
 
+
+def test_a_moved_grants_end_is_applied_once_both_hosts_acknowledged() -> None:
+    async def run() -> list[tuple[str, Any]]:
+        main = slot()
+        lane = make_lane(main, "/x.sock")
+        lanes = Lanes(main)
+        main.up = lane.up = True
+        main.acks, lane.acks = {"g1"}, {"g1"}
+        handlers = lanes._lane_handlers(main, {"hal.grant_end_applied": lambda c, p: (
+            lanes.events.grant_end_applied("ref", pb.GrantEnded.FromString(p).grant_id))})
+        lane_handlers = lanes._lane_handlers(lane, {"hal.grant_end_applied": lambda c, p: (
+            lanes.events.grant_end_applied("ref", pb.GrantEnded.FromString(p).grant_id))})
+        ack = pb.GrantEnded(grant_id="g1").SerializeToString()
+        handlers["hal.grant_end_applied"](None, ack)
+        assert lanes.events.seen == []  # the lane still owes its part
+        lane_handlers["hal.grant_end_applied"](None, ack)
+        # A lane that goes down while owing one: applied for it once the main host's came.
+        main.acks, lane.acks = {"g2"}, {"g2"}
+        lane.up = False
+        lanes._announce_down(lane, "killed")
+        await asyncio.sleep(0)
+        assert lanes.events.seen == [("applied", "g1")]
+        handlers["hal.grant_end_applied"](None, pb.GrantEnded(grant_id="g2").SerializeToString())
+        seen: list[tuple[str, Any]] = lanes.events.seen
+        return seen
+
+    assert asyncio.run(run()) == [("applied", "g1"), ("applied", "g2")]
+
+
+def test_npu_status_and_top_show_a_grants_moves() -> None:
     from npumanager.cli.status import render
 
     dump = {"devices": [{"name": "ref", "available": True, "backend": "onnxruntime",
                          "hosts": {"pid": 12, "background": {"pid": 34, "up": True}}}],
             "requests": [
                 {"uid": 7, "request_id": 1, "state": "loaded", "grant": "aaaa1111",
-                 "lane": "background", "lane_now": ""},
+                 "lane": "background", "moves": 2},
                 {"uid": 7, "request_id": 2, "state": "loaded", "grant": "bbbb2222",
-                 "lane": "", "lane_now": "background"},
+                 "lane": "", "moves": 1},
                 {"uid": 7, "request_id": 3, "state": "loaded", "grant": "cccc3333",
-                 "lane": "background"}]}
+                 "lane": "background"}],
+            "grant_moves": 3}
     text = render(dump, width=400)
-    assert "aaaa1111 (background lane; main host on its next request)" in text, text
-    assert "bbbb2222 (background lane on its next request)" in text, text
+    assert "aaaa1111 (background lane; moved 2x)" in text, text
+    assert "bbbb2222 (main host; moved 1x)" in text, text
     assert "cccc3333 (background lane)" in text, text
 
 
@@ -174,10 +227,27 @@ def test_an_adopted_grant_goes_to_the_host_that_holds_it_not_to_the_rule() -> No
     feed.note_held(main, ["g2"])
     feed.grant_issued(1000, 1, "g1", "ref", int(ModelPriority.NORMAL))  # rule: main
     feed.grant_issued(1000, 2, "g2", "ref", int(ModelPriority.BACKGROUND))  # rule: lane
-    assert (feed.grant_lane("g1"), feed.grant_lane("g2")) == ("background", "")
-    assert [(h, g) for h, m, g in feed.pushed if m == "hal.grant_issued"] == [
-        ("ref.background", "g1"), ("ref", "g2")]
+    # Told to the host holding it, then moved where the rule puts it now (the app's model
+    # keeps serving there until it follows: service/grant_moves.py).
+    assert (feed.grant_lane("g1"), feed.grant_lane("g2")) == ("", "background")
+    assert [(h, m, g) for h, m, g in feed.pushed if "grant" in m] == [
+        ("ref.background", "hal.grant_issued", "g1"), ("ref", "hal.grant_issued", "g1"),
+        ("ref.background", "hal.grant_moved", "g1"),
+        ("ref", "hal.grant_issued", "g2"), ("ref.background", "hal.grant_issued", "g2"),
+        ("ref", "hal.grant_moved", "g2")]
     assert feed.held_lanes == {}  # used once: a later grant with the rule again
+    # Held by both hosts (it had moved, its app not yet followed): told to the first, the
+    # other hears it moved away, and its end goes to both.
+    feed.note_held(main, ["g3"])
+    feed.note_held(lane, ["g3"])
+    feed.pushed.clear()
+    feed.grant_issued(1000, 3, "g3", "ref", int(ModelPriority.NORMAL))  # rule: main
+    assert [(h, m) for h, m, g in feed.pushed] == [("ref", "hal.grant_issued"),
+                                                   ("ref.background", "hal.grant_moved")]
+    feed.pushed.clear()
+    feed.grant_ended("g3", False)
+    assert [(h, m) for h, m, g in feed.pushed] == [("ref", "hal.grant_ended"),
+                                                   ("ref.background", "hal.grant_ended")]
     # A held grant no client claimed is revoked: forgotten with it.
     feed.note_held(lane, ["g9"])
     feed.grant_ended("g9", True)

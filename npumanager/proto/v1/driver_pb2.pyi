@@ -117,13 +117,23 @@ class GrantEnded(_message.Message):
     ack: bool
     def __init__(self, grant_id: _Optional[str] = ..., revoked: _Optional[bool] = ..., ack: _Optional[bool] = ...) -> None: ...
 
+class GrantMoved(_message.Message):
+    __slots__ = ("grant_id", "lane")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    grant_id: str
+    lane: str
+    def __init__(self, grant_id: _Optional[str] = ..., lane: _Optional[str] = ...) -> None: ...
+
 class ModelMemory(_message.Message):
-    __slots__ = ("grant_id", "nbytes")
+    __slots__ = ("grant_id", "nbytes", "freed")
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    FREED_FIELD_NUMBER: _ClassVar[int]
     grant_id: str
     nbytes: int
-    def __init__(self, grant_id: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    freed: bool
+    def __init__(self, grant_id: _Optional[str] = ..., nbytes: _Optional[int] = ..., freed: _Optional[bool] = ...) -> None: ...
 
 class ThermalStatusMsg(_message.Message):
     __slots__ = ("status",)
@@ -379,16 +389,20 @@ class Execute(_message.Message):
     def __init__(self, model_id: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., job_priority: _Optional[int] = ..., has_feature_id: _Optional[bool] = ..., feature_id: _Optional[int] = ..., has_original_uid: _Optional[bool] = ..., original_uid: _Optional[int] = ..., steps: _Optional[int] = ..., feedback: _Optional[_Mapping[str, str]] = ..., out_pool_id: _Optional[int] = ..., out_offset: _Optional[int] = ..., out_capacity: _Optional[int] = ..., exec_id: _Optional[int] = ..., group_id: _Optional[bytes] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
 
 class ExecuteResult(_message.Message):
-    __slots__ = ("outputs", "work_id", "steps_run", "values")
+    __slots__ = ("outputs", "work_id", "steps_run", "values", "moved", "moved_lane")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     WORK_ID_FIELD_NUMBER: _ClassVar[int]
     STEPS_RUN_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_LANE_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     work_id: int
     steps_run: int
     values: _containers.RepeatedCompositeFieldContainer[Value]
-    def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., work_id: _Optional[int] = ..., steps_run: _Optional[int] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+    moved: bool
+    moved_lane: str
+    def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., work_id: _Optional[int] = ..., steps_run: _Optional[int] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., moved: _Optional[bool] = ..., moved_lane: _Optional[str] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("model_id", "exec_id")
@@ -417,12 +431,16 @@ class OpenBurst(_message.Message):
     def __init__(self, model_id: _Optional[int] = ..., size: _Optional[int] = ..., req_size: _Optional[int] = ..., resp_size: _Optional[int] = ...) -> None: ...
 
 class BurstOpened(_message.Message):
-    __slots__ = ("burst_id", "pool_id")
+    __slots__ = ("burst_id", "pool_id", "moved", "moved_lane")
     BURST_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_LANE_FIELD_NUMBER: _ClassVar[int]
     burst_id: int
     pool_id: int
-    def __init__(self, burst_id: _Optional[int] = ..., pool_id: _Optional[int] = ...) -> None: ...
+    moved: bool
+    moved_lane: str
+    def __init__(self, burst_id: _Optional[int] = ..., pool_id: _Optional[int] = ..., moved: _Optional[bool] = ..., moved_lane: _Optional[str] = ...) -> None: ...
 
 class BurstId(_message.Message):
     __slots__ = ("burst_id",)
