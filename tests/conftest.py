@@ -105,19 +105,33 @@ def _background_work_at_normal_priority() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _one_fifo_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Tests marked ``fifo`` (threads spinning at SCHED_FIFO, up to RLIMIT_RTTIME's 500 ms
-    hard limit) run one at a time across xdist workers, and across suites run at once on
-    this machine: two of them on two CPUs left no CPU for the other's normal threads, so a
-    main thread due to lower its spinning worker never ran and the kernel killed the
-    process at the hard limit (a CI run: test_rt_backstop's worker test, while another
-    worker's kill test spun for 500 ms)."""
-    if request.node.get_closest_marker("fifo") is None:
-        yield
-        return
+def _alone_tests_run_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests marked ``alone`` (or ``fifo``) run with no other test running, across xdist
+    workers and across suites run at once on this machine; the others run side by side.
+
+    ``fifo`` tests spin threads at SCHED_FIFO up to RLIMIT_RTTIME's 500 ms hard limit and
+    need a main thread that lowers them to get a CPU in time: two of them on two CPUs left
+    no CPU for the other's normal threads, and the kernel killed the process at the hard
+    limit (a CI run: test_rt_backstop's worker test, while another worker's kill test spun
+    for 500 ms); one at a time was not enough beside a busy suite (a later CI run, the same
+    test). ``alone`` tests need CPU for work that is by design the first to starve: a host's
+    threads in an idle cgroup (test_idle_cgroup: over 120 s beside three busy workers), or
+    a stream whose 0.5 ms gaps a loaded machine stretches (test_follow).
+
+    How: every test holds a shared lock while it runs, an alone test the exclusive one. A
+    turnstile taken before either keeps new tests from starting while an alone test waits
+    for the running ones to end (else a busy worker could keep the shared lock held)."""
     import fcntl
 
-    path = Path(tempfile.gettempdir()) / f"npumanager-tests-fifo.{os.getuid()}.lock"
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    alone = (request.node.get_closest_marker("alone") is not None
+             or request.node.get_closest_marker("fifo") is not None)
+    tmp, uid = Path(tempfile.gettempdir()), os.getuid()
+    with open(tmp / f"npumanager-tests-turnstile.{uid}.lock", "a") as turn, \
+            open(tmp / f"npumanager-tests-running.{uid}.lock", "a") as running:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turn, fcntl.LOCK_UN)
         yield

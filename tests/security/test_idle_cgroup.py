@@ -172,6 +172,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.alone  # (its background app runs in the idle group: last to get a CPU)
 def test_npuds_host_puts_its_background_threads_in_the_group_and_nothing_else(
         start_npud: StartDaemon, runtime_dir: Path) -> None:
     npud = start_npud(drivers=True, driver=[{"name": "reference", "plugin": "reference",
