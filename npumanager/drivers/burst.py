@@ -154,6 +154,9 @@ class BurstServer:
         #: Its CPUs while a background load runs (``load_cpus = "split"``: .load_place).
         self.placed = Placed(place)
         self.counters = bc.BurstCounters()
+        #: The host's model id -> lane its grant moved to (DriverState.moved; read per
+        #: answer without the lock: one lookup): its answers carry the MOVED bits then.
+        self.moved_of: dict[int, str] = {}
         #: Where the request being served is (``time.perf_counter_ns`` per ``bc`` mark).
         self.marks = [0] * bc.MARKS
         self.answered_at = 0.0  # when the last answer was written (its ring just after)
@@ -357,6 +360,9 @@ class BurstServer:
         if payload:
             buf[self.resp_off:self.resp_off + len(payload)] = payload
         self.serving = 0
+        moved = self.moved_of.get(self.model_id)
+        if moved is not None:
+            status |= layout.moved_bits(moved)
         layout.write_response_header(buf, seq, status, len(payload))
         # (before the ring: the client may run first; perf_counter's clock, one read)
         self.marks[bc.M_ANSWERED] = at = time.perf_counter_ns()
@@ -369,7 +375,9 @@ class BurstServer:
         answer said), before its end is recorded: the host's lock held from the check
         that the end will be COMPLETED (``DriverState.completes``) to its recording."""
         seq, self.serving = self.serving, 0
-        layout.write_response_header(self.pool.buf, seq, layout.SAME, 0)
+        moved = self.moved_of.get(self.model_id)
+        layout.write_response_header(self.pool.buf, seq, layout.SAME if moved is None
+                                     else layout.SAME | layout.moved_bits(moved), 0)
         self.marks[bc.M_ANSWERED] = at = time.perf_counter_ns()
         self.answered_at = at / 1e9
         self._ring()
@@ -464,6 +472,7 @@ class Bursts(BurstExecutions):
                              self.execute, host.res.wake_loop, self.prepare_next,
                              self._ended, self._anticipate, host.preparer.place,
                              host.hc.background_follow_us)
+        server.moved_of = host.state.moved
         self._servers[burst_id] = server
         if host.rt is not None:
             server.rt_closed = host.rt.closed

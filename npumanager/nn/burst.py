@@ -89,6 +89,10 @@ _now_ns = time.monotonic_ns
 #: How long one blocking wait for the driver's ring lasts (SO_RCVTIMEO) before the
 #: execution's timeout is looked at again.
 _RING_WAIT = 1.0
+#: The least gap between two executions for an open burst to re-open on the host its
+#: model's grant moved to between them (Burst.move_now): the re-open's close, release and
+#: open round trips took ~1-3 ms here; a 30 fps camera leaves ~30 ms.
+_MOVE_GAP_NS = 10_000_000
 
 
 class _Grow(Exception):
@@ -131,6 +135,9 @@ class Burst:
         #: outgrew the largest request area: then all go in the data area, which grows).
         self._inline = _INLINE
         self._timeout = float(getattr(model._rpc, "call_timeout", 300.0))
+        #: When the last execution ended and the gap before the latest (monotonic ns;
+        #: before the first, no stream to get in the way of: move_now may re-open).
+        self._done_ns, self._gap_ns = 0, _MOVE_GAP_NS
         self._open(_MIN_AREA, _MIN_AREA, self._data_guess())
 
     def __repr__(self) -> str:
@@ -259,11 +266,13 @@ class Burst:
         called = _now_ns()
         spin = self.spin
         spin.called(called / 1e9)
+        self._gap_ns = called - self._done_ns  # (the stream's pace: move_now)
         try:
             return self._execute_once(inputs, job_priority, feature_id, original_uid, steps,
                                       feedback, group_id, copy_outputs, called)
         finally:
-            spin.done(_now_ns() / 1e9)
+            self._done_ns = done = _now_ns()
+            spin.done(done / 1e9)
 
     def _execute_once(self, inputs: Mapping[str, Any], job_priority: int,
                       feature_id: int | None, original_uid: int | None, steps: int,
@@ -483,6 +492,8 @@ class Burst:
             spin.answered(clock() - rang, True, True)
             self._take_rings(sock)
             _, status, length = read(buf)
+            if status > layout.SAME:  # (the MOVED bits: the grant moved)
+                status = self._moved(status)
             return status, length
         # Blocked in the ring's recv itself, the socket's receive timeout (_RING_WAIT)
         # bounding each: one system call per answer where a poll and a recv were two, and
@@ -505,9 +516,47 @@ class Burst:
             got, status, length = read(buf)
             if got == seq:
                 spin.answered(clock() - rang, span > 0, False)
+                if status > layout.SAME:  # (the MOVED bits: the grant moved)
+                    status = self._moved(status)
                 return status, length
             if not rung:
                 raise self._gone()
+
+    def _moved(self, status: int) -> int:
+        """An answer said the model's grant moved to the device's other host: the model
+        prepares there (nn/model_move.py), and this burst re-opens there between two
+        frames once that is ready, if its stream leaves the time (:meth:`move_now`)."""
+        self.model._note_moved(layout.moved_lane(status))
+        return status & layout.STATUS_MASK
+
+    def move_now(self) -> bool:
+        """Re-open on the host the model's grant moved to, whose copy is ready, if this is
+        the model's one open burst and its stream leaves the time: its last gap between
+        two executions at least ``_MOVE_GAP_S`` (a paced stream, a camera's: the re-open,
+        a few round trips, fits before the next frame, which waits for it if not). A
+        back-to-back stream moves when it is next opened. Called by the copy's prepare
+        (off the stream's thread); True when it moved."""
+        if self._gap_ns < _MOVE_GAP_NS:
+            return False
+        with self._lock:
+            pool = self._pool
+            if self.closed or pool is None:
+                return False
+            m = self.model
+            if not m._may_swap(self):
+                return False
+            req, resp, data = self._req, self._resp, pool.size - self._data_start
+            self._close_channel()
+            moved = m._swap(self)
+            try:
+                self._open(req, resp, data)  # there, or here again if no swap happened
+            except NpuError:
+                try:
+                    self._open(req, resp, data)  # once more
+                except BaseException:
+                    self._drop()  # (its executions say it was closed)
+                    raise
+            return moved
 
     def _take_rings(self, sock: socket.socket, most: int = 1 << 30) -> bool:
         """Take up to ``most`` rings of the doorbell; True when the driver's end hung up."""

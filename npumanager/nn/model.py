@@ -9,6 +9,7 @@ travel, and the driver writes large outputs back into the same pool.
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import threading
 from collections.abc import Mapping
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from npumanager.nn.model_move import Follow, Recipe
     from npumanager.nn.pipeline import Pipeline
     from npumanager.wire.client import SyncRpcClient
+
+log = logging.getLogger("npumanager.nn")
 
 _MIN_POOL = 1 << 20
 _exec_ids = itertools.count(1)
@@ -149,19 +152,42 @@ class Model:
 
             with self._lock:
                 if self._follow is None:
-                    self._follow = Follow(self._recipe)
+                    self._follow = Follow(self._recipe, self._copy_ready)
                 follow = self._follow
         follow.noted(lane, self.device.lane_name, start=start)
 
-    def _swap(self) -> bool:
+    def _copy_ready(self) -> None:
+        """The copy on the host the grant moved to is ready (on the thread that prepared
+        it): the model's one open burst re-opens there if its stream leaves the time
+        (Burst.move_now); else the swap comes before the next execution or burst."""
+        with self._lock:
+            bursts = list(self._bursts)
+        if len(bursts) == 1:
+            try:
+                bursts[0].move_now()
+            except Exception as exc:  # (the burst still serves, from where it is)
+                log.warning("model %d: its burst could not move to the host its grant "
+                            "moved to (%s)", self.model_id, exc)
+
+    def _may_swap(self, moving: Burst | None = None) -> bool:
+        """Whether a copy is ready and nothing of the model is in flight or open (but
+        ``moving``, a burst whose channel is about to close)."""
+        follow = self._follow
+        with self._lock:
+            return (follow is not None and follow.ready is not None and not self._inflight
+                    and all(b is moving for b in self._bursts) and not self.released)
+
+    def _swap(self, moving: Burst | None = None) -> bool:
         """Swap to the copy prepared on the host the grant moved to, if one is ready and
-        nothing of this model is in flight on the old host; the old copy is released there.
-        True when it moved."""
+        nothing of this model is in flight or open on the old host (but ``moving``, a
+        burst whose channel is closed); the old copy is released there. True when it
+        moved."""
         follow = self._follow
         if follow is None or follow.ready is None:
             return False
         with self._lock:
-            if self._inflight or self._bursts or self.released:
+            if (self._inflight or self.released
+                    or any(b is not moving for b in self._bursts)):
                 return False
             new = follow.take()
             if new is None:
@@ -188,7 +214,7 @@ class Model:
                 staging.pool_id = pb.PoolId.FromString(payload).pool_id
                 self._all_pools.append(staging)
             new.released = True  # (its model is this one's now)
-            follow.moves += 1
+            follow.arrived()
         try:
             if not old_rpc.closed:
                 old_dev.call(old_rpc, "device.release", pb.Release(model_id=old_id))
@@ -472,7 +498,8 @@ class Model:
             raise InvalidArgument("this model was released")
         b = self._open_burst(Burst, spin_us, slice_us, realtime)
         follow = self._follow
-        if follow is not None and follow.target is not None and not self._bursts:
+        if (follow is not None and follow.target is not None
+                and follow.target != self.device.lane_name and not self._bursts):
             # Its grant moved (this open's answer, or an earlier one, said so): follow
             # now, before the stream starts, and open there (nn/model_move.py).
             follow.prepare_now(follow.target)

@@ -14,10 +14,13 @@ The :class:`~npumanager.nn.model.Model` then:
 * swaps to it before its next execution (when none of its executions is in flight and
   none of its bursts is open), and releases the old copy: the old host frees it and npud
   counts the grant's memory once;
-* a burst open across the move keeps running on the old host (a re-open between two
-  frames would cost a frame a prepare's round trips); the model moves when no burst of
-  it is open, at the latest when the app opens its next burst (``Model.burst`` follows
-  first, then opens on the new host);
+* a burst's answers carry the notice too (MOVED bits in its status: tensorio/burst.py).
+  The model's one open burst re-opens on the new host between two frames once the copy
+  is ready, if its stream leaves the time (its last gap between executions at least
+  10 ms: a camera's; the re-open is a few round trips, and a frame that comes meanwhile
+  waits for it: ``Burst.move_now``); a back-to-back stream's burst, or one of several
+  open, keeps running on the old host and moves when the app next opens a burst
+  (``Model.burst`` follows first, then opens on the new host);
 * if the prepare there fails, the model stays where it is, still served, with a log
   line; it tries again after a back-off (1 s doubling to 60 s), never failing an
   execution.
@@ -29,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,8 +67,10 @@ class Follow:
     """One model's following: what its answers said, the copy prepared on the other host,
     and the back-off after a failed prepare. Its lock is never held across a call."""
 
-    def __init__(self, recipe: Recipe) -> None:
+    def __init__(self, recipe: Recipe, on_ready: Callable[[], None] = lambda: None) -> None:
         self.recipe = recipe
+        #: Called (on the preparing thread, no lock held) once a copy is ready.
+        self._on_ready = on_ready
         self._lock = threading.Lock()
         #: The lane the latest answer said the grant moved to (None: it did not).
         self.target: str | None = None
@@ -129,12 +135,20 @@ class Follow:
                 self.ready = model
         if not keep:
             model.release()  # released meanwhile, or the grant moved back
+            return
+        self._on_ready()
 
     def take(self) -> Model | None:
         """The copy to swap to, if one is ready for where the grant is now."""
         with self._lock:
             model, self.ready = self.ready, None
             return model
+
+    def arrived(self) -> None:
+        """The model swapped to its copy: it runs where its grant is now."""
+        with self._lock:
+            self.target = None
+            self.moves += 1
 
     def close(self) -> None:
         """The model was released: a copy ready or on its way is released too."""

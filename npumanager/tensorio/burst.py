@@ -19,10 +19,11 @@ reads on Linux) on each request: when the call began and when the request was ru
 learn the stream's pace (:mod:`npumanager.drivers.anticipate`): a stamp is a hint
 about the client's own requests, clamped there, never trusted for anything else.
 A side writes its payload first and its sequence number last; the other side
-reads the number first. The doorbell (one byte on a socketpair) is a system
-call, a full barrier on every architecture; a client that spins on ``resp_seq``
-instead relies on x86's store order and re-reads the payload only after it saw
-the number change.
+reads the number first. A status may carry MOVED bits (below): the model's grant moved
+to the device's other host, its runtime follows (nn/model_move.py). The doorbell
+(one byte on a socketpair) is a system call, a full barrier on every architecture;
+a client that spins on ``resp_seq`` instead relies on x86's store order and re-reads
+the payload only after it saw the number change.
 
 Everything the driver reads from here is checked: lengths against the areas,
 the request copied out before it is parsed (the client may change the memory
@@ -53,6 +54,24 @@ _STAMPS = struct.Struct("<QQ")  # called, rung (CLOCK_MONOTONIC ns; 0: none)
 OK = 0
 ERROR = 1
 SAME = 2
+#: Bits the driver ORs into a status while the burst's model's grant has moved to the
+#: device's other host (service/grant_moves.py): MOVED, and MOVED_TO_LANE when that is
+#: its background lane (else its main host). The answer itself is right all the same.
+MOVED = 0x100
+MOVED_TO_LANE = 0x200
+STATUS_MASK = 0xFF
+
+
+def moved_bits(lane: str) -> int:
+    """The status bits that say the grant moved to ``lane``'s host ("": the main one)."""
+    return MOVED | (MOVED_TO_LANE if lane else 0)
+
+
+def moved_lane(status: int) -> str | None:
+    """The lane a status says the grant moved to (None: it did not)."""
+    if not status & MOVED:
+        return None
+    return "background" if status & MOVED_TO_LANE else ""
 
 #: Client flags.
 FLAG_SAME = 1
