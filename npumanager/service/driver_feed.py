@@ -39,6 +39,8 @@ class DriverFeed(GrantMoves):
         #: grant id -> how many times it moved; and every move since npud started.
         self.grant_moves: dict[str, int] = {}
         self.moves_total = 0
+        #: device -> its moves since npud started (npu_grant_moves_total).
+        self.device_moves: dict[str, int] = {}
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')
 

@@ -48,6 +48,7 @@ class GrantMoves(HostLanes):
     left_on: dict[str, str]
     grant_moves: dict[str, int]
     moves_total: int
+    device_moves: dict[str, int]
 
     if TYPE_CHECKING:
         def driver_of(self, device: str) -> DriverSlot | None: ...
@@ -79,6 +80,7 @@ class GrantMoves(HostLanes):
         self.left_on[grant_id] = lane
         self.grant_moves[grant_id] = self.grant_moves.get(grant_id, 0) + 1
         self.moves_total += 1
+        self.device_moves[driver] = self.device_moves.get(driver, 0) + 1
         # The new host first: the app the old host's answer sends there finds it.
         self._push(new, "hal.grant_issued",
                    pb.GrantIssued(uid=uid, request_id=rid, grant_id=grant_id))

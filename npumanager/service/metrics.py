@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from npumanager.constants import LoadStatus, RequestStatus, UnloadReason
 from npumanager.errors import InvalidArgument
@@ -184,6 +184,7 @@ class MetricsObserver(DaemonObserver):
             "thermal_headroom": float("nan") if headroom is None else float(headroom),
             "drivers": {**{x.name: bool(x.available) for x in d.drivers.devices()},
                         **_lanes(d)},
+            "grant_moves": dict(getattr(d.drivers, "device_moves", None) or {}),
         }
 
 
@@ -241,7 +242,7 @@ class _Gauges:
         except RuntimeError:
             return False
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         snap = self._read()
         if snap is None:
             return
@@ -272,6 +273,14 @@ class _Gauges:
         for name, up in snap["drivers"].items():
             g.add_metric([name], 1.0 if up else 0.0)
         yield g
+        # Counted by DriverFeed, where the moves are decided (service/grant_moves.py): a
+        # counter read at scrape time, like the gauges.
+        c = CounterMetricFamily("npu_grant_moves", "Live grants moved to the other host of "
+                                "their device as their uid's class changed.",
+                                labels=["device"])
+        for name, n in snap["grant_moves"].items():
+            c.add_metric([name], n)
+        yield c
 
 
 class MetricsServer(DaemonObserver):

@@ -28,6 +28,7 @@ from npumanager.testing import procs
 from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.onnx_models import add_model
 from tests.nn.test_background_lane import X, grant, held_requests, lane_config, lane_sock, stats
+from tests.ops.test_metrics import scrape, value
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +115,9 @@ def test_a_model_follows_its_apps_class_between_the_hosts(runtime_dir: Path,
     main_sock = runtime_dir / "drivers" / "reference.sock"
     try:
         with DaemonProcess(runtime_dir, lane_config(), drivers=True, env=env,
-                           ready_timeout=60) as npud, NpuManager(runtime_dir) as admin:
+                           ready_timeout=60, extra_args=["--metrics", "127.0.0.1:0"]
+                           ) as npud, NpuManager(runtime_dir) as admin:
+            assert value(scrape(npud), "npu_grant_moves_total", device="reference") == 0
             admin.set_uid_importance(app_uid, Importance.CACHED)
             app = procs.spawn_as(uid, None, moving_app, str(runtime_dir), cache_dir,
                                  timeout=240)
@@ -148,6 +151,8 @@ def test_a_model_follows_its_apps_class_between_the_hosts(runtime_dir: Path,
                 app.expect("raised again: moved", 90)
                 assert (held_requests(main_sock), held_requests(lane_sock(runtime_dir))) == (
                     [1], [])
+                # Three moves, each counted once (npu_grant_moves_total).
+                assert value(scrape(npud), "npu_grant_moves_total", device="reference") == 3
                 app.send("done")
                 got: dict[str, Any] = app.wait(90)
             finally:
