@@ -110,7 +110,9 @@ class Model:
         #: Following its grant to the device's other host (nn/model_move.py); None until
         #: a host says the grant moved.
         self._follow: Follow | None = None
-        self._recipe: Recipe | None = None
+        #: How it was prepared (what it is prepared again with on the other host); set by
+        #: Device.prepare_here.
+        self.recipe: Recipe | None = None
 
     def __repr__(self) -> str:
         state = "released" if self.released else "prepared"
@@ -120,15 +122,6 @@ class Model:
                 f"{self.memory_bytes} bytes>")
 
     # --- following its grant (nn/model_move.py) -------------------------------------
-
-    @property
-    def recipe(self) -> Recipe | None:
-        """How it was prepared (what it is prepared again with on the other host)."""
-        return self._recipe
-
-    @recipe.setter
-    def recipe(self, recipe: Recipe) -> None:
-        self._recipe = recipe
 
     @property
     def lane(self) -> str:
@@ -146,13 +139,13 @@ class Model:
         ``start``: prepare the copy there on a thread now (else when asked)."""
         follow = self._follow
         if follow is None:
-            if lane is None or self._recipe is None or self.released:
+            if lane is None or self.recipe is None or self.released:
                 return
             from npumanager.nn.model_move import Follow
 
             with self._lock:
                 if self._follow is None:
-                    self._follow = Follow(self._recipe, self._copy_ready)
+                    self._follow = Follow(self.recipe, self._copy_ready)
                 follow = self._follow
         follow.noted(lane, self.device.lane_name, start=start)
 
@@ -174,8 +167,13 @@ class Model:
         ``moving``, a burst whose channel is about to close)."""
         follow = self._follow
         with self._lock:
-            return (follow is not None and follow.ready is not None and not self._inflight
-                    and all(b is moving for b in self._bursts) and not self.released)
+            return follow is not None and follow.ready is not None and self._idle(moving)
+
+    def _idle(self, moving: Burst | None) -> bool:
+        """Nothing of the model in flight or open on its host but ``moving`` (its lock
+        held)."""
+        return (not self._inflight and not self.released
+                and all(b is moving for b in self._bursts))
 
     def _swap(self, moving: Burst | None = None) -> bool:
         """Swap to the copy prepared on the host the grant moved to, if one is ready and
@@ -186,8 +184,7 @@ class Model:
         if follow is None or follow.ready is None:
             return False
         with self._lock:
-            if (self._inflight or self.released
-                    or any(b is not moving for b in self._bursts)):
+            if not self._idle(moving):
                 return False
             new = follow.take()
             if new is None:

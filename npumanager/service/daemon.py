@@ -435,7 +435,7 @@ class Daemon:
                     r["lane"] = lane
                 if key in moves:  # its grant followed its uid's class (service/grant_moves)
                     r["moves"] = moves[key]
-            out["grant_moves"] = getattr(self.drivers, "moves_total", 0)
+            out["grant_moves"] = sum(getattr(self.drivers, "device_moves", {}).values())
         return out
 
     # --- lifecycle ----------------------------------------------------------

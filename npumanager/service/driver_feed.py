@@ -36,10 +36,10 @@ class DriverFeed(GrantMoves):
         #: grant id -> the lane of the host it moved away from, which still knows it
         #: (its app's models there serve until it follows): its end goes there too.
         self.left_on: dict[str, str] = {}
-        #: grant id -> how many times it moved; and every move since npud started.
+        #: grant id -> how many times it moved (while live).
         self.grant_moves: dict[str, int] = {}
-        self.moves_total = 0
-        #: device -> its moves since npud started (npu_grant_moves_total).
+        #: device -> its moves since npud started (the dump's grant_moves is their sum;
+        #: npu_grant_moves_total).
         self.device_moves: dict[str, int] = {}
         self.thermal = ThermalStatus.NONE  # the machine's
         self.own_thermal: dict[str, ThermalStatus] = {}  # a driver's own (its devices')

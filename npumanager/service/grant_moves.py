@@ -47,7 +47,6 @@ class GrantMoves(HostLanes):
     grants: dict[str, tuple[int, int, str, str, int]]
     left_on: dict[str, str]
     grant_moves: dict[str, int]
-    moves_total: int
     device_moves: dict[str, int]
 
     if TYPE_CHECKING:
@@ -79,7 +78,6 @@ class GrantMoves(HostLanes):
         self.grants[grant_id] = (uid, rid, driver, new.lane, priority)
         self.left_on[grant_id] = lane
         self.grant_moves[grant_id] = self.grant_moves.get(grant_id, 0) + 1
-        self.moves_total += 1
         self.device_moves[driver] = self.device_moves.get(driver, 0) + 1
         # The new host first: the app the old host's answer sends there finds it.
         self._push(new, "hal.grant_issued",

@@ -119,7 +119,7 @@ def test_a_grant_moves_with_its_uids_class() -> None:
     assert [p for p in feed.pushed if p[1] != "hal.update_scheduling_configs"] == [
         ("ref", "hal.grant_issued", "g1"), ("ref.background", "hal.grant_moved", "g1")]
     assert feed.request_lanes() == {(1000, 1): "", (1000, 2): "background"}
-    assert feed.request_move_counts() == {(1000, 1): 1} and feed.moves_total == 1
+    assert feed.request_move_counts() == {(1000, 1): 1} and feed.device_moves == {"ref": 1}
     feed.grant_issued(1000, 3, "g3", "ref", int(ModelPriority.NORMAL))  # a new one: main
     assert feed.grant_lane("g3") == ""
     feed.pushed.clear()
