@@ -38,6 +38,11 @@ SCHED_FIFO for the burst's life (:mod:`npumanager.nn.realtime`: FOREGROUND apps 
 bounded by npud's watchdog); ``realtime_granted`` says whether it did, a refusal is
 logged once and the burst goes on without it. bench/README.md "Real-time app threads".
 
+A model whose grant moves to its device's other host (nn/model_move.py) takes its open
+bursts with it while they stream: each switches to a channel opened beside its own on
+the new host between two executions (:mod:`.burst_handover`). The burst object stays the
+same and open; its ``burst_id`` becomes the new host's.
+
 Inputs in the model's ``input_buffers()`` (memory registered once, NNAPI's
 ``ANeuralNetworksMemory``) are not copied: the request names them where they
 lie, so a stream that fills them in place (a camera frame) sends no tensor bytes
@@ -65,8 +70,8 @@ from npumanager.errors import (
     NpuError,
     error_from_wire,
 )
-from npumanager.fds import close_fds
 from npumanager.hal.sched_slice import check_slice_us, set_slice, set_this_thread
+from npumanager.nn.burst_channel import RING_WAIT, Channel, open_channel
 from npumanager.nn.burst_repeat import FixedLayout
 from npumanager.nn.burst_spin import Spin
 from npumanager.nn.realtime import RealtimeLink
@@ -86,13 +91,6 @@ _put_seq = struct.Struct("<Q").pack_into
 _put_stamps = struct.Struct("<QQ").pack_into
 #: The client's clock for the header's stamps (CLOCK_MONOTONIC, as the driver's).
 _now_ns = time.monotonic_ns
-#: How long one blocking wait for the driver's ring lasts (SO_RCVTIMEO) before the
-#: execution's timeout is looked at again.
-_RING_WAIT = 1.0
-#: The least gap between two executions for an open burst to re-open on the host its
-#: model's grant moved to between them (Burst.move_now): the re-open's close, release and
-#: open round trips took ~1-3 ms here; a 30 fps camera leaves ~30 ms.
-_MOVE_GAP_NS = 10_000_000
 
 
 class _Grow(Exception):
@@ -125,19 +123,22 @@ class Burst:
         self.closed = False
         self._lock = threading.Lock()
         self._seq = 0
+        #: The channel it serves through (nn/burst_channel.py), whose fields the
+        #: execution path reads from the attributes below (:meth:`_install`). A model
+        #: that follows its grant to the other host installs another one between two
+        #: executions (nn/burst_handover.py): ``burst_id`` then changes.
+        self._channel: Channel | None = None
         self._pool: tensorio.ClientPool | None = None
         self._sock: socket.socket | None = None
         self.burst_id = 0
-        self._ring_wait = _RING_WAIT
+        self._ring_wait = RING_WAIT
         self._req, self._resp, self._data_start = 0, 0, 0
         self._fixed: FixedLayout | None = None
         #: Numeric tensors up to this size travel inside the request (0 once a request
         #: outgrew the largest request area: then all go in the data area, which grows).
         self._inline = _INLINE
         self._timeout = float(getattr(model._rpc, "call_timeout", 300.0))
-        #: When the last execution ended and the gap before the latest (monotonic ns;
-        #: before the first, no stream to get in the way of: move_now may re-open).
-        self._done_ns, self._gap_ns = 0, _MOVE_GAP_NS
+        self._same_views: list[tuple[str, np.ndarray]] | None = None
         self._open(_MIN_AREA, _MIN_AREA, self._data_guess())
 
     def __repr__(self) -> str:
@@ -159,63 +160,41 @@ class Burst:
 
     def _open(self, req: int, resp: int, data: int) -> None:
         m = self.model
-        size = layout.data_start(req, resp) + tensorio.align(data)
-        pool = tensorio.ClientPool(size)
-        layout.write_client_flags(pool.buf, layout.FLAG_SAME)
-        try:
-            payload, fds = m.device.call(
-                m._rpc, "device.open_burst",
-                pb.OpenBurst(model_id=m.model_id, size=size, req_size=req, resp_size=resp),
-                fds=[pool.fd])
-        except BaseException:
-            pool.close()
-            raise
-        if len(fds) != 1:
-            close_fds(fds)
-            pool.close()
-            raise DeviceUnavailable("the driver sent no doorbell for the burst")
-        msg = pb.BurstOpened.FromString(payload)
-        if msg.moved:  # its grant moved to the other host: Model.burst follows it
-            m._note_moved(msg.moved_lane, start=False)
-        pool.pool_id = msg.pool_id
-        self.burst_id = msg.burst_id
-        self._pool = pool
-        self._sock = sock = socket.socket(fileno=fds[0])
-        sock.setblocking(True)
-        wait = self._ring_wait = min(_RING_WAIT, self._timeout)
-        sec = int(wait)
-        usec = max(int((wait - sec) * 1e6), 0 if sec else 1)  # (0 and 0: no timeout at all)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, usec))
-        self._req, self._resp = req, resp
-        self._data_start = layout.data_start(req, resp)
-        self._seq = 0
-        self._fixed = FixedLayout.of(m, pool, self._data_start, req)
-        self._same_views: list[tuple[str, np.ndarray]] | None = None
+        ch = open_channel(m.device, m._rpc, m.model_id, m, req, resp, data, self._timeout)
+        if ch.moved_lane is not None:  # its grant moved to the other host: Model.burst
+            m._note_moved(ch.moved_lane, start=False)  # follows it
+        self._install(ch)
 
-    def _close_channel(self) -> None:
+    def _install(self, ch: Channel) -> Channel | None:
+        """Serve through ``ch`` from the next execution on (its lock held, or the burst
+        not yet shared); the channel it served through until now."""
+        old = self._detach()
+        self._channel = ch
+        self._pool, self._sock, self.burst_id = ch.pool, ch.sock, ch.burst_id
+        self._ring_wait = ch.ring_wait
+        self._req, self._resp, self._data_start = ch.req, ch.resp, ch.data_start
+        self._seq = 0
+        self._fixed = ch.fixed
+        return old
+
+    def _detach(self) -> Channel | None:
+        """No channel from now on (its lock held); the one it had."""
         # (its views of the memory first: a mapping with views stays)
         self._fixed = self._same_views = None
-        pool, sock, self._pool, self._sock = self._pool, self._sock, None, None
-        m = self.model
-        if pool is not None and not m._rpc.closed:
-            try:
-                m.device.call(m._rpc, "device.close_burst", pb.BurstId(burst_id=self.burst_id))
-            except NpuError:
-                pass  # the driver or the connection is gone: the burst went with it
-        if sock is not None:
-            sock.close()
-        if pool is not None:
-            pool.close()
+        ch, self._channel, self._pool, self._sock = self._channel, None, None, None
+        return ch
+
+    def _close_channel(self) -> None:
+        ch = self._detach()
+        if ch is not None:
+            ch.close(self.model.device, self.model._rpc)
 
     def _drop(self) -> None:
         """The driver's end is gone: close ours (nothing to tell it)."""
         self.closed = True
-        self._fixed = self._same_views = None
-        pool, sock, self._pool, self._sock = self._pool, self._sock, None, None
-        if sock is not None:
-            sock.close()
-        if pool is not None:
-            pool.close()
+        ch = self._detach()
+        if ch is not None:
+            ch.drop()
 
     def _grow(self, g: _Grow) -> None:
         assert self._pool is not None
@@ -266,13 +245,11 @@ class Burst:
         called = _now_ns()
         spin = self.spin
         spin.called(called / 1e9)
-        self._gap_ns = called - self._done_ns  # (the stream's pace: move_now)
         try:
             return self._execute_once(inputs, job_priority, feature_id, original_uid, steps,
                                       feedback, group_id, copy_outputs, called)
         finally:
-            self._done_ns = done = _now_ns()
-            spin.done(done / 1e9)
+            spin.done(_now_ns() / 1e9)
 
     def _execute_once(self, inputs: Mapping[str, Any], job_priority: int,
                       feature_id: int | None, original_uid: int | None, steps: int,
@@ -495,14 +472,14 @@ class Burst:
             if status > layout.SAME:  # (the MOVED bits: the grant moved)
                 status = self._moved(status)
             return status, length
-        # Blocked in the ring's recv itself, the socket's receive timeout (_RING_WAIT)
+        # Blocked in the ring's recv itself, the socket's receive timeout (RING_WAIT)
         # bounding each: one system call per answer where a poll and a recv were two, and
         # no clock read but the spin's two (measured cold, 30 Hz: 54 vs 69 µs).
         waited = 0.0
         while True:
             try:
                 rung = sock.recv(16)
-            except BlockingIOError:  # a _RING_WAIT without a ring
+            except BlockingIOError:  # a RING_WAIT without a ring
                 waited += self._ring_wait
                 if waited >= self._timeout:
                     self._drop()
@@ -524,39 +501,10 @@ class Burst:
 
     def _moved(self, status: int) -> int:
         """An answer said the model's grant moved to the device's other host: the model
-        prepares there (nn/model_move.py), and this burst re-opens there between two
-        frames once that is ready, if its stream leaves the time (:meth:`move_now`)."""
+        prepares there and hands its open bursts over to it once that is ready
+        (nn/model_move.py, nn/burst_handover.py)."""
         self.model._note_moved(layout.moved_lane(status))
         return status & layout.STATUS_MASK
-
-    def move_now(self) -> bool:
-        """Re-open on the host the model's grant moved to, whose copy is ready, if this is
-        the model's one open burst and its stream leaves the time: its last gap between
-        two executions at least ``_MOVE_GAP_S`` (a paced stream, a camera's: the re-open,
-        a few round trips, fits before the next frame, which waits for it if not). A
-        back-to-back stream moves when it is next opened. Called by the copy's prepare
-        (off the stream's thread); True when it moved."""
-        if self._gap_ns < _MOVE_GAP_NS:
-            return False
-        with self._lock:
-            pool = self._pool
-            if self.closed or pool is None:
-                return False
-            m = self.model
-            if not m._may_swap(self):
-                return False
-            req, resp, data = self._req, self._resp, pool.size - self._data_start
-            self._close_channel()
-            moved = m._swap(self)
-            try:
-                self._open(req, resp, data)  # there, or here again if no swap happened
-            except NpuError:
-                try:
-                    self._open(req, resp, data)  # once more
-                except BaseException:
-                    self._drop()  # (its executions say it was closed)
-                    raise
-            return moved
 
     def _take_rings(self, sock: socket.socket, most: int = 1 << 30) -> bool:
         """Take up to ``most`` rings of the doorbell; True when the driver's end hung up."""

@@ -9,10 +9,9 @@ travel, and the driver writes large outputs back into the same pool.
 from __future__ import annotations
 
 import itertools
-import logging
 import mmap
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     from npumanager.nn.pipeline import Pipeline
     from npumanager.wire.client import SyncRpcClient
 
-log = logging.getLogger("npumanager.nn")
 
 _MIN_POOL = 1 << 20
 _exec_ids = itertools.count(1)
@@ -149,82 +147,86 @@ class Model:
                 follow = self._follow
         follow.noted(lane, self.device.lane_name, start=start)
 
-    def _copy_ready(self) -> None:
+    def _copy_ready(self) -> bool:
         """The copy on the host the grant moved to is ready (on the thread that prepared
-        it): the model's one open burst re-opens there if its stream leaves the time
-        (Burst.move_now); else the swap comes before the next execution or burst."""
-        with self._lock:
-            bursts = list(self._bursts)
-        if len(bursts) == 1:
-            try:
-                bursts[0].move_now()
-            except Exception as exc:  # (the burst still serves, from where it is)
-                log.warning("model %d: its burst could not move to the host its grant "
-                            "moved to (%s)", self.model_id, exc)
+        it, or that tries again): the model's open bursts are handed over to it
+        (nn/burst_handover.py); with none open, the swap comes before its next execution
+        or burst. False: try again later."""
+        from npumanager.nn.burst_handover import hand_over
 
-    def _may_swap(self, moving: Burst | None = None) -> bool:
-        """Whether a copy is ready and nothing of the model is in flight or open (but
-        ``moving``, a burst whose channel is about to close)."""
         follow = self._follow
-        with self._lock:
-            return follow is not None and follow.ready is not None and self._idle(moving)
+        new = follow.ready if follow is not None else None
+        return new is None or hand_over(self, new)
 
-    def _idle(self, moving: Burst | None) -> bool:
-        """Nothing of the model in flight or open on its host but ``moving`` (its lock
-        held)."""
-        return (not self._inflight and not self.released
-                and all(b is moving for b in self._bursts))
+    def _idle(self) -> bool:
+        """Nothing of the model in flight or open on its host (its lock held)."""
+        return not self._inflight and not self.released and not self._bursts
 
-    def _swap(self, moving: Burst | None = None) -> bool:
+    def _swap(self) -> bool:
         """Swap to the copy prepared on the host the grant moved to, if one is ready and
-        nothing of this model is in flight or open on the old host (but ``moving``, a
-        burst whose channel is closed); the old copy is released there. True when it
-        moved."""
+        nothing of this model is in flight or open on the old host; the old copy is
+        released there. True when it moved."""
         follow = self._follow
         if follow is None or follow.ready is None:
             return False
         with self._lock:
-            if not self._idle(moving):
+            if not self._idle():
                 return False
             new = follow.take()
             if new is None:
                 return False
             staging = self._staging
+            staging_id = 0
             if staging is not None:
                 try:  # the app's input_buffers stay valid: the new host maps the same memory
-                    payload, _ = new.device.call(new._rpc, "device.register_pool",
-                                                 pb.RegisterPool(size=staging.size),
-                                                 fds=[staging.fd])
+                    staging_id = new._register(staging)
                 except Exception:
                     new.release()
                     return False
-            old_dev, old_rpc, old_id = self.device, self._rpc, self.model_id
-            old_pools = self._all_pools
-            self.device, self._rpc, self.model_id = new.device, new._rpc, new.model_id
-            self.memory_bytes = new.memory_bytes
-            self.loaded_from_cache = new.loaded_from_cache
-            self.loaded_from_fleet = new.loaded_from_fleet
-            self._inline_limit = new._inline_limit
-            self._free_pools, self._all_pools = [], []
-            old_ids = {id(p): p.pool_id for p in old_pools}
-            if staging is not None:
-                staging.pool_id = pb.PoolId.FromString(payload).pool_id
-                self._all_pools.append(staging)
-            new.released = True  # (its model is this one's now)
-            follow.arrived()
-        try:
-            if not old_rpc.closed:
-                old_dev.call(old_rpc, "device.release", pb.Release(model_id=old_id))
-                for pool in old_pools:
-                    old_dev.call(old_rpc, "device.unregister_pool",
-                                 pb.PoolId(pool_id=old_ids[id(pool)]))
-        except Exception:
-            pass  # the old host is gone: it released everything with the connection
-        finally:
-            for pool in old_pools:
-                if pool is not staging:
-                    pool.close()
+            old = self._swap_to(new, staging_id)
+        old()
         return True
+
+    def _register(self, pool: tensorio.ClientPool) -> int:
+        """Register ``pool`` (the input buffers of the model it becomes) on its host: the id."""
+        payload, _ = self.device.call(self._rpc, "device.register_pool",
+                                      pb.RegisterPool(size=pool.size), fds=[pool.fd])
+        return int(pb.PoolId.FromString(payload).pool_id)
+
+    def _swap_to(self, new: Model, staging_id: int) -> Callable[[], None]:
+        """Become ``new`` (its lock held; nothing of it in flight, and its open bursts
+        switch channels with it): pointer work only. The calls to the old host are the
+        returned function's, called with no lock held: it releases the old copy and its
+        pools there. ``staging_id``: the input buffers' id on the new host."""
+        dev, rpc, model_id, staging = self.device, self._rpc, self.model_id, self._staging
+        pools = [(p, p.pool_id) for p in self._all_pools]
+        self.device, self._rpc, self.model_id = new.device, new._rpc, new.model_id
+        self.memory_bytes = new.memory_bytes
+        self.loaded_from_cache = new.loaded_from_cache
+        self.loaded_from_fleet = new.loaded_from_fleet
+        self._inline_limit = new._inline_limit
+        self._free_pools, self._all_pools = [], []
+        if staging is not None:
+            staging.pool_id = staging_id
+            self._all_pools.append(staging)
+        new.released = True  # (its model is this one's now)
+        if self._follow is not None:
+            self._follow.arrived()
+
+        def free_old() -> None:
+            try:
+                if not rpc.closed:
+                    dev.call(rpc, "device.release", pb.Release(model_id=model_id))
+                    for _, pool_id in pools:
+                        dev.call(rpc, "device.unregister_pool", pb.PoolId(pool_id=pool_id))
+            except Exception:
+                pass  # the old host is gone: it released everything with the connection
+            finally:
+                for pool, _ in pools:
+                    if pool is not staging:  # (the app's input buffers: still its own)
+                        pool.close()
+
+        return free_old
 
     # --- pools ----------------------------------------------------------------------
 
@@ -496,16 +498,11 @@ class Model:
         b = self._open_burst(Burst, spin_us, slice_us, realtime)
         follow = self._follow
         if (follow is not None and follow.target is not None
-                and follow.target != self.device.lane_name and not self._bursts):
+                and follow.target != self.device.lane_name and self._bursts == [b]):
             # Its grant moved (this open's answer, or an earlier one, said so): follow
-            # now, before the stream starts, and open there (nn/model_move.py).
+            # now, before the stream starts, the burst handed over to the copy there
+            # (nn/model_move.py, nn/burst_handover.py).
             follow.prepare_now(follow.target)
-            if follow.ready is not None:
-                b.close()
-                self._swap()
-                b = self._open_burst(Burst, spin_us, slice_us, realtime)
-        with self._lock:
-            self._bursts.append(b)
         return b
 
     def _open_burst(self, burst: type[Burst], spin_us: float | None, slice_us: int,
@@ -513,9 +510,12 @@ class Model:
         if self._follow is not None and self._follow.ready is not None:
             self._swap()
         with self._lock:
-            self._inflight += 1  # (no swap while it opens on this host)
+            self._inflight += 1  # (no swap or hand-over while it opens on this host)
         try:
-            return burst(self, spin_us=spin_us, slice_us=slice_us, realtime=realtime)
+            b = burst(self, spin_us=spin_us, slice_us=slice_us, realtime=realtime)
+            with self._lock:
+                self._bursts.append(b)  # (counted open before it stops counting in flight)
+            return b
         finally:
             with self._lock:
                 self._inflight -= 1

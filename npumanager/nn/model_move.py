@@ -4,23 +4,25 @@ service/grant_moves.py).
 A device with a background lane runs two host processes, and npud moves a live grant
 to the other one when its app's class changes (an app brought to the foreground, or
 sent to the back). The host the model was prepared on keeps serving it, and each of its
-answers says where the grant went (``ExecuteResult.moved``, ``BurstOpened.moved``).
+answers says where the grant went (``ExecuteResult.moved``, ``BurstOpened.moved``, a
+burst answer's MOVED status bits: tensorio/burst.py).
 The :class:`~npumanager.nn.model.Model` then:
 
 * prepares the model again on the new host, on a thread of its own (its answers keep
   coming from the old host meanwhile), as the app first prepared it: the same source,
   grant, preference, priority and cache (``cache_dir``/``token``: a cache hit once the
   new host compiled it once; each host keeps cache files of its own, nn/device.py);
-* swaps to it before its next execution (when none of its executions is in flight and
-  none of its bursts is open), and releases the old copy: the old host frees it and npud
-  counts the grant's memory once;
-* a burst's answers carry the notice too (MOVED bits in its status: tensorio/burst.py).
-  The model's one open burst re-opens on the new host between two frames once the copy
-  is ready, if its stream leaves the time (its last gap between executions at least
-  10 ms: a camera's; the re-open is a few round trips, and a frame that comes meanwhile
-  waits for it: ``Burst.move_now``); a back-to-back stream's burst, or one of several
-  open, keeps running on the old host and moves when the app next opens a burst
-  (``Model.burst`` follows first, then opens on the new host);
+* hands its open bursts over to it, while they stream (a paced camera's, a back-to-back
+  embedder's or LLM's, a pipeline's): each gets a standby channel on the new host, and
+  between two of its executions switches to it as the model swaps, pointer work only
+  (nn/burst_handover.py); the old host then frees the old copy and npud counts the
+  grant's memory once. Bursts opened or closed meanwhile, a plain execution in flight or
+  a standby refused (the new host's burst limits) leave the model served where it is:
+  the hand-over is tried again on a later answer's notice after a back-off (1 s doubling
+  to 60 s), one thread at a time;
+* with none of its bursts open, swaps to it before its next execution, or its next
+  burst's open (``Model.burst``: a first burst whose open said the grant moved waits for
+  the copy, prepared on its thread, and is handed over before its stream starts);
 * if the prepare there fails, the model stays where it is, still served, with a log
   line; it tries again after a back-off (1 s doubling to 60 s), never failing an
   execution.
@@ -63,22 +65,47 @@ class Recipe:
                                                  self.priority, self.cache_dir, self.token)
 
 
+class Backoff:
+    """Tries spaced after failures: 1 s, doubling to 60 s; a success starts over."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self.wait = _FIRST_BACKOFF_S
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def failed(self) -> float:
+        """A try failed: the next waits; how long."""
+        wait = self.wait
+        self.at, self.wait = time.monotonic() + wait, min(wait * 2, _MAX_BACKOFF_S)
+        return wait
+
+    def succeeded(self) -> None:
+        self.at, self.wait = 0.0, _FIRST_BACKOFF_S
+
+
 class Follow:
     """One model's following: what its answers said, the copy prepared on the other host,
-    and the back-off after a failed prepare. Its lock is never held across a call."""
+    and the back-off after a failed prepare or hand-over. Its lock is never held across a
+    call."""
 
-    def __init__(self, recipe: Recipe, on_ready: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, recipe: Recipe, on_ready: Callable[[], bool] = lambda: True) -> None:
         self.recipe = recipe
-        #: Called (on the preparing thread, no lock held) once a copy is ready.
+        #: Called (on the preparing thread, no lock held) once a copy is ready, and again
+        #: on a later notice while it is: hands the model's open bursts over to it
+        #: (nn/burst_handover.py). False or an exception: try again after the back-off.
         self._on_ready = on_ready
+        #: A hand-over's refusal was logged since the last move (logged once).
+        self._warned = False
+        #: The back-offs after a failed prepare, and after a failed hand-over.
+        self._prepares, self._handovers = Backoff(), Backoff()
         self._lock = threading.Lock()
         #: The lane the latest answer said the grant moved to (None: it did not).
         self.target: str | None = None
         #: A copy prepared on ``target``'s host, waiting for the swap.
         self.ready: Model | None = None
         self._running = False
-        self._retry_at = 0.0
-        self._backoff = _FIRST_BACKOFF_S
         self.closed = False
         #: Swaps done: how many times the model moved.
         self.moves = 0
@@ -94,23 +121,28 @@ class Follow:
                 stale, self.ready = self.ready, None  # it moved back: not needed
             elif self.ready is not None and self.ready.device.lane_name != lane:
                 stale, self.ready = self.ready, None
-            start = (start and self.target is not None and self.ready is None
-                     and not self._running and not self.closed
-                     and time.monotonic() >= self._retry_at)
+            # A prepare if no copy is ready, else a hand-over of the bursts open (the
+            # one after the prepare failed, or none was open then): one thread at a
+            # time, each after its back-off.
+            ready = self.ready is not None
+            start = (start and self.target is not None and not self._running
+                     and not self.closed
+                     and (self._handovers if ready else self._prepares).due())
             if start:
                 self._running = True
         if stale is not None:
             stale.release()
         if start:
             assert lane is not None
-            threading.Thread(target=self._prepare, args=(lane,), daemon=True,
+            run, args = (self._hand_over, ()) if ready else (self._prepare, (lane,))
+            threading.Thread(target=run, args=args, daemon=True,
                              name="npu-model-follow").start()
 
     def prepare_now(self, lane: str) -> None:
-        """The same, on this thread (Model.burst: before it opens)."""
+        """The same, on this thread (Model.burst: its stream's first burst open)."""
         with self._lock:
             if (self._running or self.ready is not None or self.closed
-                    or time.monotonic() < self._retry_at):
+                    or not self._prepares.due()):
                 return
             self._running = True
         self._prepare(lane)
@@ -121,27 +153,48 @@ class Follow:
         except Exception as exc:
             with self._lock:
                 self._running = False
-                self._retry_at = time.monotonic() + self._backoff
-                wait, self._backoff = self._backoff, min(self._backoff * 2, _MAX_BACKOFF_S)
+                wait = self._prepares.failed()
             log.warning("%s: could not prepare the model on the %s host its grant moved "
                         "to (%s); it keeps running where it is, next try in %g s",
                         self.recipe.home.name, lane or "main", exc, wait)
             return
         with self._lock:
-            self._running = False
-            self._backoff = _FIRST_BACKOFF_S
+            self._prepares.succeeded()
             keep = not self.closed and self.target == lane
             if keep:
                 self.ready = model
+            else:
+                self._running = False
         if not keep:
             model.release()  # released meanwhile, or the grant moved back
             return
-        self._on_ready()
+        self._hand_over()
 
-    def take(self) -> Model | None:
-        """The copy to swap to, if one is ready for where the grant is now."""
+    def _hand_over(self) -> None:
+        """The model's open bursts to the copy ready (``_running`` set: this thread's);
+        a failure backs off, and a refusal is logged once until one succeeds."""
+        try:
+            done, why = self._on_ready(), ""
+        except Exception as exc:
+            done, why = False, str(exc) or type(exc).__name__
         with self._lock:
-            model, self.ready = self.ready, None
+            self._running = False
+            wait = 0.0 if done else self._handovers.failed()
+            warn = bool(why) and not self._warned
+            self._warned = self._warned or warn
+        if warn:
+            log.warning("%s: the model's open bursts could not move to the host its grant "
+                        "moved to (%s); they keep running where they are, next try in %g "
+                        "s", self.recipe.home.name, why, wait)
+
+    def take(self, expect: Model | None = None) -> Model | None:
+        """The copy to swap to, if one is ready for where the grant is now (and is
+        ``expect``, if given)."""
+        with self._lock:
+            model = self.ready
+            if expect is not None and model is not expect:
+                return None
+            self.ready = None
             return model
 
     def arrived(self) -> None:
@@ -149,6 +202,8 @@ class Follow:
         with self._lock:
             self.target = None
             self.moves += 1
+            self._handovers.succeeded()
+            self._warned = False
 
     def close(self) -> None:
         """The model was released: a copy ready or on its way is released too."""

@@ -81,7 +81,7 @@ def test_a_failed_prepare_is_tried_again_after_a_back_off_only() -> None:
         follow.noted("background", "")
     settle(follow)
     assert recipe.calls == ["background"] and follow.ready is None
-    follow._retry_at = 0.0  # (the back-off over)
+    follow._prepares.at = 0.0  # (the back-off over)
     recipe.fail = False
     follow.noted("background", "")
     settle(follow)
@@ -99,3 +99,52 @@ def test_a_copy_finished_after_the_model_was_released_is_released() -> None:
     recipe.gate.set()
     settle(follow)
     assert follow.ready is None and [m.released for m in recipe.made] == [True]
+
+
+def test_a_failed_hand_over_is_tried_again_on_a_later_notice_after_a_back_off(
+        caplog: Any) -> None:
+    """The copy is ready but its hand-over fails (a standby refused: raises; the check
+    failed: False): later notices start no thread before the back-off, a refusal is
+    logged once, and one try after the back-off that moves starts over."""
+    recipe = FakeRecipe()
+    tries: list[int] = []
+    outcome: list[Any] = [RuntimeError("a connection may hold 8 bursts")]
+
+    def on_ready() -> bool:
+        tries.append(1)
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        if outcome[0]:
+            follow.arrived()
+        return bool(outcome[0])
+
+    follow = Follow(recipe, on_ready)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="npumanager.nn"):
+        follow.noted("", "background")
+        settle(follow)
+        assert (recipe.calls, len(tries)) == ([""], 1) and follow.ready is not None
+        for _ in range(50):  # every answer says so: nothing before the back-off
+            follow.noted("", "background")
+        settle(follow)
+        assert len(tries) == 1 and recipe.calls == [""]  # (and no second prepare)
+        assert follow._handovers.wait == 2.0  # 1 s, doubling
+        follow._handovers.at = 0.0  # (the back-off over) refused again: not logged again
+        follow.noted("", "background")
+        settle(follow)
+        outcome[0] = False  # the check failed (a burst opened meanwhile): quietly later
+        follow._handovers.at = 0.0
+        follow.noted("", "background")
+        settle(follow)
+        assert len(tries) == 3 and follow._handovers.wait == 8.0
+        refusals = [r for r in caplog.records if "could not move" in r.getMessage()]
+        assert len(refusals) == 1 and "8 bursts" in refusals[0].getMessage()
+        outcome[0] = True
+        follow._handovers.at = 0.0
+        follow.noted("", "background")
+        settle(follow)
+    assert len(tries) == 4 and follow.moves == 1 and follow._handovers.wait == 1.0
+    # A notice with start=False (a burst's open) starts no hand-over either.
+    follow._handovers.at = 0.0
+    follow.noted("", "background", start=False)
+    assert len(tries) == 4
+    follow.close()

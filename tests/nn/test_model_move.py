@@ -5,8 +5,8 @@ An app (another uid when the test runs as root, whose own importance is fixed; e
 uid, which npud takes as an admin of its own) loads while BACKGROUND: its NORMAL
 request's grant and model are the lane's. The admin raises it to FOREGROUND: the lane
 keeps serving (an open burst across the change too) and says the grant moved; the model
-is prepared on the main host, and the burst, paced as a camera's, re-opens there between
-two frames; the lane frees its copy. Demoted, with no burst open, it is swapped back
+is prepared on the main host, and the burst, paced as a camera's, is handed over there
+between two frames; the lane frees its copy. Demoted, with no burst open, it is swapped back
 before an execution, from the lane's own cache files; raised again, its next burst's open
 follows first. Every output is right and no execution fails."""
 
@@ -71,7 +71,7 @@ def moving_app(runtime_dir: str, cache_dir: str) -> dict[str, Any]:
             procs.announce("loaded")
             assert procs.receive(timeout=60) == "raised"
             # Raised: the burst open across the change keeps serving, paced as a camera's
-            # (20 ms between frames), and re-opens on the main host between two frames.
+            # (20 ms between frames), and is handed over to the main host between two frames.
             deadline = time.monotonic() + 60
             while model.lane != "" and time.monotonic() < deadline:
                 outs.append(_right(burst.execute({"x": X})["y"]))
@@ -159,8 +159,8 @@ def test_a_model_follows_its_apps_class_between_the_hosts(runtime_dir: Path,
                 app.kill()
             assert held_requests(main_sock) == [] and held_requests(lane_sock(runtime_dir)) == []
         assert (got["granted on"], got["prepared on"]) == ("background", "background"), got
-        # The open burst moved with the model, still open (a swap waits for every burst
-        # to close but the one that re-opens: Burst.move_now).
+        # The open burst moved with the model, still open (handed over to a channel on
+        # the new host: nn/burst_handover.py).
         assert got["burst moved to"] == ("", True) and got["moves"] == 1, got
         assert got["executions to move"] >= 1 and got["moves back"] == 2, got
         assert got["back from cache"] is True, got  # the lane's own cache files
