@@ -187,7 +187,7 @@ class Burst:
     def _close_channel(self) -> None:
         ch = self._detach()
         if ch is not None:
-            ch.close(self.model.device, self.model._rpc)
+            ch.close()
 
     def _drop(self) -> None:
         """The driver's end is gone: close ours (nothing to tell it)."""

@@ -34,12 +34,14 @@ RING_WAIT = 1.0
 class Channel:
     """One open burst channel: what :func:`open_channel` set up."""
 
-    __slots__ = ("burst_id", "data_start", "fixed", "moved_lane", "pool", "req", "resp",
-                 "ring_wait", "sock")
+    __slots__ = ("burst_id", "data_start", "device", "fixed", "moved_lane", "pool", "req",
+                 "resp", "ring_wait", "rpc", "sock")
 
-    def __init__(self, pool: tensorio.ClientPool, sock: socket.socket, burst_id: int,
-                 req: int, resp: int, fixed: FixedLayout | None, ring_wait: float,
-                 moved_lane: str | None) -> None:
+    def __init__(self, device: Device, rpc: SyncRpcClient, pool: tensorio.ClientPool,
+                 sock: socket.socket, burst_id: int, req: int, resp: int,
+                 fixed: FixedLayout | None, ring_wait: float, moved_lane: str | None) -> None:
+        #: The host it was opened on (its connection: the burst id is that host's).
+        self.device, self.rpc = device, rpc
         self.pool, self.sock, self.burst_id = pool, sock, burst_id
         self.req, self.resp = req, resp
         self.data_start = layout.data_start(req, resp)
@@ -52,11 +54,12 @@ class Channel:
         """(request area, response area, data area): what a channel like it opens with."""
         return self.req, self.resp, self.pool.size - self.data_start
 
-    def close(self, device: Device, rpc: SyncRpcClient) -> None:
-        """Tell the host (``rpc``, the connection it was opened on) and let go of it."""
-        if not rpc.closed:
+    def close(self) -> None:
+        """Tell the host it was opened on, and let go of it."""
+        if not self.rpc.closed:
             try:
-                device.call(rpc, "device.close_burst", pb.BurstId(burst_id=self.burst_id))
+                self.device.call(self.rpc, "device.close_burst",
+                                 pb.BurstId(burst_id=self.burst_id))
             except NpuError:
                 pass  # the driver or the connection is gone: the burst went with it
         self.drop()
@@ -97,7 +100,7 @@ def open_channel(device: Device, rpc: SyncRpcClient, model_id: int, model: Model
     usec = max(int((wait - sec) * 1e6), 0 if sec else 1)  # (0 and 0: no timeout at all)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, usec))
     fixed = FixedLayout.of(model, pool, layout.data_start(req, resp), req)
-    return Channel(pool, sock, msg.burst_id, req, resp, fixed, wait,
+    return Channel(device, rpc, pool, sock, msg.burst_id, req, resp, fixed, wait,
                    msg.moved_lane if msg.moved else None)
 
 

@@ -27,7 +27,6 @@ against the same per-connection and per-uid burst limits there.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -38,8 +37,6 @@ from npumanager.proto.v1 import driver_pb2 as pb
 if TYPE_CHECKING:
     from npumanager.nn.burst import Burst
     from npumanager.nn.model import Model
-
-log = logging.getLogger("npumanager.nn")
 
 #: How long the switch waits for one burst's execution in progress (its lock) before it
 #: gives up and tries again later (an execution held back that long is no stream's).
@@ -81,7 +78,7 @@ def hand_over(model: Model, new: Model) -> bool:
     finally:
         if switched is None:
             for _, sb in standbys:
-                sb.close(new.device, new._rpc)
+                sb.close()
             if staging_id:
                 try:
                     new.device.call(new._rpc, "device.unregister_pool",
@@ -126,7 +123,6 @@ def _switch(model: Model, new: Model, standbys: _Standbys, staging: object,
                            for b, sb in standbys)
                     or follow.take(new) is None):
                 return None
-            old_dev, old_rpc = model.device, model._rpc
             free_old = model._swap_to(new, staging_id)
             streams = [(b, sb) for b, sb in standbys if b._seq]  # (ran there: streaming)
             olds = [old for b, sb in standbys if (old := b._install(sb)) is not None]
@@ -137,7 +133,7 @@ def _switch(model: Model, new: Model, standbys: _Standbys, staging: object,
     def tell_old_host() -> None:
         _first_frames(streams)
         for ch in olds:
-            ch.close(old_dev, old_rpc)
+            ch.close()
         free_old()
 
     return tell_old_host

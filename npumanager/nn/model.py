@@ -159,8 +159,10 @@ class Model:
         return new is None or hand_over(self, new)
 
     def _idle(self) -> bool:
-        """Nothing of the model in flight or open on its host (its lock held)."""
-        return not self._inflight and not self.released and not self._bursts
+        """Nothing of the model in flight or open on its host (its lock held): a burst
+        whose host's end went (closed, not yet closed by the app) holds nothing there."""
+        return (not self._inflight and not self.released
+                and all(b.closed for b in self._bursts))
 
     def _swap(self) -> bool:
         """Swap to the copy prepared on the host the grant moved to, if one is ready and
