@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -278,3 +279,59 @@ def test_a_refused_standby_leaves_the_stream_served_until_it_moves(
     assert "could not move" in got["warnings"][0], got
     assert (got["moved after"], got["moves"], got["open"]) == (True, 1, True), got
     assert got["stream"]["failed"] == [] and got["stream"]["wrong"] == 0, got
+
+
+def dead_host_app(runtime_dir: str) -> dict[str, Any]:
+    """Raised with its hand-over refused (the connection to the main host full, as
+    above), its stream on the lane: the test kills the lane. What its burst and its next
+    plain execution got, the burst not closed by the app."""
+    got: dict[str, Any] = {}
+    with app_model(runtime_dir) as model:
+        burst = model.burst()
+        procs.announce("loaded")
+        assert procs.receive(timeout=60) == "raised"
+        assert model.recipe is not None
+        filler = model.device.home.prepare_here(add_model(), model.recipe.grant_id)
+        fill = [filler.burst() for _ in range(8)]
+        errors: list[str] = []
+
+        def stream() -> None:
+            while True:
+                try:
+                    burst.execute({"x": X})
+                except Exception as exc:
+                    errors.append(type(exc).__name__)
+                    return
+
+        th = threading.Thread(target=stream, daemon=True)
+        th.start()
+        until(lambda: model._follow is not None and model._follow.ready is not None)
+        time.sleep(0.3)  # (its hand-over refused)
+        procs.announce(("refused", model.lane))
+        assert procs.receive(timeout=60) == "killed"
+        th.join(30)
+        got["burst"] = (errors, burst.closed)
+        y = model.execute({"x": X})["y"]  # the copy on the main host, swapped to
+        got["after"] = (model.lane, model.moves, bool(np.array_equal(y, X + 1)))
+        for b in fill:
+            b.close()
+        filler.release()
+        burst.close()
+    return got
+
+
+def test_the_old_host_dying_before_the_switch_leaves_no_open_burst_without_a_channel(
+        runtime_dir: Path, state_dir: Path) -> None:
+    """The burst whose host died says so (its execution failed, it is closed: not open
+    with no channel), and it does not keep the model from moving: its next execution runs
+    on the new host."""
+    with lane_npud(runtime_dir, state_dir, dead_host_app) as (admin, app, uid, _, lane):
+        app.expect("loaded", 90)
+        admin.set_uid_importance(uid, Importance.FOREGROUND)
+        app.send("raised")
+        assert app.expect(lambda e: e[0] == "refused", 90) == ("refused", "background")
+        os.kill(stats(lane)["pid"], signal.SIGKILL)
+        app.send("killed")
+        got: dict[str, Any] = app.wait(90)
+    assert got["burst"] == (["DeviceUnavailable"], True), got
+    assert got["after"] == ("", 1, True), got
