@@ -127,7 +127,7 @@ def test_lying_ring_stamps_bound_only_the_attackers_own_polls(
         good.send("go")
         bad.expect("done", 240)
         good.expect("done", 240)
-        bursts = recent_bursts(rt)  # both still open
+        bursts = recent_bursts(rt, GARBAGE + SCRIBBLED)  # both still open
         bad.send("bye")
         good.send("bye")
         mine = bad.wait(120)

@@ -173,14 +173,22 @@ def victim(rt: str) -> dict[str, Any]:
     return got
 
 
-def recent_bursts(rt: str) -> list[dict[str, Any]]:
-    """device.stats's open bursts with their last requests' times, as root sees them."""
-    rpc = SyncRpcClient(str(driver_socket("reference", rt)), SERVICE)
-    try:
-        payload, _ = rpc.call("device.stats", b"recent")
-        return list(json.loads(payload)["bursts"])
-    finally:
-        rpc.close()
+def recent_bursts(rt: str, served: int = 0) -> list[dict[str, Any]]:
+    """device.stats's open bursts with their last requests' times, as root sees them;
+    read again (up to 10 s) until each has counted ``served`` requests: a burst's thread
+    counts a request after it answered it (off the answer's path), so a read right after
+    the app's last answer may come before that count."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        rpc = SyncRpcClient(str(driver_socket("reference", rt)), SERVICE)
+        try:
+            payload, _ = rpc.call("device.stats", b"recent")
+            bursts = list(json.loads(payload)["bursts"])
+        finally:
+            rpc.close()
+        if all(b["served"] >= served for b in bursts) or time.monotonic() > deadline:
+            return bursts
+        time.sleep(0.01)
 
 
 def test_garbage_stamps_misplace_only_the_attackers_window(
@@ -200,7 +208,7 @@ def test_garbage_stamps_misplace_only_the_attackers_window(
         good.send(("go", start))
         bad.expect("done", 240)
         good.expect("done", 240)
-        bursts = recent_bursts(rt)  # both still open
+        bursts = recent_bursts(rt, VICTIM_CALLS)  # both still open (each made as many)
         bad.send("bye")
         good.send("bye")
         mine = bad.wait(120)
