@@ -115,6 +115,7 @@ _ALSO: dict[tuple[str, str], tuple[type, ...]] = {
 #: String keys that take one of a few words (drivers/bg_threads.py BACKGROUND_SCHED and
 #: drivers/classes.py say what each does).
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("manager", "protect_foreground"): ("auto", "on", "off"),  # service/protection.py
     ("driver", "background_sched"): ("idle", "nice", "normal", "share"),
     ("driver", "background_compile"): ("process", "thread"),
     ("driver", "background_ends"): ("thread", "worker"),  # drivers/bg_ends.py
@@ -199,6 +200,8 @@ class FileCheck:
     problems: list[str]
     #: The sections they are in ("driver" for [[driver]] entries).
     sections: set[str]
+    #: The file's own tables as written (no defaults): which keys it sets.
+    user: dict[str, Any] = field(default_factory=dict)
 
 
 def file_problems(path: str | Path) -> FileCheck:
@@ -222,13 +225,18 @@ def file_problems(path: str | Path) -> FileCheck:
                                    for d in entries] if isinstance(entries, list) else []}
     found += range_problems(ranged, only=user)
     return FileCheck(merged, [f"config file {path}: {p}" for _, p in found],
-                     {section for section, _ in found})
+                     {section for section, _ in found}, user)
 
 
 @dataclass
 class Config:
     data: dict[str, Any] = field(default_factory=_defaults)
     source: str = "<defaults>"
+    #: What the file (and ``overrides``) set, as written, without the defaults: a key the
+    #: user set explicitly wins over what ``protect_foreground`` implies
+    #: (service/protection.py). None (a Config built from data): a key counts as set where
+    #: its value differs from the default.
+    user: dict[str, Any] | None = None
 
     def section(self, name: str) -> dict[str, Any]:
         value = self.data.get(name, {})
@@ -250,12 +258,14 @@ class Config:
     ) -> Config:
         data = _defaults()
         source = "<defaults>"
+        user: dict[str, Any] = {}
         if path is not None:
             check = file_problems(path)
             if check.problems or check.data is None:
                 raise InvalidArgument(check.problems[0])
-            data = check.data
+            data, user = check.data, check.user
             source = str(path)
         if overrides:
             data = _merge(data, overrides)
-        return cls(data=data, source=source)
+            user = _merge(user, overrides)
+        return cls(data=data, source=source, user=user)

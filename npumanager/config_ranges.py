@@ -283,6 +283,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("manager", "max_pools_per_connection"): at_least(0, _NO_BOUND),
     ("manager", "max_pool_bytes_per_uid"): at_least(0, _NO_BOUND),
     ("manager", "drivers"): _ANY,
+    ("manager", "protect_foreground"): _ANY,  # config.CHOICES
     ("manager", "app_rt_priority"): between(0, 10),
     ("manager", "app_rt_max_threads"): at_least(1),
     ("manager", "app_rt_max_cpu_ms"): above(0),

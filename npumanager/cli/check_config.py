@@ -13,9 +13,11 @@ Three stages, every problem of each reported (not only the first):
    [thermal] and [fleet], the driver user (as root), the runtime dir and the length of
    every socket path in it, and the metrics address (well formed, its port free now).
 
-A clean config prints a short summary of what differs from the defaults and exits 0, with
-notes for what npud would only warn about (the protection's SCHED_FIFO keys set where this
-process lacks CAP_SYS_NICE: service/rt_privilege.py).
+A clean config prints a short summary of what differs from the defaults and exits 0: the
+foreground protection in force (``protect_foreground``; for "auto", what it resolves to in
+the checking process: service/protection.py), and notes for what npud would only warn about
+(the protection's SCHED_FIFO keys set where this process lacks CAP_SYS_NICE:
+service/rt_privilege.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import socket
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from npumanager.config import Config, _defaults, file_problems
 from npumanager.drivers.base import ENTRY_POINT_GROUP
@@ -37,6 +39,9 @@ from npumanager.drivers.option_specs import option_problems
 from npumanager.errors import NpuError
 from npumanager.hal.host_config import HostConfig, device_entries
 from npumanager.paths import dir_problem, driver_socket, manager_socket
+
+if TYPE_CHECKING:
+    from npumanager.service.protection import Protection
 
 #: Built-in plugins whose backend is an optional extra: plugin -> (module, extra).
 PLUGIN_EXTRAS = {"openvino": ("openvino", "openvino"), "torch": ("torch", "torch"),
@@ -300,8 +305,13 @@ def changes(cfg: Config) -> list[str]:
     return out
 
 
-def summary(cfg: Config, rt: Path, no_drivers: bool) -> list[str]:
+def summary(cfg: Config, rt: Path, no_drivers: bool, protect: str | None = None
+            ) -> list[str]:
+    """``protect``: `npu serve --protect-foreground`'s mode, else the file's."""
+    from npumanager.service.protection import resolve
+
     use = not no_drivers and drivers_on(cfg)
+    effective, protection = resolve(cfg, protect, use)
     lines = [f"{cfg.source if cfg.source != '<defaults>' else 'the defaults'}: OK "
              f"(npud would serve {manager_socket(rt)})"]
     diff = changes(cfg)
@@ -310,9 +320,20 @@ def summary(cfg: Config, rt: Path, no_drivers: bool) -> list[str]:
     devices = [str(d["name"]) for d in device_entries(cfg)] if use else []
     lines.append(f"devices: {', '.join(devices)}" if devices else
                  "devices: none (a pure manager: grants are issued, no driver enforces them)")
+    lines.append(protection_line(protection))
     lines += [f"note: {n}" for n in notes(cfg)]
-    lines += [f"note: {n}" for n in fifo_notes(cfg, use)]
+    lines += [f"note: {n}" for n in protection.skipped]
+    lines += [f"note: {n}" for n in fifo_notes(effective, use)]
     return lines
+
+
+def protection_line(protection: Protection) -> str:
+    """The mode asked and, for "auto", what it resolves to in this (the checking) process:
+    npud resolves it again where it runs, with its own privileges."""
+    if protection.mode != "auto":
+        return protection.line()
+    return (f"foreground protection: auto; in this process: {'on' if protection.on else 'off'}"
+            f" ({protection.why})")
 
 
 def fifo_notes(cfg: Config, use_drivers: bool) -> list[str]:

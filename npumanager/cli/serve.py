@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from npumanager.cli.main import add_runtime_dir
+
+if TYPE_CHECKING:
+    from npumanager.service.protection import Protection
 
 
 def register(sub: Any) -> None:
@@ -31,6 +34,11 @@ def register(sub: Any) -> None:
                    help="root of private state: admin settings (DIR/npud) and the drivers' "
                    "cache maps (default: $NPU_STATE_DIR, /var/lib/npu as root; an npud on a "
                    "non-default runtime dir persists settings only when given one)")
+    p.add_argument("--protect-foreground", choices=("auto", "on", "off"), default=None,
+                   help="foreground protection (same as [manager] protect_foreground, which "
+                   "it overrides): on = the recommended FIFO threads and background lane as "
+                   "defaults, off = none, auto (the default) = on where npud can put threads "
+                   "at SCHED_FIFO and runs drivers")
     p.add_argument("--check-config", nargs="?", const="", default=None, metavar="PATH",
                    help="validate the config (PATH, else --config's file, else the "
                    "defaults) as serve would, without starting anything: print what differs "
@@ -58,9 +66,14 @@ def main(args: argparse.Namespace) -> int:
     use_drivers = not args.no_drivers and drivers_enabled(cfg)
     from npumanager.cli.check_config import socket_problems
     from npumanager.errors import InvalidArgument
+    from npumanager.service.protection import resolve
+
+    # Once, before anything reads the keys it implies (service/protection.py).
+    cfg, protection = resolve(cfg, args.protect_foreground, use_drivers)
 
     for problem in socket_problems(cfg, rt, use_drivers):  # bind would fail, later
         raise InvalidArgument(problem)
+    _log_protection(protection)
     observers: list[Any] = []
     listen = args.metrics if args.metrics is not None else \
         str(cfg.section("metrics").get("listen", "") or "")
@@ -88,9 +101,21 @@ def main(args: argparse.Namespace) -> int:
 
     state_dir = Path(args.state_dir) if args.state_dir else None
     rc = run(cfg, rt, use_drivers=use_drivers, ready=ready, observers=observers,
-             state_dir=state_dir)
+             state_dir=state_dir, protection=protection.line())
     sys.stdout.flush()
     return rc
+
+
+def _log_protection(protection: Protection) -> None:
+    """npud's start line for foreground protection: a warning where "auto" found npud
+    unable to give it (the cause and the fix), else info; one line per entry left out."""
+    import logging
+
+    log = logging.getLogger("npumanager.npud")
+    unable = protection.mode == "auto" and not protection.on and "Fix:" in protection.why
+    log.log(logging.WARNING if unable else logging.INFO, "%s", protection.line())
+    for line in protection.skipped:
+        log.info("%s", line)
 
 
 def check_config(args: argparse.Namespace) -> int:
@@ -107,7 +132,7 @@ def check_config(args: argparse.Namespace) -> int:
         print(f"npu serve --check-config: {len(problems)} problem"
               f"{'s' if len(problems) != 1 else ''} found", file=sys.stderr)
         return 1
-    print("\n".join(cc.summary(cfg, rt, args.no_drivers)))
+    print("\n".join(cc.summary(cfg, rt, args.no_drivers, args.protect_foreground)))
     return 0
 
 

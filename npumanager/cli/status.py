@@ -219,6 +219,9 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
                      f"unload deadline {fmt.duration(params.get('unload_deadline_s', 0))}, "
                      f"queue wait {fmt.duration(wait) if wait else 'unlimited'}, "
                      f"{params.get('max_requests_per_uid')} live requests per uid"))
+    if daemon.get("protection"):  # (service/protection.py: what npud's start resolved)
+        rows.append(("protect", str(daemon["protection"]).removeprefix(
+            "foreground protection: ")))
     settings = daemon.get("settings") or {}
     if settings.get("error"):
         rows.append(("settings", f"PROBLEM: {settings['error']}"))

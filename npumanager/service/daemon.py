@@ -135,6 +135,9 @@ class Daemon:
         #: Metrics, systemd notify, traces (service/observe.py); empty = no cost.
         self.observers: list[Any] = []
         self._runners = self._make_runners()
+        #: What foreground protection is in force (service/protection.py; `npu serve` sets
+        #: it, "" for an npud built without it).
+        self.protection = ""
         #: Admin settings kept across restarts (service/admin_settings.py).
         self.settings = SettingsKeeper(self, state_dir)
 
@@ -414,6 +417,8 @@ class Daemon:
             "components": self.extras.wired(),
             "settings": self.settings.info(),
         }
+        if self.protection:
+            out["daemon"]["protection"] = self.protection
         out["thermal"] = {**out.get("thermal", {}), **self.thermal_info()}
         out["realtime"] = self.realtime.watch.info()
         down = getattr(self.drivers, "down_reasons", None)

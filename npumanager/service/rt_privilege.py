@@ -1,7 +1,7 @@
 """Can this npud put the protection's threads at SCHED_FIFO? What `npu serve --check-config`
 and npud's start say when the config asks for it and the process cannot.
 
-The protection keys (README "Protecting a foreground stream (opt-in)"): ``[manager]
+The protection keys (README "Protecting a foreground stream"): ``[manager]
 app_rt_priority`` (an app's thread, granted through ``model.burst(realtime=True)``) and
 ``[[driver]] foreground_rt_priority`` (a driver host's burst thread; the background lane's
 own from ``[driver.background]``). npud sets both with ``sched_setscheduler`` on threads of

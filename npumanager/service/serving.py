@@ -27,9 +27,11 @@ log = logging.getLogger("npumanager.npud")
 
 async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
                 ready: Callable[[Daemon], None] | None = None,
-                observers: list[Any] | None = None, state_dir: Path | None = None) -> int:
+                observers: list[Any] | None = None, state_dir: Path | None = None,
+                protection: str = "") -> int:
     """Run npud until SIGTERM/SIGINT; ``ready`` is called once clients can connect.
-    ``observers`` (service/observe.py) are attached before npud starts."""
+    ``observers`` (service/observe.py) are attached before npud starts; ``protection``:
+    what foreground protection is in force (service/protection.py), for `npu status`."""
     import signal
 
     loop = asyncio.get_running_loop()
@@ -42,6 +44,7 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         ensure_state_dir(persist if persist is not None else default_state_dir())
     daemon = Daemon(cfg, runtime_dir, use_drivers=use_drivers, state_dir=persist,
                     driver_state_dir=state_dir)
+    daemon.protection = protection
     daemon.observers.extend(observers or [])
     observe(daemon.observers, "attach", daemon)
     stop = asyncio.Event()
@@ -84,7 +87,8 @@ async def serve(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
 
 def run(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         ready: Callable[[Daemon], None] | None = None,
-        observers: list[Any] | None = None, state_dir: Path | None = None) -> int:
+        observers: list[Any] | None = None, state_dir: Path | None = None,
+        protection: str = "") -> int:
     """The blocking entry of `npu serve`: uvloop when installed, else asyncio."""
     try:
         import uvloop
@@ -94,4 +98,5 @@ def run(cfg: Config, runtime_dir: Path, *, use_drivers: bool = True,
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(serve(cfg, runtime_dir, use_drivers=use_drivers, ready=ready,
-                                observers=observers, state_dir=state_dir))
+                                observers=observers, state_dir=state_dir,
+                                protection=protection))

@@ -74,7 +74,8 @@ def with_background_sched(config: Mapping[str, Any] | str | None,
 
 
 class DaemonProcess:
-    """A real npud in a subprocess. ``drivers=False`` passes ``--no-drivers``."""
+    """A real npud in a subprocess. ``drivers=False`` passes ``--no-drivers``;
+    ``protect_foreground`` (default "off") is passed as ``--protect-foreground``."""
 
     def __init__(
         self,
@@ -86,11 +87,17 @@ class DaemonProcess:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         die_with_parent: bool = False,
+        protect_foreground: str | None = "off",
     ) -> None:
         self.runtime_dir = Path(runtime_dir)
         #: SIGTERM npud when the thread that started it ends (a SIGKILLed demo): only for
         #: a caller that starts it from its main thread and never hands it on.
         self.die_with_parent = die_with_parent
+        #: `npu serve --protect-foreground`: "off" by default, so a test's npud runs the
+        #: keys it sets and nothing more (the suite runs as root with CAP_SYS_NICE, where
+        #: the product default, "auto", would start FIFO threads and a second host for
+        #: every test); None passes nothing (the config's, else the default).
+        self.protect_foreground = protect_foreground
         self.config = config
         self.drivers = drivers
         #: Generous: with drivers, npud is ready once its hosts are (each imports its
@@ -156,6 +163,8 @@ class DaemonProcess:
             args += ["--config", path]
         if not self.drivers:
             args.append("--no-drivers")
+        if self.protect_foreground is not None:
+            args += ["--protect-foreground", self.protect_foreground]
         args += self.extra_args
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONUNBUFFERED"] = "1"

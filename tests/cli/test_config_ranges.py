@@ -138,6 +138,7 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
 #: Keys with no range of their own: true/false, a word from config.CHOICES (the type
 #: check's), or a table its owner parses (cli/check_config.py runs those owners).
 FREE = {("manager", "enforce_admission"), ("manager", "drivers"),
+        ("manager", "protect_foreground"),
         ("driver", "background_sched"), ("driver", "background_compile"),
         ("driver", "background_cpus"), ("driver", "background_cgroup"), ("driver", "options"),
         ("driver", "background_ends"), ("driver", "background_load"),

@@ -127,9 +127,10 @@ def test_the_effective_capability_is_read_from_proc(tmp_path: Path) -> None:
     assert not has_cap(CAP_SYS_NICE, str(tmp_path / "missing"))
 
 
-def check_config(cfg: Path, runtime_dir: Path, prefix: list[str]
+def check_config(cfg: Path, runtime_dir: Path, prefix: list[str], *extra: str
                  ) -> subprocess.CompletedProcess[str]:
-    argv = [NPU, "serve", "--check-config", str(cfg), "--runtime-dir", str(runtime_dir / "rt")]
+    argv = [NPU, "serve", "--check-config", str(cfg), "--runtime-dir", str(runtime_dir / "rt"),
+            *extra]
     if prefix[:1] == ["capsh"]:  # (capsh runs bash: the command goes in as -c)
         argv = [*prefix, "-c", "exec " + " ".join(argv)]
     else:

@@ -1,0 +1,183 @@
+"""Foreground protection by default: ``[manager] protect_foreground`` ("auto", "on", "off";
+`npu serve --protect-foreground` wins over the file) turned into the config npud runs.
+
+"on" makes the recommended set (README "Protecting a foreground stream"; bench row
+``rt+app+bg-host+here-normal+step-nice``) the DEFAULT of the keys it names: a key the file
+sets always wins, so ``background_host = false`` or ``app_rt_priority = 0`` turns that part
+off. "off" implies nothing (npud's behaviour before the key). "auto" is "on" where this
+npud can serve the set's SCHED_FIFO keys and runs drivers, else "off": all or nothing on
+FIFO, because the camera needs both FIFO threads (its app's and its host's burst thread).
+Without them its p99 was 1.9-2.9 ms, as with the defaults (bench/README.md, "The
+recommended config part by part"), while the second host still costs its memory.
+
+:func:`effective` is pure (a Config, the mode, whether FIFO is possible); :func:`resolve`
+reads what it needs (the privilege, given by the caller) and says why. npud applies it once
+at start, before anything reads the keys (cli/serve.py), so a restarted npud with the same
+file and privileges runs the same config and adopts the same hosts (lane included).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager.config import Config, _defaults
+from npumanager.hal.host_config import host_devices
+from npumanager.service.rt_privilege import DROP_IN, Privilege, fifo_problems
+
+MODES = ("auto", "on", "off")
+#: What "on" implies in [manager].
+MANAGER_KEYS: dict[str, Any] = {"app_rt_priority": 2}
+#: ... in each [[driver]] entry of a plugin in PLUGINS.
+ENTRY_KEYS: dict[str, Any] = {"foreground_rt_priority": 1, "switch_interval_us": 500,
+                              "background_host": True}
+#: ... in such an entry's [driver.background] (its lane's own keys: tuned for throughput).
+LANE_KEYS: dict[str, Any] = {"background_burst_here": "normal", "background_step_nice": 19}
+#: The plugins the set applies to: the set was measured for the CPU-backed reference driver
+#: only (bench/contention.py); a real NPU's driver has other costs (its burst thread does
+#: not run the model on the CPU, a second host holds a second device context), so its
+#: entries are left as they are.
+PLUGINS = ("reference",)
+
+
+@dataclass(frozen=True)
+class Protection:
+    """What is in force and why."""
+
+    #: As asked: "auto", "on" or "off".
+    mode: str
+    #: The set applied (the mode, or what "auto" resolved to).
+    on: bool
+    #: For "auto": why it resolved as it did, with the fix where it is off.
+    why: str = ""
+    #: Entries left as they are, each with why (one log line each).
+    skipped: tuple[str, ...] = field(default=())
+
+    def line(self) -> str:
+        """npud's start line: ``foreground protection: on (auto: ...)``."""
+        state = "on" if self.on else "off"
+        if self.mode == "auto":
+            return f"foreground protection: {state} (auto: {self.why})"
+        return f"foreground protection: {state} (protect_foreground = \"{self.mode}\")"
+
+
+def _user_set(cfg: Config) -> tuple[set[str], list[tuple[set[str], set[str]]]]:
+    """The [manager] keys the user set, and per raw [[driver]] entry (cfg.data["driver"]) the
+    keys it set and the keys its [driver.background] set. Without ``cfg.user`` (a Config
+    built from data) a key counts as set where it differs from its default."""
+    base = _defaults()
+    entries = [d for d in cfg.data.get("driver", []) if isinstance(d, dict)]
+    if cfg.user is not None:
+        manager = set((cfg.user.get("manager") or {}).keys())
+        raw = cfg.user.get("driver")
+        listed = raw if isinstance(raw, list) else []
+        per = []
+        for i in range(len(entries)):
+            own = listed[i] if i < len(listed) and isinstance(listed[i], dict) else {}
+            lane = own.get("background")
+            per.append((set(own), set(lane) if isinstance(lane, dict) else set()))
+        return manager, per
+    defaults, template = base["manager"], base["driver"][0]
+    manager = {k for k, v in cfg.section("manager").items() if defaults.get(k) != v}
+    per = []
+    for d in entries:
+        lane = d.get("background")
+        per.append(({k for k, v in d.items() if template.get(k) != v},
+                    set(lane) if isinstance(lane, dict) else set()))
+    return manager, per
+
+
+def expand(cfg: Config) -> tuple[Config, tuple[str, ...]]:
+    """``cfg`` with the set as the default of the keys it names ("on"), and the entries it
+    left as they are, each with why."""
+    manager_set, per = _user_set(cfg)
+    data = copy.deepcopy(cfg.data)
+    manager = data.setdefault("manager", {})
+    for key, value in MANAGER_KEYS.items():
+        if key not in manager_set:
+            manager[key] = value
+    skipped: list[str] = []
+    raw = [d for d in data.get("driver", []) if isinstance(d, dict)]
+    for entry, merged, (own, lane_own) in zip(raw, cfg.drivers(), per, strict=True):
+        name = merged.get("name")
+        if merged.get("plugin") not in PLUGINS:
+            continue  # (measured for the reference driver only: PLUGINS)
+        devices = host_devices(merged)
+        if devices and "background_host" not in own:
+            # hal/host_config.device_entries refuses a lane for an entry serving several
+            # devices (one socket pair per host process).
+            skipped.append(f"[[driver]] {name!r} serves {len(devices)} devices "
+                           "(options.devices): a background lane is for an entry serving "
+                           "one device, so foreground protection leaves it as it is")
+            continue
+        for key, value in ENTRY_KEYS.items():
+            if key not in own:
+                entry[key] = value
+        if entry.get("background_host", merged.get("background_host")):
+            lane = entry.get("background")
+            lane = dict(lane) if isinstance(lane, dict) else {}
+            for key, value in LANE_KEYS.items():
+                if key not in lane_own:
+                    lane[key] = value
+            entry["background"] = lane
+    return Config(data, cfg.source, cfg.user), tuple(skipped)
+
+
+def effective(cfg: Config, mode: str, fifo_ok: bool) -> tuple[Config, Protection]:
+    """The config npud runs for ``mode`` ("auto", "on", "off") where this npud can (or
+    cannot: ``fifo_ok``) serve the set's SCHED_FIFO keys with drivers. Pure."""
+    if mode not in MODES:
+        raise ValueError(f"protect_foreground must be one of {', '.join(map(repr, MODES))}, "
+                         f"not {mode!r}")
+    on = mode == "on" or (mode == "auto" and fifo_ok)
+    if not on:
+        return cfg, Protection(mode, False)
+    out, skipped = expand(cfg)
+    return out, Protection(mode, True, skipped=skipped)
+
+
+def mode_of(cfg: Config, flag: str | None = None) -> str:
+    """The mode asked: `npu serve --protect-foreground` when given, else the file's."""
+    return flag if flag else str(cfg.section("manager").get("protect_foreground", "auto"))
+
+
+def off_cause(priv: Privilege) -> str:
+    """Why this process cannot put another process's thread at SCHED_FIFO, for the line
+    that says auto resolved to off (service/rt_privilege.py names the same causes)."""
+    if not priv.cap_sys_nice:
+        return "npud lacks CAP_SYS_NICE"
+    if priv.refused:
+        return ("the kernel refuses SCHED_FIFO to npud although it has CAP_SYS_NICE "
+                f"({priv.refused}: a seccomp filter such as systemd's RestrictRealtime=yes, "
+                "or its cgroup's real-time budget)")
+    return f"npud's RLIMIT_RTPRIO ({priv.rtprio}) is below the set's priorities"
+
+
+#: The fix the auto-off line names.
+FIX = (f"install {DROP_IN} under systemd (CAP_SYS_NICE, RestrictRealtime=no), or set "
+       "[manager] protect_foreground = \"on\" for the background lane and its keys alone")
+
+
+def resolve(cfg: Config, flag: str | None, use_drivers: bool,
+            priv: Privilege | None = None) -> tuple[Config, Protection]:
+    """:func:`effective` for the mode asked, deciding "auto" as npud's start would: the
+    same check ``fifo_problems`` makes, on the config "on" would give (``priv``: this
+    process's, read and probed only for "auto" with drivers)."""
+    mode = mode_of(cfg, flag)
+    if mode != "auto":
+        return effective(cfg, mode, False)
+    if not use_drivers:
+        return cfg, Protection(mode, False, "npud runs no drivers")
+    priv = Privilege.of_this_process() if priv is None else priv
+    on_cfg, _ = expand(cfg)
+    problems = fifo_problems(on_cfg, priv, use_drivers)
+    out, p = effective(cfg, mode, not problems)
+    if problems:
+        return out, Protection(mode, False, f"{off_cause(priv)}. Fix: {FIX}")
+    return out, Protection(mode, True, "npud can put threads at SCHED_FIFO",
+                           skipped=p.skipped)
+
+
+__all__ = ["ENTRY_KEYS", "LANE_KEYS", "MANAGER_KEYS", "MODES", "PLUGINS", "Protection",
+           "effective", "expand", "mode_of", "off_cause", "resolve"]
