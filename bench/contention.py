@@ -53,12 +53,20 @@ from npumanager.demo.contention import (
 )
 from npumanager.demo.contention_split import SplitRun, format_split
 
-#: Managed driver configurations: name -> [[driver]] keys. "managed" is npud's default.
+#: Managed driver configurations: name -> [[driver]] keys. "managed" is npud's default with
+#: foreground protection off. Every row runs npud with `--protect-foreground off` (the keys
+#: it sets and nothing more) unless it sets "protect_foreground" (None: npud's own default).
 VARIANTS: dict[str, dict[str, Any]] = {
-    # npud's defaults: 3 channels, 1 of them kept for foreground work, background threads
-    # at SCHED_IDLE, background compiles in a child process, a 1 ms quiet window around
-    # the camera's frames; camera, voice and the embedder execute through bursts.
+    # npud's defaults with protect_foreground = "off": 3 channels, 1 of them kept for
+    # foreground work, background threads at SCHED_IDLE, background compiles in a child
+    # process, a 1 ms quiet window around the camera's frames; camera, voice and the
+    # embedder execute through bursts.
     "managed": {},
+    # npud's product default: no protection key set, protect_foreground left to "auto"
+    # (service/protection.py), which as root with CAP_SYS_NICE gives the recommended set
+    # (rt+app+bg-host+here-normal+step-nice). The camera asks for its thread
+    # (model.burst(realtime=True)); npud's app_rt_priority comes from "auto".
+    "default-auto": {"protect_foreground": None, "camera_realtime": 2},
     # The defaults before this table (2 channels, both open to background work, nice 10).
     "old-defaults": {"channels": 2, "reserved_channels": 0, "background_sched": "nice"},
     # The reserved channel taken from two channels (background keeps one), not kept at
@@ -411,7 +419,8 @@ VARIANTS.update(second_host.ROWS)
 SECOND_HOST = "reference-bg"
 
 #: Runs held against unmanaged besides "managed" (the same apps, devices or hosts chosen).
-OWN_HOST = [n for n, k in VARIANTS.items() if k.get("own_host") or k.get("background_host")]
+OWN_HOST = [n for n, k in VARIANTS.items() if k.get("own_host") or k.get("background_host")
+            or k.get("protect_foreground", "off") != "off"]
 
 #: Unmanaged runs: each app's own ONNX Runtime, default settings; "unmanaged-1q" on the
 #: one-queue device model (each session.run holds the token). With ORT's default pool the
@@ -526,6 +535,7 @@ def main() -> int:
         spin = float(knobs.pop("camera_spin_us", 0))
         cam_slice = int(knobs.pop("camera_slice_us", 0))
         cam_rt = int(knobs.pop("camera_realtime", 0))
+        protect = knobs.pop("protect_foreground", "off")
         camera = {**({"spin_us": spin} if spin else {}),
                   **({"slice_us": cam_slice} if cam_slice else {}),
                   **({"realtime": cam_rt} if cam_rt else {})}
@@ -534,14 +544,15 @@ def main() -> int:
                      **({"embedder": embedder} if embedder else {})}
         devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
         cfg = npud_config(knobs) if managed else None
-        if cfg is not None and cam_rt:
-            cfg["manager"]["app_rt_priority"] = cam_rt
+        if cfg is not None and cam_rt and protect == "off":
+            cfg["manager"]["app_rt_priority"] = cam_rt  # (else: what protection implies)
         kind = SplitRun if args.frame_split else ContentionRun
         run = kind(name, managed, timing, models, cfg, bursts=bursts,
                    batch_bursts=batch_bursts, embedder_inflight=inflight,
                    device_probe=args.device_time,
                    app_knobs=app_knobs or None,
                    device_queue=device_queue, ort_config=ort_config, devices=devices,
+                   protect_foreground=protect,
                    log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
                                        file=sys.stderr, flush=True))
         results.append(run.run())

@@ -159,7 +159,7 @@ LANE: dict[str, dict[str, Any]] = {
         "embedder_spin_us": "auto"},
 }
 
-#: The recommended config (README "Protecting a foreground stream (opt-in)") with one part
+#: The recommended config (README "Protecting a foreground stream") with one part
 #: left out at a time, for #15's ablation rows: without the camera app's FIFO thread
 #: (``rt+bg-host+...``), without the host's FIFO burst thread and its switch interval
 #: (``app+bg-host+...``), without either (``bg-host+...``: what a machine where npud lacks

@@ -159,8 +159,12 @@ class ContentionRun:
                  app_knobs: dict[str, dict[str, Any]] | None = None,
                  device_queue: bool = False,
                  ort_config: dict[str, str] | None = None,
-                 devices: dict[str, str] | None = None) -> None:
+                 devices: dict[str, str] | None = None,
+                 protect_foreground: str | None = "off") -> None:
         self.name = name
+        #: npud's `--protect-foreground` (service/protection.py): "off" by default, so a
+        #: row runs the keys it sets and nothing more; None: the product default ("auto").
+        self.protect_foreground = protect_foreground
         #: Managed, app -> the device (``[[driver]]`` name) it uses instead of the first:
         #: apps put on a driver host of their own (bench rows loader-own-host, bg-own-host).
         self.devices = (devices or {}) if managed else {}
@@ -287,7 +291,8 @@ class ContentionRun:
         state = tempfile.mkdtemp(prefix="npu-contention-state-")
         self.tmp.append(state)
         daemon = DaemonProcess(self.rt, self.config, drivers=True,
-                               env={**os.environ, "NPU_STATE_DIR": state})
+                               env={**os.environ, "NPU_STATE_DIR": state},
+                               protect_foreground=self.protect_foreground)
         daemon.start()
         self.daemon_pid = daemon.pid
         try:

@@ -28,6 +28,7 @@ import bisect
 import contextlib
 import json
 import math
+import os
 import threading
 import time
 from typing import Any
@@ -165,9 +166,12 @@ class SplitRun(ContentionRun):
             # (the host that serves the split app: a second one for own-host rows, the
             # device's background lane for a BACKGROUND app where it has one)
             sock = contention_probe.driver_socket(self.rt, device=self.devices.get(self.split_app))
-            if (self.apps[self.split_app].priority >= ModelPriority.BACKGROUND
-                    and self.config["driver"][0].get("background_host")):
-                sock = str(lane_socket(sock, BACKGROUND_LANE))
+            # (the lane's socket, not the config's key: protect_foreground = "auto" may
+            # start the lane with no key set)
+            lane = lane_socket(sock, BACKGROUND_LANE)
+            if self.apps[self.split_app].priority >= ModelPriority.BACKGROUND \
+                    and os.path.exists(lane):
+                sock = str(lane)
             rpc = SyncRpcClient(sock, SERVICE,
                                 client_name=f"contention split ({self.split_app})")
             try:

@@ -266,8 +266,14 @@ class Scenario:
         }
         t0 = time.perf_counter()
         # die_with_parent: a SIGKILLed demo (its apps die with it) leaves no npud behind.
+        # Foreground protection off ("auto" is npud's default): the scenes show one channel
+        # shared, and with "auto" as root the LLM's decode runs in the background lane, so
+        # it is never paused for a camera frame (`npu demo` as root with auto, cpu-exclusive:
+        # 24.8 s, exit 1, "did not happen: llm decode PAUSED for camera frames"; off: 24.7 s,
+        # exit 0). bench/contention.py's default-auto row measures the default instead.
         self.npud = DaemonProcess(self.rt, config, drivers=True, die_with_parent=True,
-                                  env={**os.environ, "NPU_STATE_DIR": state})
+                                  env={**os.environ, "NPU_STATE_DIR": state},
+                                  protect_foreground="off")
         self.npud.start()
         self.out.event("npud", f"ready in {fmt_ms((time.perf_counter() - t0) * 1000)}: "
                        f"{self.npud.ready_line}")

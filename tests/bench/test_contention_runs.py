@@ -183,3 +183,31 @@ def test_the_recommended_configs_ablation_rows_each_leave_out_one_part() -> None
         assert entry["background"] == {"background_burst_here": "normal",
                                        "background_step_nice": 19}
         assert ("foreground_rt_priority" in entry) == ("foreground_rt_priority" not in gone)
+
+
+def test_the_default_auto_row_sets_nothing_and_gets_the_recommended_set() -> None:
+    """default-auto (auto27): npud's product default, no protection key set, the camera
+    asking for its thread; held against unmanaged (and unmanaged-rt). Where "auto" resolves
+    to on, npud runs what the recommended row sets by hand; every other row runs
+    `--protect-foreground off`."""
+    from npumanager.config import Config
+    from npumanager.hal.host_config import HostConfig
+    from npumanager.service.protection import expand
+
+    assert contention.VARIANTS["default-auto"] == {"protect_foreground": None,
+                                                   "camera_realtime": 2}
+    assert not [n for n, k in contention.VARIANTS.items()
+                if n != "default-auto" and "protect_foreground" in k]
+    names = ["unmanaged", "managed", "default-auto", "unmanaged-rt"]
+    assert contention.pairs(names) == [("unmanaged", "managed"), ("unmanaged", "default-auto"),
+                                       ("unmanaged-rt", "default-auto")]
+    auto, _ = expand(Config.load(overrides=contention.npud_config({})))
+    knobs = dict(contention.VARIANTS[contention.second_host.RECOMMENDED])
+    rt = knobs.pop("camera_realtime")
+    by_hand = contention.npud_config(knobs)
+    by_hand["manager"]["app_rt_priority"] = rt
+    recommended = Config.load(overrides=by_hand)
+    assert auto.section("manager")["app_rt_priority"] == rt
+    for lane in ("", "background"):
+        assert HostConfig.from_config(auto, "reference", lane) == \
+            HostConfig.from_config(recommended, "reference", lane), lane
