@@ -243,7 +243,9 @@ def check(path: str | None, rt: Path, *, no_drivers: bool = False,
         result = file_problems(path)
         if result.data is None:
             return None, result.problems
-        cfg, found, bad = Config(result.data, str(path)), list(result.problems), result.sections
+        # (with the file's own tables: the keys it sets win over protect_foreground's)
+        cfg = Config(result.data, str(path), result.user)
+        found, bad = list(result.problems), result.sections
     use_drivers = not no_drivers and drivers_on(cfg)
     later = [*owner_problems(cfg, lambda s: s not in bad)]
     if "driver" not in bad:

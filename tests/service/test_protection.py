@@ -189,3 +189,18 @@ def test_a_wrong_value_is_refused_naming_the_key_and_the_words(
     assert str(err.value) == f"config file {path}: {want}"
     with pytest.raises(ValueError, match="protect_foreground must be one of"):
         effective(Config.load(None), "maybe", True)
+
+
+def test_check_config_resolves_with_the_files_own_keys(tmp_path: Path) -> None:
+    """`npu serve --check-config` checks the config npud would run: a key the file sets to
+    its default's value (app_rt_priority = 0) still wins over "on"."""
+    from npumanager.cli import check_config as cc
+
+    path = tmp_path / "npud.toml"
+    path.write_text("[manager]\napp_rt_priority = 0\n")
+    cfg, problems = cc.check(str(path), tmp_path / "rt")
+    assert cfg is not None and problems == []
+    assert cfg.user == {"manager": {"app_rt_priority": 0}}
+    out, _ = resolve(cfg, "on", use_drivers=True, priv=ROOT_NO_NICE)
+    assert out.section("manager")["app_rt_priority"] == 0
+    assert "protection: on" in "\n".join(cc.summary(cfg, tmp_path / "rt", False, "on"))
