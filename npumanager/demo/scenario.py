@@ -279,7 +279,9 @@ class Scenario:
                        f"{self.npud.ready_line}")
         self.out.note(f"policy BUDGET (budget 4; weights <1GB=1, 1-2GB=2, >2GB=4), unload "
                       f"deadline {self.pace.unload_deadline_s:g} s, 1 execution channel, "
-                      "background work at normal CPU priority")
+                      "background work at normal CPU priority, foreground protection off "
+                      "(one shared queue, as on a small NPU; `npu demo --compare` runs "
+                      "npud's default)")
 
     def show_devices(self) -> None:
         from npumanager import nn
