@@ -200,7 +200,10 @@ def test_a_uid_that_stops_being_foreground_loses_its_thread(npud: str) -> None:
     assert child.wait(15) is True
 
 
-def test_off_by_default(start_npud: StartDaemon, runtime_dir: Path) -> None:
+def test_off_without_app_rt_priority(start_npud: StartDaemon, runtime_dir: Path) -> None:
+    """No app_rt_priority and protection off (DaemonProcess passes --protect-foreground
+    off; with "auto" as root npud would imply app_rt_priority = 2): a FOREGROUND uid's
+    request is refused."""
     start_npud()
     with NpuManager(runtime_dir) as admin:
         admin.set_uid_importance(ATTACKER, Importance.FOREGROUND)
