@@ -112,8 +112,7 @@ def _log_protection(protection: Protection) -> None:
     import logging
 
     log = logging.getLogger("npumanager.npud")
-    unable = protection.mode == "auto" and not protection.on and "Fix:" in protection.why
-    log.log(logging.WARNING if unable else logging.INFO, "%s", protection.line())
+    log.log(logging.WARNING if protection.unable else logging.INFO, "%s", protection.line())
     for line in protection.skipped:
         log.info("%s", line)
 

@@ -53,6 +53,8 @@ class Protection:
     why: str = ""
     #: Entries left as they are, each with why (one log line each).
     skipped: tuple[str, ...] = field(default=())
+    #: "auto" found npud unable to serve the FIFO keys (npud's start warns, with the fix).
+    unable: bool = False
 
     def line(self) -> str:
         """npud's start line: ``foreground protection: on (auto: ...)``."""
@@ -170,13 +172,11 @@ def resolve(cfg: Config, flag: str | None, use_drivers: bool,
     if not use_drivers:
         return cfg, Protection(mode, False, "npud runs no drivers")
     priv = Privilege.of_this_process() if priv is None else priv
-    on_cfg, _ = expand(cfg)
-    problems = fifo_problems(on_cfg, priv, use_drivers)
-    out, p = effective(cfg, mode, not problems)
-    if problems:
-        return out, Protection(mode, False, f"{off_cause(priv)}. Fix: {FIX}")
-    return out, Protection(mode, True, "npud can put threads at SCHED_FIFO",
-                           skipped=p.skipped)
+    on_cfg, skipped = expand(cfg)
+    if fifo_problems(on_cfg, priv, use_drivers):
+        return cfg, Protection(mode, False, f"{off_cause(priv)}. Fix: {FIX}", unable=True)
+    return on_cfg, Protection(mode, True, "npud can put threads at SCHED_FIFO",
+                              skipped=skipped)
 
 
 __all__ = ["ENTRY_KEYS", "LANE_KEYS", "MANAGER_KEYS", "MODES", "PLUGINS", "Protection",

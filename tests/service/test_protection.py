@@ -150,13 +150,13 @@ def test_auto_is_all_or_nothing_on_fifo() -> None:
                                    "CAP_SYS_NICE (EPERM: a seccomp filter such as systemd's "
                                    "RestrictRealtime=yes")):
         out, p = resolve(cfg, None, use_drivers=True, priv=priv)
-        assert out is cfg and not p.on, priv
+        assert out is cfg and not p.on and p.unable, priv
         assert p.why.startswith(cause), p.why
         assert DROP_IN in p.why and 'protect_foreground = "on"' in p.why
         assert p.line().startswith("foreground protection: off (auto: " + cause)
     # A pure manager: off, without reading any privilege.
     out, p = resolve(cfg, None, use_drivers=False, priv=None)
-    assert out is cfg and (p.on, p.why) == (False, "npud runs no drivers")
+    assert out is cfg and (p.on, p.why, p.unable) == (False, "npud runs no drivers", False)
     # Not root with an RLIMIT_RTPRIO: the hosts could, an app's thread not (another uid's).
     _, p = resolve(cfg, None, use_drivers=True, priv=Privilege(False, 1000, 99))
     assert not p.on
