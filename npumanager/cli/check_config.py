@@ -340,8 +340,8 @@ def protection_line(protection: Protection) -> str:
 
 def fifo_notes(cfg: Config, use_drivers: bool) -> list[str]:
     """The protection's SCHED_FIFO keys (service/rt_privilege.py): what this process could
-    not serve; where it could, that npud needs the same where it runs (systemd's unit
-    lacks it)."""
+    not serve; where it could, that npud needs the same where it runs (a unit may withhold
+    it: an older copy of the shipped one, or its no-realtime drop-in)."""
     from npumanager.service.rt_privilege import DROP_IN, fifo_problems, rt_keys
 
     problems = fifo_problems(cfg, use_drivers=use_drivers)
@@ -351,5 +351,6 @@ def fifo_notes(cfg: Config, use_drivers: bool) -> list[str]:
     if app <= 0 and not (use_drivers and hosts):
         return []
     return ["the SCHED_FIFO keys (app_rt_priority, foreground_rt_priority) need "
-            "CAP_SYS_NICE in npud's process: this one has it; under systemd, the shipped "
-            f"unit's capability bounding set does not give it: add {DROP_IN}"]
+            "CAP_SYS_NICE and real-time scheduling in npud's process: this one has both; "
+            "under systemd the shipped unit gives both; an older copy of it withholds them "
+            f"({DROP_IN} adds them), and so does its no-realtime.conf drop-in"]

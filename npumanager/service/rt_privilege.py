@@ -12,17 +12,18 @@ another uid's (and has its own limit, 0 by default); a host's thread is another 
 npud is root (the hosts run as ``[manager] driver_user``), and npud's own with npud's
 limit (inherited) when npud is not root.
 
-The capability is not all: a seccomp filter (systemd's ``RestrictRealtime=yes``, which the
-shipped unit sets) or a cgroup without a real-time budget makes the kernel refuse every
-SCHED_FIFO request of the process, capability or not. So where the keys are set the check
+The capability is not all: a seccomp filter (systemd's ``RestrictRealtime=yes``) or a
+cgroup without a real-time budget makes the kernel refuse every SCHED_FIFO request of the
+process, capability or not. So where the keys are set the check
 also tries it: one parked thread of this process to FIFO 1 and straight back
 (:func:`fifo_probe`).
 
 Without either nothing fails at start: each app's request is refused (RealtimeUnavailable),
 and the hosts' burst threads stay at normal priority (npud logs it once, at the first).
-The shipped systemd unit's capability bounding set lacks CAP_SYS_NICE (root there cannot
-have it) and it restricts real-time scheduling:
-``packaging/systemd/npud.service.d/protect-foreground.conf`` gives both.
+The shipped systemd unit gives npud both (CAP_SYS_NICE in its capability bounding set,
+``RestrictRealtime=no``). An older copy of it withheld both:
+``packaging/systemd/npud.service.d/protect-foreground.conf`` adds them to such a copy, and
+``no-realtime.conf`` beside it takes them away on purpose.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from npumanager.hal.host_config import lane_entry
 
 #: capability(7) number of CAP_SYS_NICE: its bit in /proc/PID/status's CapEff mask.
 CAP_SYS_NICE = 23
-#: The drop-in that adds CAP_SYS_NICE to the shipped unit (README "Running npud under
-#: systemd").
+#: The drop-in that adds CAP_SYS_NICE and real-time scheduling to an older copy of the
+#: shipped unit, which withheld both (README "Running npud under systemd").
 DROP_IN = "packaging/systemd/npud.service.d/protect-foreground.conf"
 
 
@@ -152,10 +153,11 @@ def fifo_problems(cfg: Config, priv: Privilege | None = None, use_drivers: bool 
                "capability); elsewhere, give npud's cgroup a real-time budget")
     else:
         why = "this process lacks CAP_SYS_NICE"
-        fix = ("run npud as root with CAP_SYS_NICE; under systemd, the shipped unit's "
-               f"capability bounding set lacks it: install {DROP_IN} as "
-               "/etc/systemd/system/npud.service.d/protect-foreground.conf, then "
-               "systemctl daemon-reload && systemctl restart npud")
+        fix = ("run npud as root with CAP_SYS_NICE; under systemd, the unit's capability "
+               "bounding set lacks it (an older copy of the shipped unit, or its "
+               f"no-realtime.conf drop-in): install {DROP_IN} as "
+               "/etc/systemd/system/npud.service.d/protect-foreground.conf (or remove "
+               "no-realtime.conf), then systemctl daemon-reload && systemctl restart npud")
     out: list[str] = []
     if app > 0:
         out.append(f"[manager] app_rt_priority = {app} is set, but {why}, so npud cannot put "

@@ -154,7 +154,7 @@ def test_check_config_as_root_without_cap_sys_nice_says_what_and_how(
     held = check_config(cfg, runtime_dir, [])
     assert held.returncode == 0, held.stderr
     notes = [ln for ln in held.stdout.splitlines() if ln.startswith("note: ")]
-    assert len(notes) == 1 and "this one has it" in notes[0] and DROP_IN in notes[0], notes
+    assert len(notes) == 1 and "this one has both" in notes[0] and DROP_IN in notes[0], notes
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
@@ -284,8 +284,9 @@ def test_check_config_with_the_capability_under_a_realtime_filter_names_it(
                     or not has_cap(CAP_SYS_NICE), reason="needs root with CAP_SYS_NICE, x86_64")
 def test_npud_with_the_capability_under_a_realtime_filter_says_what_refuses(
         tmp_path: Path, runtime_dir: Path, state_dir: Path) -> None:
-    """npud as the shipped unit would run it with the capability added alone (CAP_SYS_NICE,
-    RestrictRealtime's filter): its start names the filter, and so does an app's refusal."""
+    """npud as a unit with the capability and RestrictRealtime=yes would run it (an older
+    copy of the shipped unit with CapabilityBoundingSet=CAP_SYS_NICE added alone): its start
+    names the filter, and so does an app's refusal."""
     log, answer = serve_and_ask([sys.executable, "-c", SECCOMP_WRAPPER], config(tmp_path),
                                 runtime_dir, state_dir)
     assert "[manager] app_rt_priority = 2 is set, but the kernel refuses SCHED_FIFO to this " \

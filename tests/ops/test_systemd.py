@@ -188,48 +188,100 @@ def test_unit_gives_the_hosts_the_nice_limit_for_the_compile_bound(tmp_path: Pat
         proc.stdout + proc.stderr)
 
 
+NICE, RT = "CapabilityBoundingSet=~CAP_SYS_(NICE|RESOURCE)", "RestrictRealtime="
+
+
+def _report(unit_path: Path) -> dict[str, bool]:
+    """`systemd-analyze security --offline=yes` of a unit: each check's name to whether the
+    unit takes that away (its drop-ins beside it included)."""
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit_path)],
+                          capture_output=True, text=True, timeout=60)
+    rows = {}
+    for ln in proc.stdout.splitlines():
+        parts = ln.split()
+        if len(parts) > 1 and parts[0] in ("✓", "✗"):
+            rows[parts[1]] = parts[0] == "✓"
+    assert rows, proc.stdout + proc.stderr
+    return rows
+
+
+def _verify(unit_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemd-analyze", "verify", str(unit_path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _others(rows: dict[str, bool]) -> dict[str, bool]:
+    return {k: v for k, v in rows.items() if k not in (NICE, RT)}
+
+
+def _drop_in(name: str) -> str:
+    return (ROOT / "packaging/systemd/npud.service.d" / name).read_text()
+
+
+def _directives(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
-def test_the_protection_drop_in_adds_cap_sys_nice_and_realtime_and_nothing_else(
+def test_the_unit_keeps_realtime_for_the_protection_and_no_realtime_takes_it_away(
         tmp_path: Path) -> None:
-    """packaging/systemd/npud.service.d/protect-foreground.conf (README "Running npud under
-    systemd"): beside the unit, systemd reads it (verify names a bad value in it), and the
-    offline security report of the unit with it shows CAP_SYS_NICE in the bounding set and
-    real-time scheduling allowed, each refused without it, the rest of the set unchanged."""
+    """The shipped unit leaves npud CAP_SYS_NICE and real-time scheduling (protect_foreground
+    = "auto", the default, resolves on under it); the no-realtime.conf drop-in beside it
+    (systemd reads it: verify names a bad value in it) takes exactly those two away."""
     unit = (ROOT / "packaging/systemd/npud.service").read_text()
-    drop_in = (ROOT / "packaging/systemd/npud.service.d/protect-foreground.conf").read_text()
-    directives = [ln for ln in drop_in.splitlines() if ln and not ln.startswith("#")]
-    assert directives == ["[Service]", "CapabilityBoundingSet=CAP_SYS_NICE",
-                          "RestrictRealtime=no"], directives
+    assert "\nRestrictRealtime=no\n" in unit
+    bounding = [ln for ln in unit.splitlines() if ln.startswith("CapabilityBoundingSet=")]
+    assert bounding == ["CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_KILL CAP_CHOWN "
+                        "CAP_FOWNER CAP_SYS_NICE"], bounding
+    drop_in = _drop_in("no-realtime.conf")
+    assert _directives(drop_in) == ["[Service]", "CapabilityBoundingSet=~CAP_SYS_NICE",
+                                    "RestrictRealtime=yes"], drop_in
     npu = Path(sys.executable).with_name("npu")
     (tmp_path / "npud.service").write_text(unit.replace("/usr/local/bin/npu", str(npu)))
-
-    def report() -> dict[str, bool]:
-        proc = subprocess.run(["systemd-analyze", "security", "--offline=yes",
-                               str(tmp_path / "npud.service")],
-                              capture_output=True, text=True, timeout=60)
-        rows = {}
-        for ln in proc.stdout.splitlines():
-            parts = ln.split()
-            if len(parts) > 1 and parts[0] in ("✓", "✗"):
-                rows[parts[1]] = parts[0] == "✓"  # ✓: the unit takes that away
-        assert rows, proc.stdout + proc.stderr
-        return rows
-
-    without = report()
+    shipped = _report(tmp_path / "npud.service")
+    assert (shipped[NICE], shipped[RT]) == (False, False)
     (tmp_path / "npud.service.d").mkdir()
-    (tmp_path / "npud.service.d" / "protect-foreground.conf").write_text(drop_in)
-    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "npud.service")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "protect-foreground" not in proc.stderr, proc.stderr
-    with_it = report()
-    nice, rt = "CapabilityBoundingSet=~CAP_SYS_(NICE|RESOURCE)", "RestrictRealtime="
-    assert (without[nice], without[rt]) == (True, True)
-    assert (with_it[nice], with_it[rt]) == (False, False)
-    assert {k: v for k, v in with_it.items() if k not in (nice, rt)} == {
-        k: v for k, v in without.items() if k not in (nice, rt)}
-    # systemd reads the drop-in: a value it cannot parse there is named.
+    (tmp_path / "npud.service.d" / "no-realtime.conf").write_text(drop_in)
+    proc = _verify(tmp_path / "npud.service")
+    assert proc.returncode == 0 and "no-realtime" not in proc.stderr, proc.stderr
+    hardened = _report(tmp_path / "npud.service")
+    assert (hardened[NICE], hardened[RT]) == (True, True)
+    assert _others(hardened) == _others(shipped)
+    (tmp_path / "npud.service.d" / "no-realtime.conf").write_text(
+        drop_in.replace("RestrictRealtime=yes", "RestrictRealtime=maybe"))
+    proc = _verify(tmp_path / "npud.service")
+    assert "no-realtime.conf" in proc.stderr and "maybe" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_the_protection_drop_in_gives_an_older_unit_realtime_and_nothing_else(
+        tmp_path: Path) -> None:
+    """protect-foreground.conf (README "Running npud under systemd"), beside a copy of the
+    unit from before it kept CAP_SYS_NICE and real-time scheduling: the offline security
+    report shows both given back, the rest unchanged; beside the shipped unit it changes
+    nothing. systemd reads it: verify names a bad value in it."""
+    unit = (ROOT / "packaging/systemd/npud.service").read_text()
+    drop_in = _drop_in("protect-foreground.conf")
+    assert _directives(drop_in) == ["[Service]", "CapabilityBoundingSet=CAP_SYS_NICE",
+                                    "RestrictRealtime=no"], drop_in
+    npu = Path(sys.executable).with_name("npu")
+    unit = unit.replace("/usr/local/bin/npu", str(npu))
+    older = unit.replace(" CAP_SYS_NICE\n", "\n").replace("RestrictRealtime=no",
+                                                           "RestrictRealtime=yes")
+    assert older != unit
+    for text, before in ((older, (True, True)), (unit, (False, False))):
+        (tmp_path / "npud.service").write_text(text)
+        shutil.rmtree(tmp_path / "npud.service.d", ignore_errors=True)
+        without = _report(tmp_path / "npud.service")
+        assert (without[NICE], without[RT]) == before
+        (tmp_path / "npud.service.d").mkdir()
+        (tmp_path / "npud.service.d" / "protect-foreground.conf").write_text(drop_in)
+        proc = _verify(tmp_path / "npud.service")
+        assert proc.returncode == 0 and "protect-foreground" not in proc.stderr, proc.stderr
+        with_it = _report(tmp_path / "npud.service")
+        assert (with_it[NICE], with_it[RT]) == (False, False)
+        assert _others(with_it) == _others(without)
     (tmp_path / "npud.service.d" / "protect-foreground.conf").write_text(
         drop_in.replace("RestrictRealtime=no", "RestrictRealtime=maybe"))
-    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "npud.service")],
-                          capture_output=True, text=True, timeout=60)
+    proc = _verify(tmp_path / "npud.service")
     assert "protect-foreground.conf" in proc.stderr and "maybe" in proc.stderr, proc.stderr
