@@ -64,7 +64,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "managed": {},
     # npud's product default: no protection key set, protect_foreground left to "auto"
     # (service/protection.py), which as root with CAP_SYS_NICE gives the recommended set
-    # (rt+app+bg-host+here-normal+step-nice). The camera asks for its thread
+    # (rt+app+bg-host+here-normal+step-nice+load-nice). The camera asks for its thread
     # (model.burst(realtime=True)); npud's app_rt_priority comes from "auto".
     "default-auto": {"protect_foreground": None, "camera_realtime": 2},
     # The defaults before this table (2 channels, both open to background work, nice 10).

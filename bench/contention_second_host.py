@@ -29,6 +29,13 @@ gained nothing in two full runs (+spin-auto 76 / 78 %, +follow+spin-auto 79 / 73
 80 / 77 % without; bench/README.md "The second host tuned for throughput"), nor the one-pass
 admission of its BACKGROUND repeats (+one-pass, background_one_pass: 81 / 80 % vs 82 /
 78 %, two full runs; the admission stage 26 vs 31 µs).
+
+load28 (a background model's load on the lane): "+load-nice" (background_load_nice = 19: the
+compile child and the session builds at the step workers' nice value instead of SCHED_IDLE)
+cut the load's p50 to 768-961 ms from 1131-3573 in four same-invocation pairs, the camera's
+loading p99 0.7-0.9 vs 0.7-1.2 ms, the LLM's rate while loads run 158-236 vs 275-309 tokens/s
+(bench/README.md "A background model's load under foreground protection"); the recommended
+row since (RECOMMENDED).
 """
 
 from __future__ import annotations
@@ -154,18 +161,28 @@ LANE: dict[str, dict[str, Any]] = {
     # The embedder's repeats admitted in one pass (background_one_pass: state_repeat.py).
     "here-normal+step-nice+one-pass": {"background": {**SECOND["here-normal+step-nice"],
                                                       "background_one_pass": True}},
+    # load28: the lane's background load (its compile child and the threads that build
+    # the session from its artifacts) at nice 19, the step workers' weight, instead of
+    # SCHED_IDLE (background_load_nice): what protect_foreground now sets (RECOMMENDED).
+    "here-normal+step-nice+load-nice": {"background": {**SECOND["here-normal+step-nice"],
+                                                       "background_load_nice": 19}},
     "here-normal+step-nice+follow+spin-auto": {
         "background": {**SECOND["here-normal+step-nice"], "background_follow_us": 500},
         "embedder_spin_us": "auto"},
 }
 
-#: The recommended config (README "Protecting a foreground stream") with one part
+#: The recommended config (README "Protecting a foreground stream"; what
+#: protect_foreground = "on" implies: tests/bench/test_contention_runs.py holds them equal),
+#: and (ABLATED, as it was before load28) with one part
 #: left out at a time, for #15's ablation rows: without the camera app's FIFO thread
 #: (``rt+bg-host+...``), without the host's FIFO burst thread and its switch interval
 #: (``app+bg-host+...``), without either (``bg-host+...``: what a machine where npud lacks
 #: CAP_SYS_NICE gets, the lane and its keys only). ``rt+app+bg-host`` (the lane untuned)
 #: and ``rt+app`` (no lane) are the other two parts left out.
-RECOMMENDED = "rt+app+bg-host+here-normal+step-nice"
+RECOMMENDED = "rt+app+bg-host+here-normal+step-nice+load-nice"
+#: The recommended config as its ablation (WITHOUT) measured it, before load28 added the
+#: load's nice value: each WITHOUT row is this row less one part.
+ABLATED = "rt+app+bg-host+here-normal+step-nice"
 _TUNED_LANE = {"background_host": True, "background": dict(SECOND["here-normal+step-nice"])}
 WITHOUT: dict[str, dict[str, Any]] = {
     "rt+bg-host+here-normal+step-nice": {"foreground_rt_priority": 1,

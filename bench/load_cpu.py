@@ -280,18 +280,30 @@ def main() -> int:
     knobs = dict(VARIANTS[args.variant])
     for k in ("bursts", "batch_bursts", "embedder_inflight", "camera_spin_us"):
         knobs.pop(k, None)
+    # The protected rows (default-auto, rt+app+bg-host+*) as bench/contention.py runs them:
+    # npud's --protect-foreground, the camera's FIFO thread asked of npud.
+    protect = knobs.pop("protect_foreground", "off")
+    cam_rt = int(knobs.pop("camera_realtime", 0))
     devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
     keep = args.keep or tempfile.mkdtemp(prefix="npu-loadcpu-")
     os.makedirs(keep, exist_ok=True)
     timing = dataclasses.replace(Timing(), loading_s=args.loading_s)
-    run = LoadCpuRun(args.variant, True, timing, build_models(), npud_config(knobs),
-                     phases=("loading",), devices=devices, keep=keep, perf=not args.no_perf)
+    cfg = npud_config(knobs)
+    if cam_rt and protect == "off":
+        cfg["manager"]["app_rt_priority"] = cam_rt
+    run = LoadCpuRun(args.variant, True, timing, build_models(), cfg,
+                     phases=("loading",), devices=devices, keep=keep, perf=not args.no_perf,
+                     protect_foreground=protect,
+                     app_knobs={"camera": {"realtime": cam_rt}} if cam_rt else None)
     r = run.run()
     for e in r.errors:
         print(f"error: {e}")
     print(f"{args.variant}: loading phase {run.seconds:.1f} s, camera "
           f"{camera_cell(r.camera.get('loading'))}, load p50 {r.loads.pct(0.5):.0f} ms "
           f"({len(r.loads.ms)} loads)")
+    # What the load costs the other background apps: their rates over the same phase.
+    print(f"  while loading: LLM {r.llm_tokens_s_loading:.0f} tokens/s, embedder "
+          f"{r.embedder_items_s_loading:.0f} items/s")
     print("\n".join(cpu_table(run)))
     if not args.no_perf:
         samples = read_samples(os.path.join(keep, "loading.data"))

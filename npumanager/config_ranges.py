@@ -318,6 +318,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "background_sched"): _ANY,  # config.CHOICES
     ("driver", "background_nice"): between(0, 19),
     ("driver", "background_step_nice"): between(-1, 19, " (-1 = as background_sched)"),
+    ("driver", "background_load_nice"): between(-1, 19, " (-1 = as background_sched)"),
     ("driver", "background_compile"): _ANY,  # config.CHOICES
     ("driver", "background_ends"): _ANY,  # config.CHOICES
     ("driver", "background_load"): _ANY,  # config.CHOICES

@@ -102,6 +102,10 @@ class RunResult:
     voice: Stats = field(default_factory=Stats)  # contended + loading
     llm_tokens_s: float = float("nan")  # contended phase
     embedder_items_s: float = float("nan")
+    #: The same two rates over the loading phase: what a background model's load takes
+    #: from the other background apps (its CPU comes from theirs).
+    llm_tokens_s_loading: float = float("nan")
+    embedder_items_s_loading: float = float("nan")
     #: The embedder's batches in the contended phase, ms each (its round trip included).
     embedder_batch: Stats = field(default_factory=Stats)
     loads: Stats = field(default_factory=Stats)
@@ -449,6 +453,12 @@ class ContentionRun:
                                       if a <= e["t"] < b])
             lo, hi = a, self.windows.get("loading", (a, b))[1]
             r.voice = Stats([e["ms"] for e in ev.find("voice", "infer") if lo <= e["t"] < hi])
+        if "loading" in self.windows:
+            a, b = self.windows["loading"]
+            r.llm_tokens_s_loading = sum(e["steps"] for e in ev.find("llm", "decode")
+                                         if a <= e["t"] < b) / (b - a)
+            r.embedder_items_s_loading = sum(e["items"] for e in ev.find("embedder", "batch")
+                                             if a <= e["t"] < b) / (b - a)
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -493,6 +503,9 @@ def side_by_side(results: list[RunResult]) -> list[tuple[str, ...]]:
          *[" ".join(str(sum(1 for x in r.load_pos if i <= x * 5 < i + 1 or (i == 4 and x >= 1)))
                     for i in range(5)) for r in results]),
         ("bg model load p50 (ms)", *[_f(r.loads.pct(0.5), 0) for r in results]),
+        ("LLM tokens/s / embedder items/s (loading)",
+         *[f"{_f(r.llm_tokens_s_loading, 0)} / {_f(r.embedder_items_s_loading, 0)}"
+           for r in results]),
         ("peak memory, machine (MiB over idle)", *[_f(r.mem_peak_mib, 0) for r in results]),
         ("peak RSS of the run's processes (MiB)", *[_f(r.rss_peak_mib, 0) for r in results]),
     ]
@@ -511,6 +524,8 @@ def summary(r: RunResult) -> dict[str, Any]:
     return {"name": r.name, "camera": {k: stats(v) for k, v in r.camera.items()},
             "voice": stats(r.voice), "llm_tokens_s": r.llm_tokens_s,
             "embedder_items_s": r.embedder_items_s, "load_p50_ms": r.loads.pct(0.5),
+            "llm_tokens_s_loading": r.llm_tokens_s_loading,
+            "embedder_items_s_loading": r.embedder_items_s_loading,
             "embedder_batch": stats(r.embedder_batch), "load_pos": r.load_pos,
             "mem_peak_mib": r.mem_peak_mib, "rss_peak_mib": r.rss_peak_mib,
             "cpu": {k: vars(v) for k, v in r.cpu.items()}, "worst": r.worst,

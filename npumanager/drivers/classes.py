@@ -381,8 +381,35 @@ def step_policy(background_sched: str, background_nice: int, step_nice: int
     two quick traces the burst thread slept on the GIL 12 and 70 ms of the slow frames'
     70 and 212 ms excess, its holders mostly waiting in turn for such a worker. A woken
     thread at a nice value preempts a SCHED_IDLE one at once."""
-    if not -1 <= step_nice <= 19:
-        raise ValueError(f"background_step_nice must be between -1 and 19, not {step_nice}")
-    if background_sched == "idle" and step_nice >= 0:
-        return "nice", step_nice
+    return _instead_of_idle(background_sched, background_nice, step_nice,
+                            "background_step_nice")
+
+
+def load_policy(background_sched: str, background_nice: int, load_nice: int
+                ) -> tuple[str, int]:
+    """A BACKGROUND model's load's policy and nice value (the compile child, every thread
+    of it, and the host's threads that build the session from its artifacts):
+    ``background_sched``'s ("share" compiles at "idle": fair share is for steps), or with
+    ``load_nice`` 0-19 (``background_load_nice``) where that is "idle", nice ``load_nice``.
+
+    Why (#15, load28): at SCHED_IDLE a load runs only where no other thread wants the CPU,
+    at a weight of 3 beside other SCHED_IDLE threads. Where the background steps run at
+    a nice value (``background_step_nice``; an embedder's steps on its burst's own thread,
+    ``background_burst_here = "normal"``: foreground protection's lane), one background
+    app's load waits behind the other background apps' steps, a class it belongs to:
+    bench/load_cpu.py on the lane (one 15 s loading phase each), the compile 1045 ms and
+    the session build 403 ms of a 1536 ms load (p50) at SCHED_IDLE, 588 and 254 of 896 at
+    nice 19, against 366 and 157 of 563 with protection off, the same CPU time per load.
+    At the steps' nice value the load shares the CPU with them as their equal; the
+    foreground's threads (SCHED_FIFO under protection, nice 0 otherwise) still win."""
+    sched = "idle" if background_sched == "share" else background_sched
+    return _instead_of_idle(sched, background_nice, load_nice, "background_load_nice")
+
+
+def _instead_of_idle(background_sched: str, background_nice: int, nice: int, key: str
+                     ) -> tuple[str, int]:
+    if not -1 <= nice <= 19:
+        raise ValueError(f"{key} must be between -1 and 19, not {nice}")
+    if background_sched == "idle" and nice >= 0:
+        return "nice", nice
     return background_sched, background_nice

@@ -35,6 +35,7 @@ from typing import TypeVar
 from npumanager.drivers.base import CompileOptions, Driver, PreparedModel, check_prepared_model
 from npumanager.drivers.bg_threads import background_pool, pin_this_thread
 from npumanager.drivers.cache_store import DriverCache
+from npumanager.drivers.classes import load_policy
 from npumanager.drivers.compile_starve import CompileRaiser
 from npumanager.drivers.compile_watch import CompileWatch
 from npumanager.drivers.compile_worker import CompileWorker
@@ -93,19 +94,24 @@ class Preparer:
         #: it must not take the core from foreground work; ONNX Runtime's intra-op threads,
         #: created by the compiling thread, inherit that too.
         self.bg_compile_pool = self.compile_pool
-        # (fair share among background apps is for their steps: compiles stay idle)
-        sched = "idle" if hc.background_sched == "share" else hc.background_sched
+        # The load's policy (fair share among background apps is for their steps: compiles
+        # stay idle), or ``background_load_nice``'s nice value instead of SCHED_IDLE.
+        sched, nice = load_policy(hc.background_sched, hc.background_nice,
+                                  hc.background_load_nice)
         #: Where a background load's work runs (``load_cpus``: .load_place), and the
         #: foreground's burst threads meanwhile.
         self.place = LoadPlace(hc.load_cpus)
         self.load_cpus = self.place.load_cpus
         #: The cpu.idle cgroup npud made for this host's background threads (none: "").
         self.idle_group = IdleGroup(hc.background_cgroup_dir, hc.background_sched)
+        #: The group for the load's threads: none where the load runs at a nice value (the
+        #: group would make it idle again, and the host cannot take a thread out).
+        load_group = self.idle_group if sched == "idle" else None
         if sched != "normal":
             self.bg_compile_pool = background_pool(2, f"npu-{hc.name}-bgcompile",
-                                                   sched, hc.background_nice,
+                                                   sched, nice,
                                                    cpus=self.load_cpus,
-                                                   group=self.idle_group, kind=COMPILE,
+                                                   group=load_group, kind=COMPILE,
                                                    lower=hc.background_lower,
                                                    slice_us=hc.background_slice_us)
         #: Where the host builds a BACKGROUND model's session from compiled artifacts (the
@@ -139,8 +145,8 @@ class Preparer:
         self._worker_hook: Callable[..., PreparedModel | None] | None = getattr(
             driver, "compile_in_worker", None)
         if hc.background_compile == "process" and self._worker_hook is not None:
-            self.worker = CompileWorker(hc.name, sched, hc.background_nice,
-                                        hc.background_starve_ms, self.idle_group,
+            self.worker = CompileWorker(hc.name, sched, nice,
+                                        hc.background_starve_ms, load_group,
                                         hc.malloc_mmap_threshold_kb, hc.background_slice_us,
                                         hc.compile_malloc, self.load_cpus,
                                         self.raiser if self.via_npud else None)

@@ -58,6 +58,10 @@ class HostConfig:
     #: policy, where that is "idle" (-1: as background_sched says); compiles and session
     #: builds stay SCHED_IDLE (drivers/steps.py says why).
     background_step_nice: int = -1
+    #: A BACKGROUND model's load (the compile child and the host's threads that build its
+    #: session) at this nice value instead, where background_sched is "idle" (-1: as
+    #: background_sched says; drivers/classes.load_policy says why).
+    background_load_nice: int = -1
     #: Where a BACKGROUND model compiles when the driver can hand it off
     #: (drivers/compile_worker.py): "process" (a lowered child process, off the driver's
     #: GIL) or "thread" (a lowered thread of the driver host).
@@ -214,6 +218,7 @@ class HostConfig:
             background_sched=str(d.get("background_sched", "idle")),
             background_nice=int(d.get("background_nice", 10)),
             background_step_nice=int(d.get("background_step_nice", -1)),
+            background_load_nice=int(d.get("background_load_nice", -1)),
             background_compile=str(d.get("background_compile", "process")),
             background_ends=str(d.get("background_ends", "thread")),
             background_load=str(d.get("background_load", "lowered")),

@@ -2,7 +2,7 @@
 `npu serve --protect-foreground` wins over the file) turned into the config npud runs.
 
 "on" makes the recommended set (README "Protecting a foreground stream"; bench row
-``rt+app+bg-host+here-normal+step-nice``) the DEFAULT of the keys it names: a key the file
+``rt+app+bg-host+here-normal+step-nice+load-nice``) the DEFAULT of the keys it names: a key the file
 sets always wins, so ``background_host = false`` or ``app_rt_priority = 0`` turns that part
 off. "off" implies nothing (npud's behaviour before the key). "auto" is "on" where this
 npud can serve the set's SCHED_FIFO keys and runs drivers, else "off": all or nothing on
@@ -33,7 +33,14 @@ MANAGER_KEYS: dict[str, Any] = {"app_rt_priority": 2}
 ENTRY_KEYS: dict[str, Any] = {"foreground_rt_priority": 1, "switch_interval_us": 500,
                               "background_host": True}
 #: ... in such an entry's [driver.background] (its lane's own keys: tuned for throughput).
-LANE_KEYS: dict[str, Any] = {"background_burst_here": "normal", "background_step_nice": 19}
+#: background_load_nice (load28): a background model's load at the step workers' nice
+#: value, not SCHED_IDLE, where the other background apps' steps (nice 19, the embedder's
+#: at nice 0 on its burst's thread) left it a CPU only when they had none to use: its p50
+#: 768-961 ms vs 1131-3573 without in four same-invocation pairs, the camera's loading p99
+#: within the spread (bench/README.md "A background model's load under foreground
+#: protection").
+LANE_KEYS: dict[str, Any] = {"background_burst_here": "normal", "background_step_nice": 19,
+                             "background_load_nice": 19}
 #: The plugins the set applies to: the set was measured for the CPU-backed reference driver
 #: only (bench/contention.py); a real NPU's driver has other costs (its burst thread does
 #: not run the model on the CPU, a second host holds a second device context), so its

@@ -165,10 +165,11 @@ def test_second_host_rows_are_configs_npud_accepts(tmp_path: Path) -> None:
 
 def test_the_recommended_configs_ablation_rows_each_leave_out_one_part() -> None:
     """#15's ablation of the recommended config: each WITHOUT row is the recommended row
+    as that ablation measured it (ABLATED: before load28's background_load_nice)
     less the app's FIFO thread, the host's FIFO thread (and its switch interval), or both;
     each is held against unmanaged, and its npud config is one [[driver]] with the lane."""
     sh = contention.second_host
-    full = contention.VARIANTS[sh.RECOMMENDED]
+    full = contention.VARIANTS[sh.ABLATED]
     host_rt = {"foreground_rt_priority", "switch_interval_us"}
     less = {"rt+bg-host+here-normal+step-nice": {"camera_realtime"},
             "app+bg-host+here-normal+step-nice": host_rt,
@@ -183,6 +184,19 @@ def test_the_recommended_configs_ablation_rows_each_leave_out_one_part() -> None
         assert entry["background"] == {"background_burst_here": "normal",
                                        "background_step_nice": 19}
         assert ("foreground_rt_priority" in entry) == ("foreground_rt_priority" not in gone)
+
+
+def test_the_load_nice_row_is_the_tuned_lane_with_the_loads_nice_value() -> None:
+    """rt+app+bg-host+here-normal+step-nice+load-nice (load28): the tuned lane's row with
+    the lane's background loads at nice 19 (background_load_nice); the recommended row."""
+    sh = contention.second_host
+    base = contention.VARIANTS[sh.ABLATED]
+    row = contention.VARIANTS["rt+app+bg-host+here-normal+step-nice+load-nice"]
+    assert sh.RECOMMENDED == "rt+app+bg-host+here-normal+step-nice+load-nice"
+    assert row == {**base, "background": {**base["background"], "background_load_nice": 19}}
+    knobs = {k: v for k, v in row.items() if k != "camera_realtime"}
+    [entry] = contention.npud_config(knobs)["driver"]
+    assert entry["background"]["background_load_nice"] == 19
 
 
 def test_the_default_auto_row_sets_nothing_and_gets_the_recommended_set() -> None:

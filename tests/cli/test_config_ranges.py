@@ -80,6 +80,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "background_nice"): (25, "must be between 0 and 19, not 25"),
     ("driver", "background_step_nice"): (
         20, "must be between -1 and 19 (-1 = as background_sched), not 20"),
+    ("driver", "background_load_nice"): (
+        -2, "must be between -1 and 19 (-1 = as background_sched), not -2"),
     ("driver", "malloc_mmap_threshold_kb"): (
         65536, "must be between 0 and 32768 (0 = glibc's own), not 65536"),
     ("driver", "switch_interval_us"): (-1, "must be >= 0 (0 = Python's 5000), not -1"),

@@ -21,7 +21,8 @@ ROOT = Privilege(cap_sys_nice=True, euid=0, rtprio=0)
 ROOT_NO_NICE = Privilege(cap_sys_nice=False, euid=0, rtprio=0)
 FILTERED = Privilege(cap_sys_nice=True, euid=0, rtprio=0, refused="EPERM")
 SET = {"foreground_rt_priority": 1, "switch_interval_us": 500, "background_host": True}
-LANE = {"background_burst_here": "normal", "background_step_nice": 19}
+LANE = {"background_burst_here": "normal", "background_step_nice": 19,
+        "background_load_nice": 19}
 
 
 def load(tmp_path: Path, text: str = "") -> Config:
@@ -52,6 +53,7 @@ def test_on_gives_the_recommended_set_to_a_file_that_sets_none_of_it(tmp_path: P
         assert picked(lane(out), {**SET, **LANE}) == {**SET, **LANE}
         assert main(out).background_burst_here == "off"  # (the main host's untouched)
         assert main(out).background_step_nice == -1
+        assert main(out).background_load_nice == -1
         # The input config is not changed.
         assert cfg.section("manager")["app_rt_priority"] == 0
         assert main(cfg).background_host is False
@@ -90,12 +92,15 @@ name = "reference"
 foreground_rt_priority = 3
 [driver.background]
 background_step_nice = 10
+background_load_nice = -1
 channels = 1
 """)
     out, _ = expand(cfg)
     assert picked(lane(out), {"foreground_rt_priority": 0, "background_step_nice": 0,
-                              "background_burst_here": "", "channels": 0}) == {
+                              "background_load_nice": 0, "background_burst_here": "",
+                              "channels": 0}) == {
         "foreground_rt_priority": 3, "background_step_nice": 10,
+        "background_load_nice": -1,  # (its default's value, set: the load stays idle)
         "background_burst_here": "normal", "channels": 1}
     assert main(out).foreground_rt_priority == 3
 
