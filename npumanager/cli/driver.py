@@ -287,8 +287,14 @@ def become(spec: str) -> None:
     # While root: the host's lowered threads and compile child may return to nice 0, and
     # no further (the starvation bounds; drivers/compile_starve.py).
     from npumanager.drivers.compile_starve import allow_nice_0
+    from npumanager.hal.rt_sched import drop_own_rtprio
 
     allow_nice_0()
+    # And never SCHED_FIFO on its own: the host runs code an app chose (its model), and a
+    # FIFO thread that blocks now and then escapes RLIMIT_RTTIME. Root's limit is usually
+    # 0 already; where it is not (a raised limits.conf, a container's default), the host
+    # would not need npud's checks (service/host_rt.py) to take the CPU from everyone.
+    drop_own_rtprio()
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)

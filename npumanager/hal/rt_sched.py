@@ -211,6 +211,20 @@ def rttime_limits(pid: int) -> tuple[int | None, int | None] | None:
     return None
 
 
+def drop_own_rtprio() -> str:
+    """This process's RLIMIT_RTPRIO to 0, soft and hard (lowering needs no privilege,
+    raising it back CAP_SYS_RESOURCE): it and its children can then never put a thread of
+    their own at SCHED_FIFO/RR; only a process with CAP_SYS_NICE (npud, after its checks)
+    can. '' when done, else why not."""
+    import resource
+
+    try:
+        resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+    except (OSError, ValueError) as e:
+        return f"RLIMIT_RTPRIO not lowered: {e}"
+    return ""
+
+
 def bound_own_rttime(hard_us: int = RTTIME_HARD_US) -> str:
     """This process's RLIMIT_RTTIME hard limit to at most ``hard_us`` (its soft one kept at
     or below it): lowering needs no privilege, raising it back CAP_SYS_RESOURCE. '' when

@@ -230,6 +230,9 @@ def test_the_unit_keeps_realtime_for_the_protection_and_no_realtime_takes_it_awa
     (systemd reads it: verify names a bad value in it) takes exactly those two away."""
     unit = (ROOT / "packaging/systemd/npud.service").read_text()
     assert "\nRestrictRealtime=no\n" in unit
+    # ... which only npud, with the capability, can use: no process of the unit enters
+    # SCHED_FIFO by itself (RLIMIT_RTPRIO 0; verify would name a value it cannot parse).
+    assert "\nLimitRTPRIO=0\n" in unit
     bounding = [ln for ln in unit.splitlines() if ln.startswith("CapabilityBoundingSet=")]
     assert bounding == ["CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_KILL CAP_CHOWN "
                         "CAP_FOWNER CAP_SYS_NICE"], bounding

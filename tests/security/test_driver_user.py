@@ -48,6 +48,14 @@ def proc_status(pid: int) -> dict[str, str]:
     return out
 
 
+def proc_limits(pid: int) -> dict[str, tuple[str, str]]:
+    """/proc/PID/limits: each limit's name to its (soft, hard)."""
+    with open(f"/proc/{pid}/limits") as f:
+        lines = f.read().splitlines()[1:]
+    # Columns: the name (words), the soft and hard limits, and maybe a unit.
+    return {ln[:26].strip(): (ln[26:47].strip(), ln[47:68].strip()) for ln in lines}
+
+
 def test_the_driver_runs_unprivileged_in_an_empty_dir_with_no_new_privs(
         start_npud: StartDaemon, runtime_dir: Path, state_dir: Path) -> None:
     npud = start_npud(drivers=True)
@@ -59,6 +67,11 @@ def test_the_driver_runs_unprivileged_in_an_empty_dir_with_no_new_privs(
     assert st["Groups"] == "" and st["NoNewPrivs"] == "1", st
     assert os.stat(f"/proc/{pid}/environ").st_uid == 0, "dumpable: it would be its user's"
     assert proc_status(npud.pid)["Uid"].split()[0] == "0"
+    # No SCHED_FIFO of its own (RLIMIT_RTPRIO 0 soft and hard: only npud, after its
+    # checks, puts a host thread there), and a FIFO thread killed after 500 ms unblocked.
+    limits = proc_limits(pid)
+    assert limits["Max realtime priority"] == ("0", "0"), limits
+    assert limits["Max realtime timeout"][1] == "500000", limits
     private = state_dir / "drivers" / "reference"
     cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
     assert cwd == private / "cwd" and os.listdir(cwd) == []
