@@ -55,8 +55,8 @@ class HostConfig:
     background_sched: str = "idle"
     background_nice: int = 10
     #: Background step workers at this nice value instead of ``background_sched``'s
-    #: policy, where that is "idle" (-1: as background_sched says); compiles and session
-    #: builds stay SCHED_IDLE (drivers/steps.py says why).
+    #: policy, where that is "idle" (-1: as background_sched says; drivers/steps.py says
+    #: why); compiles and session builds follow background_load_nice instead.
     background_step_nice: int = -1
     #: A BACKGROUND model's load (the compile child and the host's threads that build its
     #: session) at this nice value instead, where background_sched is "idle" (-1: as
