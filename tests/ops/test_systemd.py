@@ -214,6 +214,24 @@ def _others(rows: dict[str, bool]) -> dict[str, bool]:
     return {k: v for k, v in rows.items() if k not in (NICE, RT)}
 
 
+def _beside(unit_path: Path, name: str, text: str) -> dict[str, bool]:
+    """Drop-in ``name`` beside the unit, which systemd reads without a complaint: the
+    unit's security report with it."""
+    (unit_path.parent / "npud.service.d").mkdir(exist_ok=True)
+    (unit_path.parent / "npud.service.d" / name).write_text(text)
+    proc = _verify(unit_path)
+    assert proc.returncode == 0 and name.split(".")[0] not in proc.stderr, proc.stderr
+    return _report(unit_path)
+
+
+def _bad_value_named(unit_path: Path, name: str, text: str, value: str) -> None:
+    """systemd reads drop-in ``name``: verify names a value in it that it cannot parse."""
+    (unit_path.parent / "npud.service.d" / name).write_text(
+        text.replace(f"RestrictRealtime={value}", "RestrictRealtime=maybe"))
+    proc = _verify(unit_path)
+    assert name in proc.stderr and "maybe" in proc.stderr, proc.stderr
+
+
 def _drop_in(name: str) -> str:
     return (ROOT / "packaging/systemd/npud.service.d" / name).read_text()
 
@@ -243,17 +261,10 @@ def test_the_unit_keeps_realtime_for_the_protection_and_no_realtime_takes_it_awa
     (tmp_path / "npud.service").write_text(unit.replace("/usr/local/bin/npu", str(npu)))
     shipped = _report(tmp_path / "npud.service")
     assert (shipped[NICE], shipped[RT]) == (False, False)
-    (tmp_path / "npud.service.d").mkdir()
-    (tmp_path / "npud.service.d" / "no-realtime.conf").write_text(drop_in)
-    proc = _verify(tmp_path / "npud.service")
-    assert proc.returncode == 0 and "no-realtime" not in proc.stderr, proc.stderr
-    hardened = _report(tmp_path / "npud.service")
+    hardened = _beside(tmp_path / "npud.service", "no-realtime.conf", drop_in)
     assert (hardened[NICE], hardened[RT]) == (True, True)
     assert _others(hardened) == _others(shipped)
-    (tmp_path / "npud.service.d" / "no-realtime.conf").write_text(
-        drop_in.replace("RestrictRealtime=yes", "RestrictRealtime=maybe"))
-    proc = _verify(tmp_path / "npud.service")
-    assert "no-realtime.conf" in proc.stderr and "maybe" in proc.stderr, proc.stderr
+    _bad_value_named(tmp_path / "npud.service", "no-realtime.conf", drop_in, "yes")
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
@@ -277,14 +288,7 @@ def test_the_protection_drop_in_gives_an_older_unit_realtime_and_nothing_else(
         shutil.rmtree(tmp_path / "npud.service.d", ignore_errors=True)
         without = _report(tmp_path / "npud.service")
         assert (without[NICE], without[RT]) == before
-        (tmp_path / "npud.service.d").mkdir()
-        (tmp_path / "npud.service.d" / "protect-foreground.conf").write_text(drop_in)
-        proc = _verify(tmp_path / "npud.service")
-        assert proc.returncode == 0 and "protect-foreground" not in proc.stderr, proc.stderr
-        with_it = _report(tmp_path / "npud.service")
+        with_it = _beside(tmp_path / "npud.service", "protect-foreground.conf", drop_in)
         assert (with_it[NICE], with_it[RT]) == (False, False)
         assert _others(with_it) == _others(without)
-    (tmp_path / "npud.service.d" / "protect-foreground.conf").write_text(
-        drop_in.replace("RestrictRealtime=no", "RestrictRealtime=maybe"))
-    proc = _verify(tmp_path / "npud.service")
-    assert "protect-foreground.conf" in proc.stderr and "maybe" in proc.stderr, proc.stderr
+    _bad_value_named(tmp_path / "npud.service", "protect-foreground.conf", drop_in, "no")
