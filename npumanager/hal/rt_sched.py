@@ -211,18 +211,14 @@ def rttime_limits(pid: int) -> tuple[int | None, int | None] | None:
     return None
 
 
-def drop_own_rtprio() -> str:
-    """This process's RLIMIT_RTPRIO to 0, soft and hard (lowering needs no privilege,
-    raising it back CAP_SYS_RESOURCE): it and its children can then never put a thread of
-    their own at SCHED_FIFO/RR; only a process with CAP_SYS_NICE (npud, after its checks)
-    can. '' when done, else why not."""
+def drop_own_rtprio() -> None:
+    """This process's RLIMIT_RTPRIO to 0, soft and hard (lowering needs no privilege and
+    cannot be refused; raising it back needs CAP_SYS_RESOURCE): it and its children can
+    then never put a thread of their own at SCHED_FIFO/RR; only a process with
+    CAP_SYS_NICE (npud, after its checks) can."""
     import resource
 
-    try:
-        resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
-    except (OSError, ValueError) as e:
-        return f"RLIMIT_RTPRIO not lowered: {e}"
-    return ""
+    resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
 
 
 def bound_own_rttime(hard_us: int = RTTIME_HARD_US) -> str:

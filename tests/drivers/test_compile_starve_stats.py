@@ -26,6 +26,7 @@ from npumanager.hal.wire import SERVICE
 from npumanager.paths import driver_socket
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.testing.driver_host import running_driver
+from npumanager.testing.thread_sched import thread_scheds
 from npumanager.wire.client import SyncRpcClient
 from tests.drivers.test_compile_worker import mlp, wait_state
 
@@ -65,13 +66,7 @@ def _policies(pid: int) -> set[int]:
     """The scheduling policies of ``pid``'s threads. A thread that exits between the
     listing and the read (one of ONNX Runtime's, seen once under a loaded full suite:
     ProcessLookupError) has no policy left to check: it is skipped."""
-    got = set()
-    for t in os.listdir(f"/proc/{pid}/task"):
-        try:
-            got.add(os.sched_getscheduler(int(t)))
-        except ProcessLookupError:
-            continue
-    return got
+    return {policy for policy, _nice in thread_scheds(pid).values()}
 
 
 def _compile(worker: CompileWorker, onnx: bytes) -> list[bytes]:

@@ -19,6 +19,7 @@ from npumanager.drivers.classes import load_policy
 from npumanager.drivers.prepare import Preparer
 from npumanager.drivers.reference import ReferenceDriver
 from npumanager.hal.host_config import HostConfig
+from npumanager.testing.thread_sched import thread_scheds
 from tests.drivers.test_compile_worker import mlp, prepare
 
 
@@ -67,14 +68,7 @@ class Watched(ReferenceDriver):
 
 def policies(pid: int) -> set[tuple[int, int]]:
     """(policy, nice) of every thread of process ``pid``, from the kernel."""
-    out = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out.add((os.sched_getscheduler(int(tid)),
-                     os.getpriority(os.PRIO_PROCESS, int(tid))))
-        except (ProcessLookupError, FileNotFoundError):
-            continue
-    return out
+    return set(thread_scheds(pid).values())
 
 
 def test_a_background_load_runs_at_the_nice_value(tmp_path: Path) -> None:

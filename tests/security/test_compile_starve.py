@@ -16,6 +16,7 @@ import pytest
 from npumanager.testing import procs
 from npumanager.testing.daemon import driver_hosts
 from npumanager.testing.onnx_models import matmul_model
+from npumanager.testing.thread_sched import thread_scheds
 from tests.security.conftest import StartDaemon
 from tests.security.harness import ATTACKER, needs_root
 
@@ -26,10 +27,7 @@ DRIVER_UID = ATTACKER  # an unprivileged uid standing in for the driver user
 
 def _policies(pid: int) -> set[tuple[int, int]]:
     """(policy, nice) of every thread of ``pid``."""
-    out = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        out.add((os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid))))
-    return out
+    return set(thread_scheds(pid).values())
 
 
 def _compile_starved(allow: bool) -> dict[str, object]:

@@ -26,6 +26,7 @@ from npumanager.testing import procs
 from npumanager.testing.daemon import stop_driver_hosts
 from npumanager.testing.fake_cgroup import real_cgroup_reason
 from npumanager.testing.onnx_models import matmul_model
+from npumanager.testing.thread_sched import children
 from tests.security.conftest import StartDaemon
 from tests.security.driver_apps import granted
 from tests.security.harness import ATTACKER, BYSTANDER, driver_pid, needs_root
@@ -162,16 +163,6 @@ def _comm(tid: int) -> str:
         return ""
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
 @pytest.mark.alone  # (its background app runs in the idle group: last to get a CPU)
 def test_npuds_host_puts_its_background_threads_in_the_group_and_nothing_else(
         start_npud: StartDaemon, runtime_dir: Path) -> None:
@@ -195,7 +186,7 @@ def test_npuds_host_puts_its_background_threads_in_the_group_and_nothing_else(
         app.expect("ran", 150)
         members = [int(t) for t in (group / "tasks").read_text().split()]
         host_threads = {int(t) for t in os.listdir(f"/proc/{host}/task")}
-        child_threads = {int(t) for c in _children(host)
+        child_threads = {int(t) for c in children(host)
                          for t in os.listdir(f"/proc/{c}/task")}
         app.send("done")
         got = app.wait(60)

@@ -17,6 +17,7 @@ from npumanager import Importance, ModelLoadRequest, ModelPriority, NpuManager
 from npumanager.testing import procs
 from npumanager.testing.daemon import DaemonProcess
 from npumanager.testing.onnx_models import add_model
+from npumanager.testing.thread_sched import children, thread_scheds
 from tests.security.conftest import StartDaemon
 from tests.security.driver_apps import prepare_outcomes
 from tests.security.harness import ATTACKER, Lifecycle, assert_device_served, needs_root
@@ -56,33 +57,15 @@ def test_an_app_cannot_get_what_protection_off_withholds(
     assert "background lane" not in npud.output
 
 
-def thread_policies(pid: int, comm_prefix: str = "") -> dict[int, tuple[int, int]]:
-    """tid -> (policy, nice) of the threads of ``pid`` (those whose kernel name starts
-    with ``comm_prefix``), from the kernel."""
-    out = {}
-    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                if not f.read().startswith(comm_prefix):
-                    continue
-            out[tid] = (os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid))
-        except (ProcessLookupError, FileNotFoundError):
-            continue
-    return out
-
-
 def compile_child(host_pid: int) -> int:
     """The host's compile child (drivers/compile_worker.py)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in children(host_pid):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rpartition(")")[2].split()[1])
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
+                if b"compile_worker" in f.read():
+                    return pid
+        except OSError:
             continue
-        if ppid == host_pid and b"compile_worker" in cmd:
-            return int(pid)
     raise AssertionError(f"host {host_pid} has no compile child")
 
 
@@ -106,9 +89,9 @@ def test_a_background_apps_load_on_the_lane_runs_at_nice_19_and_no_higher(
         assert got == ["ok: [1.0, 2.0, 3.0, 4.0]"], got
         with NpuManager(rt) as admin:
             lane_pid = int(admin.dump()["devices"][0]["hosts"]["background"]["pid"])
-        child = thread_policies(compile_child(lane_pid))
+        child = thread_scheds(compile_child(lane_pid))
         assert child and set(child.values()) == {(os.SCHED_OTHER, 19)}, child
-        build = thread_policies(lane_pid, "npu-bgcompile")
+        build = thread_scheds(lane_pid, "npu-bgcompile")
         assert build and set(build.values()) == {(os.SCHED_OTHER, 19)}, build
         assert_device_served(runtime_dir)
     assert "Traceback" not in npud.output
