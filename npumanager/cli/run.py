@@ -72,9 +72,39 @@ def load_model(args: argparse.Namespace) -> tuple[bytes, dict[str, str]]:
     if path.is_dir():
         raise UsageError(f"{path} is a directory; name an .onnx file")
     try:
-        return path.read_bytes(), {}
+        onnx = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}") from None
+    if not onnx:
+        raise UsageError(f"{path} is empty; name an .onnx file")
+    return onnx, {}
+
+
+def pick_device(devices: list[Any], wanted: str | None) -> str | None:
+    """--device checked against what npud serves (UsageError naming them), else npud's first
+    (None: it serves none, a manager without drivers, which still answers the request)."""
+    names = [d.name for d in devices]
+    if wanted is None:
+        return str(names[0]) if names else None
+    if wanted not in names:
+        raise UsageError(f"--device {wanted}: npud serves no such device "
+                         f"(devices: {', '.join(names) or 'none'})")
+    return wanted
+
+
+def connect_device(name: str | None, runtime_dir: str | None) -> Any:
+    """nn.device(name), where a driver that does not answer is named as down: npud did
+    answer (it listed the device), so "is `npu serve` running?" would mislead."""
+    from npumanager import nn
+    from npumanager.errors import DeviceUnavailable
+
+    if name is None:
+        raise DeviceUnavailable("npud serves no device (started with --no-drivers?)")
+    try:
+        return nn.device(name, runtime_dir)
+    except DeviceUnavailable:
+        raise DeviceUnavailable(f"device {name} is down (npud lists it, its driver does not "
+                                "answer); `npu status` says why") from None
 
 
 def _fmt(values: Any) -> str:
@@ -125,8 +155,10 @@ def main(args: argparse.Namespace) -> int:
         Path(args.save).write_bytes(onnx)
         print(f"wrote {args.builtin} to {args.save} ({len(onnx)} bytes)")
         return 0
+    name = pick_device(nn.devices(args.runtime_dir), args.device)
+    # The grant is valid on its device only: ask for the one the model will be prepared on.
     request = ModelLoadRequest(id=(os.getpid() << 8) | int(time.time()) & 0xFF,
-                               size=ModelSize(int(args.size)))
+                               size=ModelSize(int(args.size)), device=name)
     with NpuManager.connect(args.runtime_dir) as mgr:
         t0 = time.perf_counter()
         mgr.request_can_load_model(request, Callback())
@@ -139,8 +171,7 @@ def main(args: argparse.Namespace) -> int:
             raise GrantRequired(f"npud did not grant the load within {args.wait:g} s ({why})")
         listener = box["listener"]
         grant_ms = (time.perf_counter() - t0) * 1e3
-        name = args.device or next((d.name for d in nn.devices(args.runtime_dir)), "reference")
-        with nn.device(name, args.runtime_dir) as dev:
+        with connect_device(name, args.runtime_dir) as dev:
             t0 = time.perf_counter()
             model = dev.prepare_model(onnx, grant=listener)
             prepare_ms = (time.perf_counter() - t0) * 1e3

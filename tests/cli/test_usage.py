@@ -61,6 +61,10 @@ def test_messages_name_the_problem(runtime_dir: Path,
     assert "out of range (0..1000)" in err
     _, _, err = npu(capsys, *rt, "importance", "set", "1000", "99999")
     assert "importance 99999 is out of range 0..1000" in err
+    empty = runtime_dir / "empty.onnx"
+    empty.write_bytes(b"")
+    rc, _, err = npu(capsys, *rt, "run", str(empty))
+    assert (rc, err) == (2, f"npu run: {empty} is empty; name an .onnx file\n")
 
 
 @pytest.mark.parametrize("argv", [["status"], ["thermal", "status"], ["policy", "set", "budget"],

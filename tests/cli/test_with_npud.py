@@ -179,3 +179,23 @@ def test_driver_without_a_state_dir_is_reported_down(runtime_dir: Path, tmp_path
         rc, out, _ = npu(capsys, "status", "--runtime-dir", str(runtime_dir))
         assert rc == 0 and "DOWN: cannot create its state dir" in out
     assert "Traceback" not in d.output, d.output
+
+
+def test_run_on_the_device_named(runtime_dir: Path, state_dir: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`npu run --device NAME` asks npud for a grant on NAME (a grant is valid on its device
+    only: asking for npud's first and preparing on the second was refused GrantRequired),
+    and a name npud does not serve is a usage error naming the ones it does."""
+    cfg = {"driver": [{"name": "ref", "plugin": "reference", "channels": 1,
+                       "options": {"devices": ["a", "b"]}}]}
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60):
+        rt = str(runtime_dir)
+        rc, out, err = npu(capsys, "run", "--builtin", "add", "--repeat", "1", "--device",
+                           "ref:b", "--runtime-dir", rt)
+        assert rc == 0, err
+        assert out.startswith("device ref:b ") and "1 executions" in out, out
+        rc, _, err = npu(capsys, "run", "--builtin", "add", "--device", "b", "--runtime-dir",
+                         rt)
+    assert rc == 2
+    assert err == "npu run: --device b: npud serves no such device (devices: ref:a, ref:b)\n"
