@@ -16,6 +16,7 @@ import importlib
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -119,8 +120,16 @@ def _stacks_on_sigusr1() -> None:
         faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
 
 
+def _quiet_runtime_dir_fallback() -> None:
+    """Without $XDG_RUNTIME_DIR (`runuser`, `sudo -u`, cron, a container) platformdirs
+    warns, with its own source line, before every command; the fallback it takes is named
+    in any message about the socket, so the user is told once, in one line, where it matters."""
+    warnings.filterwarnings("ignore", message=r"XDG_RUNTIME_DIR ")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _stacks_on_sigusr1()
+    _quiet_runtime_dir_fallback()
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], Any] | None = getattr(args, "func", None)

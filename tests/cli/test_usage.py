@@ -4,6 +4,8 @@ traceback. Most need no npud: the mistake is found before anything is asked of i
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,9 +118,6 @@ def test_broken_pipe_is_quiet() -> None:
 
 def test_examples_without_npud(runtime_dir: Path, tmp_path: Path) -> None:
     """A clear sentence when npud is absent, exit 1, and nothing left behind."""
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parents[2] / "examples"
     cache = tmp_path / "cache"
     for script, extra in (("run_model.py", ["--cache-dir", str(cache)]),
@@ -131,3 +130,18 @@ def test_examples_without_npud(runtime_dir: Path, tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr, (script, proc.stderr)
         assert f"{runtime_dir}/" in proc.stderr and "Unavailable" in proc.stderr, proc.stderr
     assert not cache.exists()
+
+
+def test_no_xdg_runtime_dir_is_one_line(runtime_dir: Path) -> None:
+    """A user without $XDG_RUNTIME_DIR (`runuser -u`, cron) gets the one line about the
+    socket, not platformdirs' two-line RuntimeDirWarning with its source line first."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "NPU_RUNTIME_DIR")}
+    env["HOME"] = str(runtime_dir)
+    # As root the default is /run/npu, not platformdirs': run as another uid.
+    user = {"user": 65534, "group": 65534} if os.getuid() == 0 else {}
+    proc = subprocess.run([str(Path(sys.executable).with_name("npu")), "status"], env=env,
+                          capture_output=True, text=True, timeout=60, **user)  # type: ignore[call-overload]
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "is `npu serve` running?" in lines[0], proc.stderr
