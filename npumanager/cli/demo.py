@@ -69,6 +69,13 @@ def dispatch(args: argparse.Namespace) -> int:
 
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} exists and is not a directory")
+    if args.out:  # the files are written at the end: a bad DIR is said before the run
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: cannot create it ({exc.strerror})") from None
+        if not os.access(args.out, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {args.out} is not writable")
     check_demo_driver(args.driver)
     return run_demo(DemoOptions(runtime_dir=args.runtime_dir, fast=args.fast,
                                 color=False if args.no_color else None, out=args.out,

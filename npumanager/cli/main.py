@@ -18,6 +18,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from npumanager.errors import NpuError
@@ -99,6 +100,18 @@ def positive_float(text: str) -> float:
 
 
 positive_float.__name__ = "number"
+
+
+def check_can_write(path: str | os.PathLike[str], flag: str) -> None:
+    """UsageError unless a file could be created at ``path`` (its nearest existing ancestor a
+    directory this process may write): said before a command spends its time, not after."""
+    probe = Path(path).absolute().parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is not writable")
 
 
 def _quiet_broken_pipe() -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from npumanager.cli.main import UsageError, add_runtime_dir, positive_float
+from npumanager.cli.main import UsageError, add_runtime_dir, check_can_write, positive_float
 
 
 def register(sub: Any) -> None:
@@ -42,6 +42,9 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {out} is a directory; name a file")
+    for flag, path in (("-o", out), ("--summary", args.summary), ("--png", args.png)):
+        if path is not None:
+            check_can_write(path, flag)
     if args.png is not None:
         try:
             import matplotlib  # noqa: F401

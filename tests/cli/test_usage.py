@@ -145,3 +145,20 @@ def test_no_xdg_runtime_dir_is_one_line(runtime_dir: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "is `npu serve` running?" in lines[0], proc.stderr
+
+
+def test_outputs_checked_before_the_run(runtime_dir: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`npu demo --out DIR` and `npu trace record -o FILE` write at the end of the run: a
+    place they cannot write is one line at once (exit 2), not a run thrown away after it
+    (the demo ran its 11 s, then said 'No such file or directory: /proc/x')."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    rc, _, err = npu(capsys, "demo", "--fast", "--out", str(afile / "out"))
+    assert rc == 2 and err.startswith(f"npu demo: --out {afile}/out: cannot create it"), err
+    assert len(err.splitlines()) == 1
+    for flag in ("-o", "--summary", "--png"):
+        rc, _, err = npu(capsys, "trace", "record", "--runtime-dir", str(runtime_dir), flag,
+                         str(afile / "t.json"))
+        assert (rc, err) == (2, f"npu trace: {flag} {afile}/t.json: {afile} is not a "
+                                "directory\n"), err
