@@ -29,7 +29,10 @@ async def serve_llm(runtime_dir: str | None, rounds: int, work_s: float) -> None
                     print(f"round {i}: npud wants the accelerator back ({reason}); leaving")
                 except TimeoutError:
                     print(f"round {i}: work done; leaving")
-            print(f"round {i}: unloaded ({lease.status.name if lease.status else 'ended'})")
+            # npud's COMPLETE may still be on its way (it follows the driver's release):
+            # a status here is one that came first, a REVOKED above all.
+            ended = f" ({lease.status.name})" if lease.status else ""
+            print(f"round {i}: unloaded{ended}")
 
 
 def main() -> None:

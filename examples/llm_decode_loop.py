@@ -103,7 +103,7 @@ def wait_for_grant(cb: Callback) -> Any:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runtime-dir", default=None)
-    ap.add_argument("--device", default="reference")
+    ap.add_argument("--device", default=None, help="device name (default: npud's first)")
     ap.add_argument("--tokens", type=int, default=512, help="tokens to decode in all")
     ap.add_argument("--steps", type=int, default=32, help="decode steps per job")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory")
@@ -111,7 +111,11 @@ def main() -> None:
 
     onnx = decoder_step()
     token = hashlib.sha256(onnx).digest()
-    device = nn.device(args.device, args.runtime_dir)
+    names = [d.name for d in nn.devices(args.runtime_dir)]
+    if (args.device is not None and args.device not in names) or not names:
+        raise SystemExit(f"no device {args.device!r}; npud serves: {', '.join(names)}" if names
+                         else "npud serves no device (started with --no-drivers?)")
+    device = nn.device(args.device or names[0], args.runtime_dir)
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="npu-llm-cache-")
     try:
         decode(args, device, onnx, token, cache_dir)
@@ -131,8 +135,9 @@ def decode(args: argparse.Namespace, device: nn.Device, onnx: bytes, token: byte
     with NpuManager(args.runtime_dir) as mgr:
         while done < args.tokens:
             request_id += 1
+            # The grant is valid on this device only.
             request = ModelLoadRequest(request_id, ModelSize.BETWEEN_1GB_AND_2GB,
-                                       ModelPriority.BACKGROUND)
+                                       ModelPriority.BACKGROUND, device=device.name)
             cb = Callback()
             print(f"request {request_id}: asking npud (1-2 GB, BACKGROUND)")
             mgr.request_can_load_model(request, cb)
@@ -179,5 +184,8 @@ if __name__ == "__main__":
         main()
     except NpuError as exc:  # npud absent or refusing: a sentence, not a traceback
         raise SystemExit(f"{__file__.rsplit('/', 1)[-1]}: {type(exc).__name__}: {exc}") from None
+    except OSError as exc:  # --cache-dir: missing, a file, not writable
+        raise SystemExit(f"{__file__.rsplit('/', 1)[-1]}: {exc.strerror}: {exc.filename}") \
+            from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

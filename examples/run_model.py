@@ -32,6 +32,12 @@ from npumanager import (
 )
 
 
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
 def small_model(dim: int = 256) -> bytes:
     """y = tanh(x @ W), x and y float32 [1, dim]."""
     from onnx import TensorProto, helper, numpy_helper
@@ -53,6 +59,7 @@ class Callback(ModelLoadRequestCallback):
     def __init__(self) -> None:
         self.granted = threading.Event()
         self.unload = threading.Event()
+        self.ended = threading.Event()
         self.listener: Any = None
         self.status: LoadStatus | None = None
 
@@ -71,6 +78,7 @@ class Callback(ModelLoadRequestCallback):
     def on_model_load_request_complete(self, request: ModelLoadRequest,
                                        status: RequestStatus) -> None:
         print(f"request ended: {status.name}")
+        self.ended.set()
 
 
 def main() -> None:
@@ -79,7 +87,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="an .onnx file (default: a built-in model)")
     ap.add_argument("--device", default=None, help="device name (default: the first one)")
     ap.add_argument("--cache-dir", default="/tmp/npu-example-cache")
-    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--repeat", type=positive_int, default=10)
     args = ap.parse_args()
 
     onnx = Path(args.model).read_bytes() if args.model else small_model()
@@ -89,13 +97,16 @@ def main() -> None:
     device = next((d for d in devices if d.name == args.device), None) if args.device \
         else (devices[0] if devices else None)
     if device is None:
-        raise SystemExit("no such device; is npud running with its drivers?")
+        names = ", ".join(d.name for d in devices)
+        raise SystemExit(f"no device {args.device!r}; npud serves: {names}" if names else
+                         "npud serves no device (started with --no-drivers?)")
     # Kept on purpose (not a temp dir): the second run prepares from this cache.
     cache_dir = Path(args.cache_dir)
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     print(f"device {device.name} {device.version}")
 
-    request = ModelLoadRequest(1)  # size LESS_THAN_1GB, priority NORMAL
+    # Size LESS_THAN_1GB, priority NORMAL; the grant is valid on this device only.
+    request = ModelLoadRequest(1, device=device.name)
     cb = Callback()
     with NpuManager(args.runtime_dir) as mgr:
         mgr.request_can_load_model(request, cb)
@@ -123,6 +134,9 @@ def main() -> None:
         finally:
             model.release()
             cb.listener.notify_model_unloaded(request)
+            # npud answers COMPLETE once the driver has let the model go: wait for it
+            # (a few ms) rather than leave with the answer on its way.
+            cb.ended.wait(5)
     device.close()
 
 
@@ -133,5 +147,8 @@ if __name__ == "__main__":
         main()
     except NpuError as exc:  # npud absent or refusing: a sentence, not a traceback
         raise SystemExit(f"{__file__.rsplit('/', 1)[-1]}: {type(exc).__name__}: {exc}") from None
+    except OSError as exc:  # --model or --cache-dir: missing, a directory, not writable
+        raise SystemExit(f"{__file__.rsplit('/', 1)[-1]}: {exc.strerror}: {exc.filename}") \
+            from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
