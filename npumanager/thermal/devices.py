@@ -35,13 +35,12 @@ from typing import Any
 
 from npumanager.constants import ThermalStatus
 from npumanager.errors import InvalidArgument
+from npumanager.thermal.sources import hwmon_chips, hwmon_inputs, hwmon_name
 from npumanager.thermal.status import HysteresisTracker, Thresholds
 
 log = logging.getLogger("npumanager.thermal")
 
 _ZONE_RE = re.compile(r"thermal_zone(\d+)$")
-_HWMON_RE = re.compile(r"hwmon(\d+)$")
-_INPUT_RE = re.compile(r"temp(\d+)_input$")
 KINDS = ("zone", "hwmon", "file")
 
 
@@ -158,21 +157,11 @@ class DeviceThermal:
             raise LookupError(f"no thermal zone named {what!r} in {base}")
         chip_name, _, label = what.partition("/")
         base = self.root / "class" / "hwmon"
-        for chip in sorted(p for p in base.iterdir() if _HWMON_RE.match(p.name)):
-            try:
-                name = _text(chip / "name")
-            except OSError:
-                name = chip.name
+        for chip in hwmon_chips(base):
+            name = hwmon_name(chip)
             if name != chip_name:
                 continue
-            for inp in sorted(chip.glob("temp*_input")):
-                m = _INPUT_RE.match(inp.name)
-                if m is None:
-                    continue
-                try:
-                    own = _text(chip / f"temp{m.group(1)}_label")
-                except OSError:
-                    own = f"temp{m.group(1)}"
+            for inp, own in hwmon_inputs(chip):
                 if not label or label == own:
                     return inp, f"{chip.name}/{name}/{own}"
         raise LookupError(f"no hwmon input {what!r} in {base}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -159,6 +159,33 @@ _HWMON_RE = re.compile(r"hwmon(\d+)$")
 _INPUT_RE = re.compile(r"temp(\d+)_input$")
 
 
+def hwmon_chips(base: Path) -> list[Path]:
+    """``base``'s hwmonN chips in order (OSError where ``base`` cannot be listed)."""
+    return sorted(p for p in base.iterdir() if _HWMON_RE.match(p.name))
+
+
+def hwmon_name(chip: Path) -> str:
+    """A chip's ``name``, or its directory's name where the driver gives none."""
+    try:
+        return _read_text(chip / "name")
+    except OSError:
+        return chip.name
+
+
+def hwmon_inputs(chip: Path) -> Iterator[tuple[Path, str]]:
+    """A chip's temperature inputs: each tempN_input with its label, ``tempN`` where the
+    driver gives none (the machine's sources and ``[thermal] devices`` read chips alike)."""
+    for inp in sorted(chip.glob("temp*_input")):
+        m = _INPUT_RE.match(inp.name)
+        if m is None:
+            continue
+        try:
+            label = _read_text(chip / f"temp{m.group(1)}_label")
+        except OSError:
+            label = f"temp{m.group(1)}"
+        yield inp, label
+
+
 class Hwmon:
     name = "hwmon"
 
@@ -170,26 +197,16 @@ class Hwmon:
     def read(self) -> list[Reading]:
         out: list[Reading] = []
         try:
-            chips = sorted(p for p in self.base.iterdir() if _HWMON_RE.match(p.name))
+            chips = hwmon_chips(self.base)
         except OSError as exc:
             self._log.failed(str(self.base), exc)
             return out
         self._log.ok(str(self.base))
         for chip in chips:
-            try:
-                chip_name = _read_text(chip / "name")
-            except OSError:
-                chip_name = chip.name
+            chip_name = hwmon_name(chip)
             if self.names and chip_name not in self.names:
                 continue
-            for inp in sorted(chip.glob("temp*_input")):
-                m = _INPUT_RE.match(inp.name)
-                if m is None:
-                    continue
-                try:
-                    label = _read_text(chip / f"temp{m.group(1)}_label")
-                except OSError:
-                    label = f"temp{m.group(1)}"
+            for inp, label in hwmon_inputs(chip):
                 key = str(inp)
                 try:
                     temp = _millideg(inp)
