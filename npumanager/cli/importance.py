@@ -22,6 +22,7 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from npumanager.cli.fmt import importance_name
     from npumanager.client import NpuManager
     from npumanager.constants import MAX_IMPORTANCE, parse_importance
 
@@ -34,5 +35,5 @@ def main(args: argparse.Namespace) -> int:
                          f"(100 foreground .. 1000 gone)")
     with NpuManager(args.runtime_dir) as mgr:
         mgr.set_uid_importance(args.uid, level)
-    print(f"uid {args.uid}: importance {level}")
+    print(f"uid {args.uid}: importance {importance_name(level)}")
     return 0

@@ -38,6 +38,7 @@ def parse_policy(text: str) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    from npumanager.cli.fmt import nbytes, per_size
     from npumanager.client import KEY_MEMORY_BUDGET_BYTES, NpuManager
     from npumanager.constants import KEY_MAX_BUDGET, KEY_MODEL_SIZE_WEIGHTS, Policy
 
@@ -67,5 +68,10 @@ def main(args: argparse.Namespace) -> int:
         name = Policy(policy).name
     except ValueError:
         name = str(policy)
-    print(f"policy set to {name}" + (f" {bundle}" if bundle else ""))
+    said = [f"max budget {args.max_budget}"] if args.max_budget is not None else []
+    if args.memory_budget_bytes is not None:
+        said.append(f"memory budget {nbytes(args.memory_budget_bytes)}")
+    if args.weight:
+        said.append(f"weights {per_size(bundle[KEY_MODEL_SIZE_WEIGHTS])}")
+    print(f"policy set to {name}" + (f" ({', '.join(said)})" if said else ""))
     return 0

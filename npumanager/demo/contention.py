@@ -275,8 +275,10 @@ class ContentionRun:
             dump = m.dump()
         rt = dump.get("realtime", {})
         protection = (dump.get("daemon") or {}).get("protection")
+        demoted = ", ".join(f"{n} ({why})" for why, n in
+                            sorted((rt.get("demoted_total") or {}).items())) or "none"
         self.say(f"{self.name}: npud granted SCHED_FIFO {rt.get('priority')} to "
-                 f"{len(rt.get('granted', []))} thread(s), demoted {rt.get('demoted_total')}"
+                 f"{len(rt.get('granted', []))} thread(s), demoted {demoted}"
                  + (f"; {protection}" if protection and not after else ""))
 
     def wait_for(self, name: str, ev: str, after: float, timeout: float = 60.0) -> Event:

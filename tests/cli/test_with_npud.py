@@ -112,6 +112,21 @@ def test_grant_timeout_names_the_status(npud: DaemonProcess,
     assert re.search(r"last answer (NOT_PRIORITIZED|WAIT_FOR_UNLOAD)\)", err), err
 
 
+def test_admin_commands_say_what_they_set(npud: DaemonProcess,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """In the words `npu status` uses, not a Python dict of protobuf keys ('policy set to
+    BUDGET {'maxBudget': 4, 'modelSizeWeights': {'2': 4}}') or a bare number."""
+    rt = ["--runtime-dir", str(npud.runtime_dir)]
+    rc, out, err = npu(capsys, *rt, "policy", "set", "budget", "--max-budget", "4",
+                       "--weight", "2=4", "--weight", "1=2")
+    assert (rc, out) == (0, "policy set to BUDGET (max budget 4, weights >2GB 4, 1-2GB 2)\n"), \
+        err
+    rc, out, err = npu(capsys, *rt, "policy", "set", "turn_taking")
+    assert (rc, out) == (0, "policy set to TURN_TAKING\n"), err
+    rc, out, err = npu(capsys, *rt, "importance", "set", "50001", "cached")
+    assert (rc, out) == (0, "uid 50001: importance cached (400)\n"), err
+
+
 def test_status_through_a_closed_pipe(npud: DaemonProcess) -> None:
     r, w = os.pipe()
     os.close(r)
