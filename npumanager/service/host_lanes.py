@@ -122,8 +122,7 @@ class HostLanes:
         return [*self.slots, *self.lanes]
 
     def _announce_up(self, slot: DriverSlot) -> None:
-        if slot.lane:
-            log.info("driver %s is up (pid %d)", slot.label, _pid(slot))
+        if slot.lane:  # the caller logged its start, as for any host
             return
         self.events.driver_up(slot.info)
 

@@ -435,7 +435,7 @@ class DriverSupervisor(DriverFeed):
             if len(slot.group) > 1:
                 self._host_serves(slot)
         else:
-            log.info("driver %s is up (pid %d, %s)", slot.name, conn.peer.pid,
+            log.info("driver %s is up (pid %d, %s)", slot.label, conn.peer.pid,
                      slot.info.version)
         self._announce_up(slot)
         slot.ready.set()

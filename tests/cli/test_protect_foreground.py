@@ -101,6 +101,9 @@ def test_root_with_the_capability_is_protected_by_default(
         assert got == {"y": [1.0, 2.0, 3.0, 4.0], "granted": True, "fifo": True,
                        "error": None, "after_close": True}, got
     assert "Traceback" not in npud.output
+    # Each host's start is one line (the lane's was logged twice, once without its version).
+    assert npud.count_output("driver reference (background lane) is up") == 1, npud.output
+    assert npud.count_output("driver reference is up") == 1, npud.output
 
 
 @needs_capsh
