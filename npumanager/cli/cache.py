@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from npumanager.cli.main import add_runtime_dir, int_range
+from npumanager.cli.main import UsageError, add_runtime_dir, int_range
 
 #: An NNAPI cache file name: 64 letters A..P spelling the token, 1|2, an index.
 _CACHE_FILE = re.compile(r"^([A-P]{64})([12])(\d{1,2})$")
@@ -280,6 +280,9 @@ def cmd_clear(args: argparse.Namespace, v: Any) -> int:
 def main(args: argparse.Namespace) -> int:
     from npumanager.errors import GeneralFailure
 
+    if args.dir and not Path(args.dir).is_dir():
+        # A mistyped DIR would otherwise read as a clean one: "0 entries with files, 0 damaged".
+        raise UsageError(f"--dir {args.dir}: no such directory (an app's cache directory)")
     try:
         v = _open(args)
     except GeneralFailure as exc:

@@ -131,3 +131,17 @@ def test_verify_without_dir_checks_the_map(
         raise AssertionError(exc) from None
     out, err = capsys.readouterr()
     assert rc == 1 and "Traceback" not in err, (out, err)
+
+
+@pytest.mark.parametrize("verb", ["ls", "verify", "gc", "clear"])
+def test_a_dir_that_is_not_there_is_named(populated: Path, state_dir: Path, verb: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped --dir was read as a clean one ('0 entries with files in DIR, 0 damaged',
+    exit 0); now one line, exit 2, and the map is left as it was."""
+    typo = populated.parent / "apps"
+    rc = main(["cache", verb, "--state-dir", str(state_dir), "--dir", str(typo)])
+    err = capsys.readouterr().err
+    assert (rc, err) == (2, f"npu cache: --dir {typo}: no such directory (an app's cache "
+                            "directory)\n")
+    rc, out = run(capsys, "ls", "--state-dir", str(state_dir), "--json")
+    assert len(json.loads(out)["entries"]) == 3
