@@ -122,6 +122,7 @@ async def serve(args: argparse.Namespace) -> int:
         listens[i] = sock
     # One host per device, each with its own socket, channels, queue, grants and cache
     # map; one process and event loop serve them all (API.md "Devices and budgets").
+    warn_option_problems(hcs[0])
     hosts: list[DriverHost] = []
     try:
         for hc, state, listen in zip(hcs, states, listens, strict=True):
@@ -193,6 +194,19 @@ def apply_malloc_threshold(hcs: list[HostConfig]) -> None:
     kbs = [hc.malloc_mmap_threshold_kb for hc in hcs if hc.malloc_mmap_threshold_kb > 0]
     if kbs:
         set_mmap_threshold(min(kbs))
+
+
+def warn_option_problems(hc: HostConfig) -> None:
+    """A misspelt option is never read by the plugin, so without a word here `npu serve`
+    ran with it silently ignored (only `--check-config` named it). Said by the main host
+    (a lane's options are the same), once per start."""
+    from npumanager.drivers.option_specs import option_problems
+
+    if hc.lane:
+        return
+    for problem in option_problems(hc.plugin, hc.options):
+        log.warning("[[driver]] %r options: %s (`npu serve --check-config` checks a config "
+                    "before a start)", hc.host_name, problem)
 
 
 def plugin_options(hc: HostConfig, state: Path) -> dict[str, Any]:

@@ -214,3 +214,17 @@ def test_run_on_the_device_named(runtime_dir: Path, state_dir: Path,
                          rt)
     assert rc == 2
     assert err == "npu run: --device b: npud serves no such device (devices: ref:a, ref:b)\n"
+
+
+def test_serve_warns_of_a_misspelt_driver_option(runtime_dir: Path, state_dir: Path) -> None:
+    """The plugin never reads an option it does not know: `npu serve` ran with the typo
+    silently ignored, only `--check-config` named it. Now npud's log says so once."""
+    cfg = {"driver": [{"name": "reference", "plugin": "reference",
+                       "options": {"intra_op_thread": 2}}]}
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60) as d:
+        pass
+    said = [ln for ln in d.lines if "unknown option 'intra_op_thread'" in ln]
+    assert len(said) == 1, d.output
+    assert "warning driver[reference]" in said[0] and "[[driver]] 'reference' options:" \
+        in said[0] and "did you mean 'intra_op_threads'?" in said[0], said
