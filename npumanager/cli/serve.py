@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     os.environ["NPU_LOG_FORMAT"], os.environ["NPU_LOG_LEVEL"] = fmt, level
     rt = ensure_runtime_dir(runtime_dir(args.runtime_dir))  # UnsafePath: exit 1, named
     use_drivers = not args.no_drivers and drivers_enabled(cfg)
-    from npumanager.cli.check_config import socket_problems
+    from npumanager.cli.check_config import metrics_problems, socket_problems
     from npumanager.errors import InvalidArgument
     from npumanager.service.protection import resolve
 
@@ -81,6 +81,10 @@ def main(args: argparse.Namespace) -> int:
     from npumanager.service.metrics import MetricsServer, metrics_observers
 
     if listen:
+        # Bound only once npud runs, where a failure is logged and npud goes on: a port in
+        # use or an address not this machine's is said here, one line, before any start.
+        for problem in metrics_problems(listen):
+            raise InvalidArgument(problem)
         names = [str(d["name"]) for d in cfg.drivers()] if use_drivers else []
         observers += metrics_observers(listen, names[0] if names else "none")
 
@@ -90,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     def ready(d: Daemon) -> None:
         nonlocal metrics_at
         for o in observers:
-            if isinstance(o, MetricsServer):
+            if isinstance(o, MetricsServer) and o.serving:
                 metrics_at = f", metrics on http://{o.host}:{o.port}/metrics"
         print(f"npud ready on {manager_socket(rt)} (pid {os.getpid()}, "
               f"drivers: {_drivers_text(d)}{metrics_at})", flush=True)

@@ -294,7 +294,17 @@ class MetricsServer(DaemonObserver):
         self._thread: threading.Thread | None = None
 
     def attach(self, daemon: Daemon) -> None:
-        self.start()  # before npud is ready: a port in use stops `npu serve` at once
+        # Before npud is ready. `npu serve` checked the address; one taken since is logged
+        # in a line and npud serves on without the endpoint (its ready line says none).
+        try:
+            self.start()
+        except OSError as exc:
+            log.error("metrics: cannot listen on %s:%d (%s); serving without metrics",
+                      self.host, self.port, exc.strerror or exc)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
 
     def start(self) -> None:
         from prometheus_client import start_http_server

@@ -94,6 +94,27 @@ def test_listen_address() -> None:
             parse_listen(bad)
 
 
+def test_a_port_in_use_stops_serve_in_one_line(runtime_dir: Path) -> None:
+    """npud ran on with a 20-line traceback in its log, no endpoint, and a ready line
+    naming the other process's port as its metrics; now `npu serve` refuses at once."""
+    import socket
+
+    npu = Path(sys.executable).with_name("npu")
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = subprocess.run([str(npu), "serve", "--runtime-dir", str(runtime_dir),
+                               "--no-drivers", "--metrics", f"127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "ready" not in proc.stdout, proc.stdout
+    errors = [ln for ln in proc.stderr.splitlines() if "npumanager.npud" not in ln]
+    assert errors == [f"npu serve: InvalidArgument: metrics listen address '127.0.0.1:{port}':"
+                      f" port {port} is in use (another process listens on it): stop it, or "
+                      "choose another port (port 0 picks a free one)"], proc.stderr
+
+
 def test_scrape_during_a_real_workload(npud: DaemonProcess, tmp_path: Path) -> None:
     rt = npud.runtime_dir
     before = scrape(npud)
