@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from npumanager.cli.main import int_range, positive_float
+from npumanager.cli.main import UsageError, add_runtime_dir, int_range, positive_float
 
 
 def register(sub: Any) -> None:
@@ -33,6 +33,7 @@ def register(sub: Any) -> None:
                    "directory, removed after a clean run, kept and named on a violation)")
     p.add_argument("--keep", action="store_true",
                    help="keep the temporary directory after a clean run too")
+    add_runtime_dir(p)  # every command takes it; this one says why it has no use for one
     p.set_defaults(func=main)
 
 
@@ -49,6 +50,10 @@ duration.__name__ = "duration"
 def main(args: argparse.Namespace) -> int:
     from npumanager.testing.chaos import run_chaos
 
+    if args.runtime_dir is not None:
+        raise UsageError("npu chaos starts its own npud, which it SIGKILLs and restarts, in "
+                         "DIR/rt of --log-dir DIR (default: a temporary dir); drop "
+                         "--runtime-dir")
     report = run_chaos(args.duration, args.apps, args.seed, workdir=args.log_dir,
                        keep=args.keep)
     if args.json:

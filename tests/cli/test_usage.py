@@ -39,6 +39,7 @@ USAGE = [
     ["bench", "nosuch"],
     ["cache", "gc", "--max-entries", "-1"],
     ["run", "--builtin", "add", "--size", "3"],
+    ["chaos", "--duration", "1"],  # with --runtime-dir: it starts its own npud
 ]
 
 
