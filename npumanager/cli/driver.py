@@ -350,17 +350,23 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from npumanager.errors import DriverRefused
+
     try:
         try:
             import uvloop
         except ImportError:
             return asyncio.run(serve(args))
         return int(uvloop.run(serve(args)))
-    except DriverConfigError as exc:
+    except (DriverConfigError, DriverRefused) as exc:
         # One line on stderr, as every command; and on stdout when that is a pipe: npud's
-        # supervisor waits there for "ready", logs the line and shows it in `npu status`.
+        # supervisor waits there for "ready", logs the line and shows it in `npu status`
+        # (a plugin not installed, or whose backend fails to import, said only "did not
+        # become ready" there).
         line = f"driver {args.name}: {exc}"
-        print(line, file=sys.stderr, flush=True)
+        refused = isinstance(exc, DriverRefused)  # as `npu` says an NpuError
+        print(f"npu driver: DriverRefused: {exc}" if refused else line, file=sys.stderr,
+              flush=True)
         if not sys.stdout.isatty():
             print(line, flush=True)
         return 1

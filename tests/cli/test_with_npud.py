@@ -228,3 +228,19 @@ def test_serve_warns_of_a_misspelt_driver_option(runtime_dir: Path, state_dir: P
     assert len(said) == 1, d.output
     assert "warning driver[reference]" in said[0] and "[[driver]] 'reference' options:" \
         in said[0] and "did you mean 'intra_op_threads'?" in said[0], said
+
+
+def test_a_plugin_that_is_not_installed_is_the_reason_it_is_down(
+        runtime_dir: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`npu status` said "DOWN: did not become ready"; the host's reason went to npud's
+    log only."""
+    cfg = {"driver": [{"name": "reference", "plugin": "nosuch"}]}
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60) as d:
+        assert d.ready_line is not None
+        assert "reference (DOWN: no driver plugin 'nosuch'" in d.ready_line, d.ready_line
+        rc, out, _ = npu(capsys, "status", "--runtime-dir", str(runtime_dir), "--json")
+    assert rc == 0
+    dev = json.loads(out)["devices"][0]
+    assert dev["available"] is False and dev["down_reason"].startswith(
+        "no driver plugin 'nosuch' in entry-point group 'npumanager.drivers' (installed: "), dev
