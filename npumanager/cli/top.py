@@ -68,15 +68,45 @@ class Sampler:
     def __init__(self, runtime_dir: str | None, history: int = 40) -> None:
         from npumanager.client import NpuManager
 
-        self.mgr = NpuManager(runtime_dir)
+        self.runtime_dir = runtime_dir
+        self.mgr: Any = NpuManager(runtime_dir)
         self.temps: dict[str, deque[float]] = {}
         self.history = history
         self._drivers: dict[str, Any] = {}
+        self.last: Any = None
 
     def close(self) -> None:
         for c in self._drivers.values():
             c.close()
-        self.mgr.close()
+        if self.mgr is not None:
+            self.mgr.close()
+
+    def view(self) -> Any:
+        """The next frame rendered; while npud does not answer (stopped, restarting: the
+        README's `systemctl restart npud` is a non-event for apps), a line saying so above
+        the last frame, and a new connection tried at each refresh. The live view used to
+        end there ("ServiceUnavailable: not connected to the manager service")."""
+        from rich.console import Group
+        from rich.text import Text
+
+        from npumanager.client import NpuManager
+        from npumanager.errors import ServiceUnavailable
+
+        try:
+            if self.mgr is None:
+                self.mgr = NpuManager(self.runtime_dir)
+            self.last = render(self.frame())
+            return self.last
+        except ServiceUnavailable as exc:
+            if self.mgr is not None:
+                self.mgr.close()
+                self.mgr = None
+            for c in self._drivers.values():
+                c.close()
+            self._drivers.clear()
+            said = Text(f"{time.strftime('%H:%M:%S')} npud is not answering: {exc} Trying "
+                        "again at each refresh; Ctrl-C quits.", style="bold red")
+            return Group(said, self.last) if self.last is not None else said
 
     def driver_stats(self, device: dict[str, Any], lane: str = "") -> dict[str, Any] | None:
         """``device``'s host's ``device.stats`` (``lane``: its background lane's host)."""
@@ -256,11 +286,12 @@ def main(args: argparse.Namespace) -> int:
             return 0
         console = Console(highlight=False, emoji=False)  # "ref:a:" is no emoji
         try:
-            with Live(render(sampler.frame()), console=console, screen=True,
-                      auto_refresh=False) as live:
+            first = render(sampler.frame())  # npud absent at the start: one line, exit 1
+            sampler.last = first
+            with Live(first, console=console, screen=True, auto_refresh=False) as live:
                 while True:
                     time.sleep(args.interval)
-                    live.update(render(sampler.frame()), refresh=True)
+                    live.update(sampler.view(), refresh=True)
         except KeyboardInterrupt:
             return 0
     finally:

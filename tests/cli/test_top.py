@@ -234,3 +234,33 @@ def test_once_shows_the_lane_host_and_where_each_model_runs(
         m = re.search(rf"\b{uid}\s+foreground \(100\)\s+{device}\s+[\d.]+\s+[\d.]+ ms\s+"
                       rf"[\d.]+ ms\s+(\d+)", out)
         assert m and int(m.group(1)) == 20, (device, out)
+
+
+@pytest.mark.slow
+def test_the_live_view_waits_through_an_npud_restart(runtime_dir: Path) -> None:
+    """The live view ended with "ServiceUnavailable: not connected to the manager service"
+    when npud stopped; the README has `systemctl restart npud` a non-event for apps. Now it
+    says npud is not answering, above the last frame, and goes on once npud is back."""
+    from rich.console import Console
+
+    from npumanager.cli.top import Sampler
+
+    def text(view: Any) -> str:
+        out = io.StringIO()
+        Console(file=out, width=120, no_color=True).print(view)
+        return out.getvalue()
+
+    with DaemonProcess(runtime_dir):
+        sampler = Sampler(str(runtime_dir))
+        before = text(sampler.view())
+        assert before.startswith("npu top"), before
+    try:
+        away = text(sampler.view())
+        assert re.match(r"\d\d:\d\d:\d\d npud is not answering: ", away), away
+        assert "Ctrl-C quits" in away, away
+        assert "npu top" in away  # the last frame, below
+        with DaemonProcess(runtime_dir):
+            back = text(sampler.view())
+        assert back.startswith("npu top") and "not answering" not in back, back
+    finally:
+        sampler.close()
