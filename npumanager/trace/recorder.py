@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npumanager.client import NpuManager
-from npumanager.errors import NpuError, ProtocolError
+from npumanager.errors import NpuError, PermissionDenied, ProtocolError
 from npumanager.fds import close_fds
 
 
@@ -56,7 +56,7 @@ class TraceRecorder:
         self._mgr = NpuManager(runtime_dir, client_name="npu trace")
         if not self._mgr.admin:
             self._mgr.close()
-            raise NpuError("npu trace needs admin rights on npud (root, npud's uid or its "
+            raise PermissionDenied("npu trace needs admin rights on npud (root, npud's uid or its "
                            "admin group): it reads every request's story and the drivers' "
                            "execution steps")
         self._keys: set[tuple[int, int]] = set()

@@ -244,3 +244,22 @@ def test_a_plugin_that_is_not_installed_is_the_reason_it_is_down(
     dev = json.loads(out)["devices"][0]
     assert dev["available"] is False and dev["down_reason"].startswith(
         "no driver plugin 'nosuch' in entry-point group 'npumanager.drivers' (installed: "), dev
+
+
+def test_a_non_admin_is_told_with_the_type_the_other_commands_use(npud: DaemonProcess) -> None:
+    """`npu thermal override` as a non-admin says PermissionDenied; `npu trace` said a bare
+    NpuError."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to run as another uid")
+    import subprocess
+    import sys
+
+    npu_bin = str(Path(sys.executable).with_name("npu"))
+    rt = str(npud.runtime_dir)
+    said = [subprocess.run([npu_bin, *argv, "--runtime-dir", rt], capture_output=True,
+                           text=True, timeout=60, user=65534, group=65534)
+            for argv in (["trace", "record", "--duration", "1", "-o", "/tmp/npu-trace-x.json"],
+                         ["thermal", "override", "severe"])]
+    assert [p.returncode for p in said] == [1, 1], said
+    assert said[0].stderr.startswith("npu trace: PermissionDenied: npu trace needs admin rights")
+    assert said[1].stderr.startswith("npu thermal: PermissionDenied: ")
