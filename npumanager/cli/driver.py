@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from npumanager.cli.main import add_runtime_dir
 from npumanager.errors import UnsafePath
+from npumanager.paths import manager_socket, runtime_dir
 
 if TYPE_CHECKING:
+    from npumanager.config import Config
     from npumanager.drivers.host import DriverHost
     from npumanager.hal.host_config import HostConfig
 
@@ -43,6 +45,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--background-sched", default=None,
                    choices=("idle", "nice", "normal", "share"),  # drivers/steps.py's
                    help="override [[driver]] background_sched")
+    p.add_argument("--protect-foreground", choices=("auto", "on", "off"), default=None,
+                   help="foreground protection for a host started by hand, as `npu serve "
+                   "--protect-foreground` (same as [manager] protect_foreground, which it "
+                   "overrides): the entry npud would run for the same file; auto (the "
+                   "default) = as the npud serving --runtime-dir runs, else decided here as "
+                   "npud's start would")
     p.add_argument("--no-enforce-admission", action="store_true",
                    help="prepare without a grant from npud (testing, standalone use)")
     p.add_argument("--exit-with-manager", action="store_true",
@@ -70,19 +78,18 @@ async def serve(args: argparse.Namespace) -> int:
     from npumanager.drivers.host import DriverHost
     from npumanager.drivers.sandbox import enter_empty_dir, harden
     from npumanager.hal.host_config import HostConfig
-    from npumanager.paths import (
-        default_state_dir,
-        driver_state_dir,
-        ensure_private_dir,
-        runtime_dir,
-    )
+    from npumanager.paths import default_state_dir, driver_state_dir, ensure_private_dir
 
     harden()  # before any plugin is loaded or any connection taken
     if args.host_config_json:
+        if args.protect_foreground:
+            raise DriverConfigError("--protect-foreground is for a host started by hand: "
+                                    "npud passes the entry it resolved")
         decoded = json.loads(args.host_config_json)
         hcs = [HostConfig(**d) for d in (decoded if isinstance(decoded, list) else [decoded])]
     else:
-        hcs = HostConfig.group(Config.load(args.config), args.name)
+        cfg = await hand_started_config(Config.load(args.config), args)
+        hcs = HostConfig.group(cfg, args.name)
     for hc in hcs:
         if args.channels:
             hc.channels = args.channels
@@ -114,6 +121,8 @@ async def serve(args: argparse.Namespace) -> int:
     fds = list(args.listen_fd or [])
     if fds and len(fds) != len(hcs):
         raise DriverConfigError(f"{len(fds)} listening sockets for {len(hcs)} devices")
+    if not fds:
+        refuse_if_served(rt, hcs)
     listens: list[socket.socket | None] = [None] * len(hcs)
     for i, fd in enumerate(fds):
         sock = socket.socket(fileno=fd)
@@ -153,6 +162,58 @@ async def serve(args: argparse.Namespace) -> int:
         for host in hosts:
             await host.close()
     return 0
+
+
+async def hand_started_config(cfg: Config, args: argparse.Namespace) -> Config:
+    """The config a host started by hand runs: its file with the foreground protection
+    npud would apply to it (service/protection.resolve_hand_started), said in one line."""
+    from npumanager.service.protection import mode_of, resolve_hand_started
+
+    npud = None
+    if mode_of(cfg, args.protect_foreground) == "auto":
+        npud = await npud_protection(runtime_dir(args.runtime_dir))
+    cfg, protection = resolve_hand_started(cfg, args.protect_foreground, npud)
+    log.info("%s", protection.line())
+    for line in protection.skipped:
+        log.info("%s", line)
+    return cfg
+
+
+async def npud_protection(rt: Path) -> tuple[bool, str] | None:
+    """Whether the npud serving ``rt`` runs with foreground protection on, and which npud:
+    its status (any client may read it) says; None where none answers in a few seconds or
+    its status does not say."""
+    from npumanager.client.aio import AsyncNpuManager
+    from npumanager.service.protection import state_of
+
+    sock = manager_socket(rt)
+    if not sock.exists():
+        return None
+    try:
+        mgr = await asyncio.wait_for(
+            AsyncNpuManager.connect(rt, client_name="npu-driver", reconnect=False), 5.0)
+        try:
+            daemon = (await asyncio.wait_for(mgr.dump(), 5.0)).get("daemon") or {}
+        finally:
+            await mgr.close()
+    except Exception:  # (no answer, or a refusal): the host starts all the same
+        return None
+    on = state_of(str(daemon.get("protection") or ""))
+    return None if on is None else (on, f"the npud on {sock} (pid {daemon.get('pid')})")
+
+
+def refuse_if_served(rt: Path, hcs: list[HostConfig]) -> None:
+    """A host started by hand binds its socket paths itself, which would take a live
+    host's path from it (npud's connection to that host stays, apps reach this one): refuse
+    instead, as npud refuses a second npud (npud's own hosts get their socket from npud)."""
+    from npumanager.service.driver_slots import host_listens
+
+    for hc in hcs:
+        path = rt / "drivers" / f"{hc.lane_name}.sock"
+        if host_listens(path):
+            raise DriverConfigError(
+                f"a driver host already serves {path}: stop it first (a host npud started "
+                "is restarted by npud once stopped; stop npud first to serve it by hand)")
 
 
 def rt_backstop(hosts: list[DriverHost], loop: asyncio.AbstractEventLoop) -> None:

@@ -283,13 +283,24 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
 
 def _hosts(hosts: Any) -> str:
     """A device's host processes: ``pid 12``, with a background lane ``pid 12 + bg 34``
-    (``bg DOWN: why`` while it is not up)."""
+    (``bg DOWN: why`` while it is not up); each with the keys it runs otherwise than npud
+    would, where it does."""
     if not isinstance(hosts, dict):
         return "-"
     main = f"pid {hosts['pid']}" if hosts.get("pid") else "-"
+    main += _differs(hosts)
     bg = hosts.get("background")
     if not isinstance(bg, dict):
         return main
     if not bg.get("up"):
         return f"{main} + bg DOWN: {bg.get('down_reason') or 'starting'}"
-    return f"{main} + bg {bg.get('pid')}"
+    return f"{main} + bg {bg.get('pid')}{_differs(bg)}"
+
+
+def _differs(host: dict[str, Any]) -> str:
+    """`` (other entry: KEY, KEY)`` for a host npud did not start that runs another entry
+    than npud would (service/host_entries.py; npud's log says more)."""
+    keys = host.get("entry_differs")
+    if not isinstance(keys, list) or not keys:
+        return ""
+    return f" (other entry: {', '.join(map(str, keys))})"

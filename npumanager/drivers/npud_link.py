@@ -12,6 +12,7 @@ says when npud stayed away past the orphan grace. Every
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -25,7 +26,7 @@ from npumanager.drivers.state import DriverState, GrantCheck
 from npumanager.errors import GrantRequired, InvalidArgument, PermissionDenied
 from npumanager.fds import close_fds
 from npumanager.hal import raise_wire, rt_wire
-from npumanager.hal.host_config import HostConfig
+from npumanager.hal.host_config import HostConfig, entry_summary
 from npumanager.hal.wire import configs_from_payload, work_to_msg
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
@@ -278,10 +279,13 @@ class NpudLink:
         # A new npud after a restart adopts what we hold (the grants its clients claim).
         with self._lock:
             held = self.state.held_grants()
+        # And the entry this host runs: npud names what differs from its own (a host
+        # started by hand, or by an earlier npud with another config).
         return pb.HeldGrants(grants=[
             pb.HeldGrant(grant_id=g, uid=uid, request_id=rid, memory_bytes=nbytes,
                          models=models)
-            for g, uid, rid, nbytes, models in held])
+            for g, uid, rid, nbytes, models in held],
+            host_entry_json=json.dumps(entry_summary(self.hc)))
 
     def _set_thermal(self, ctx: CallContext, payload: bytes) -> Empty:
         msg = pb.ThermalStatusMsg.FromString(payload)

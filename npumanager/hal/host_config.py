@@ -7,6 +7,10 @@ host (numpy, ONNX Runtime).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,6 +265,43 @@ class HostConfig:
         listed = device_entries(cfg)
         mine = [str(d["name"]) for d in listed if d.get("host") == name]
         return [cls.from_config(cfg, n) for n in (mine or [name])]
+
+
+#: Keys npud sets on each host itself, whatever its entry: at attach (enforce_admission)
+#: and at its start (the group npud made for it).
+NPUD_SET = ("enforce_admission", "background_cgroup_dir")
+
+
+def entry_summary(hc: HostConfig) -> dict[str, Any]:
+    """What a host tells npud of the entry it runs (hal.attach_manager's reply), for npud to
+    name the keys that differ from the entry it would run it with (service/supervisor.py):
+    each key's value, a digest for a table (options, fleet, limits: paths and credentials
+    npud has no need to be told), none of those npud sets itself (:data:`NPUD_SET`)."""
+    out: dict[str, Any] = {}
+    for key, value in dataclasses.asdict(hc).items():
+        if key in NPUD_SET:
+            continue
+        if isinstance(value, (dict, list)):
+            text = json.dumps(value, sort_keys=True, default=str)
+            value = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        out[key] = value
+    return out
+
+
+def entry_differences(expected: Mapping[str, Any], running: Mapping[str, Any]) -> list[str]:
+    """``KEY = RUNNING (npud's: EXPECTED)`` for each key of two entry summaries
+    whose values differ, values as TOML writes them; a key only one side has (another
+    version's host) is left out."""
+    return [f"{key} = {_shown(running[key])} (npud's: {_shown(value)})"
+            for key, value in expected.items()
+            if key in running and running[key] != value]
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``value`` as TOML writes it, cut at ``limit`` characters (a host's reply is read as
+    untrusted: it runs code an app chose)."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def lane_entry(entry: dict[str, Any]) -> dict[str, Any]:

@@ -78,6 +78,9 @@ class DriverSlot:
     #: Why the last attach to a host that still listens failed without a refusal (it did
     #: not answer in time); "": no such host, or it refused.
     unanswered: str = ""
+    #: The keys in which the host npud attached to, one it did not start, runs another
+    #: entry than npud would run it with (service/host_entries.py); empty: none.
+    entry_differs: list[str] = field(default_factory=list)
     #: Clear while a host this slot spawned is starting (spawned, not yet attached); set
     #: once it is attached or the attempt ended. A detaching npud waits on it.
     settled: asyncio.Event = field(default_factory=asyncio.Event)

@@ -58,6 +58,7 @@ from npumanager.hal.types import SchedulingConfig
 from npumanager.paths import BACKGROUND_LANE
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
+from npumanager.service import host_entries
 from npumanager.service.driver_link import DriverEvents
 from npumanager.service.driver_slots import Backoff, DriverSlot
 from npumanager.wire.conn import CallContext
@@ -193,16 +194,19 @@ class HostLanes:
 
     def host_pids(self) -> dict[str, dict[str, Any]]:
         """Each device's host processes (`npu status`, device.stats): ``{device: {"pid":
-        main host's, "background": {"pid", "up", "down_reason"}}}`` (pid 0: none now)."""
+        main host's, "background": {"pid", "up", "down_reason"}}}`` (pid 0: none now), each
+        with ``entry_differs`` where it runs another entry than npud's (.host_entries)."""
         out: dict[str, dict[str, Any]] = {}
         for slot in self.slots:
             leader = slot.leader or slot
-            entry: dict[str, Any] = {"pid": _pid(leader) if slot.up else 0}
+            entry: dict[str, Any] = {"pid": _pid(leader) if slot.up else 0,
+                                     **host_entries.summary(slot.entry_differs)}
             lane = slot.background
             if lane is not None:
                 entry["background"] = {"pid": _pid(lane) if lane.up else 0, "up": lane.up,
                                        **({} if lane.up else
-                                          {"down_reason": lane.last_exit or "starting"})}
+                                          {"down_reason": lane.last_exit or "starting"}),
+                                       **host_entries.summary(lane.entry_differs)}
             out[slot.name] = entry
         return out
 

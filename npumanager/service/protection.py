@@ -14,11 +14,23 @@ recommended config part by part"), while the second host still costs its memory.
 reads what it needs (the privilege, given by the caller) and says why. npud applies it once
 at start, before anything reads the keys (cli/serve.py), so a restarted npud with the same
 file and privileges runs the same config and adopts the same hosts (lane included).
+
+A driver host started by hand (`npu driver NAME --config FILE`, cli/driver.py) runs the
+entry npud would give it for the same file: :func:`resolve_hand_started`, with `npu driver
+--protect-foreground` as the flag. Its "auto" is npud's question (can npud put threads at
+SCHED_FIFO? the host only asks npud for them), which the host's own privilege does not
+answer: the recommended host runs unprivileged beside a root npud. So where an npud serves
+the host's runtime dir, "auto" is what that npud resolved (its status says, to any client);
+where none does yet (a host started first, for npud to adopt), it is decided as npud's
+start would decide it, in the host's process, and the line says that npud decides for
+itself and that the flag settles it. npud names every key that differs when it adopts a
+host (service/supervisor.py), so a wrong guess does not go unseen.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,13 +74,23 @@ class Protection:
     skipped: tuple[str, ...] = field(default=())
     #: "auto" found npud unable to serve the FIFO keys (npud's start warns, with the fix).
     unable: bool = False
-
     def line(self) -> str:
         """npud's start line: ``foreground protection: on (auto: ...)``."""
         state = "on" if self.on else "off"
         if self.mode == "auto":
-            return f"foreground protection: {state} (auto: {self.why})"
-        return f"foreground protection: {state} (protect_foreground = \"{self.mode}\")"
+            return f"{PREFIX}{state} (auto: {self.why})"
+        return f"{PREFIX}{state} (protect_foreground = \"{self.mode}\")"
+
+
+#: How :meth:`Protection.line` starts.
+PREFIX = "foreground protection: "
+
+
+def state_of(line: str) -> bool | None:
+    """Whether :meth:`Protection.line` ``line`` (npud's, from its status) says on; None for
+    another text."""
+    word = line.removeprefix(PREFIX).split(" ", 1)[0] if line.startswith(PREFIX) else ""
+    return {"on": True, "off": False}.get(word)
 
 
 def _user_set(cfg: Config) -> tuple[set[str], list[tuple[set[str], set[str]]]]:
@@ -151,16 +173,16 @@ def mode_of(cfg: Config, flag: str | None = None) -> str:
     return flag if flag else str(cfg.section("manager").get("protect_foreground", "auto"))
 
 
-def off_cause(priv: Privilege) -> str:
-    """Why this process cannot put another process's thread at SCHED_FIFO, for the line
-    that says auto resolved to off (service/rt_privilege.py names the same causes)."""
+def off_cause(priv: Privilege, who: str = "npud") -> str:
+    """Why ``who`` (this process) cannot put another process's thread at SCHED_FIFO, for the
+    line that says auto resolved to off (service/rt_privilege.py names the same causes)."""
     if not priv.cap_sys_nice:
-        return "npud lacks CAP_SYS_NICE"
+        return f"{who} lacks CAP_SYS_NICE"
     if priv.refused:
-        return ("the kernel refuses SCHED_FIFO to npud although it has CAP_SYS_NICE "
+        return (f"the kernel refuses SCHED_FIFO to {who} although it has CAP_SYS_NICE "
                 f"({priv.refused}: a seccomp filter such as systemd's RestrictRealtime=yes, "
                 "or its cgroup's real-time budget)")
-    return f"npud's RLIMIT_RTPRIO ({priv.rtprio}) is below the set's priorities"
+    return f"{who}'s RLIMIT_RTPRIO ({priv.rtprio}) is below the set's priorities"
 
 
 #: The fix the auto-off line names.
@@ -169,10 +191,12 @@ FIX = (f"install {DROP_IN} under systemd (CAP_SYS_NICE, RestrictRealtime=no), or
 
 
 def resolve(cfg: Config, flag: str | None, use_drivers: bool,
-            priv: Privilege | None = None) -> tuple[Config, Protection]:
+            priv: Privilege | None = None, *, who: str = "npud", fix: str = FIX
+            ) -> tuple[Config, Protection]:
     """:func:`effective` for the mode asked, deciding "auto" as npud's start would: the
     same check ``fifo_problems`` makes, on the config "on" would give (``priv``: this
-    process's, read and probed only for "auto" with drivers)."""
+    process's, read and probed only for "auto" with drivers). ``who``: this process, in
+    the line; ``fix``: what the line says to do where "auto" resolves off ("": nothing)."""
     mode = mode_of(cfg, flag)
     if mode != "auto":
         return effective(cfg, mode, False)
@@ -181,10 +205,34 @@ def resolve(cfg: Config, flag: str | None, use_drivers: bool,
     priv = Privilege.of_this_process() if priv is None else priv
     on_cfg, skipped = expand(cfg)
     if fifo_problems(on_cfg, priv, use_drivers):
-        return cfg, Protection(mode, False, f"{off_cause(priv)}. Fix: {FIX}", unable=True)
-    return on_cfg, Protection(mode, True, "npud can put threads at SCHED_FIFO",
+        return cfg, Protection(mode, False, off_cause(priv, who) + (f". Fix: {fix}" if fix
+                                                                    else ""), unable=True)
+    return on_cfg, Protection(mode, True, f"{who} can put threads at SCHED_FIFO",
                               skipped=skipped)
 
 
-__all__ = ["ENTRY_KEYS", "LANE_KEYS", "MANAGER_KEYS", "MODES", "PLUGINS", "Protection",
-           "effective", "expand", "mode_of", "off_cause", "resolve"]
+#: What a host started by hand where no npud serves says of its own "auto".
+ALONE = ("; no npud serves this runtime dir to ask, and npud decides \"auto\" by its own "
+         "privileges: where they differ, pass --protect-foreground as `npu status` shows npud's")
+
+
+def resolve_hand_started(cfg: Config, flag: str | None, npud: tuple[bool, str] | None,
+                         priv: Privilege | None = None) -> tuple[Config, Protection]:
+    """The config a driver host started by hand runs (the module's doc says why): the mode
+    asked (`npu driver --protect-foreground`, else the file's); "auto" as ``npud`` runs
+    (on or off, and which npud: from the status of the npud serving the host's runtime
+    dir), else (None: none answered) decided in this process as npud's start would."""
+    mode = mode_of(cfg, flag)
+    if mode != "auto":
+        return effective(cfg, mode, False)
+    if npud is not None:
+        on, where = npud
+        out, protection = effective(cfg, "on" if on else "off", False)
+        return out, dataclasses.replace(protection, mode=mode, why=f"as {where} runs")
+    out, protection = resolve(cfg, mode, True, priv, who="this process", fix="")
+    return out, dataclasses.replace(protection, why=protection.why + ALONE)
+
+
+__all__ = ["ENTRY_KEYS", "LANE_KEYS", "MANAGER_KEYS", "MODES", "PLUGINS", "PREFIX", "Protection",
+           "effective", "expand", "mode_of", "off_cause", "resolve", "resolve_hand_started",
+           "state_of"]

@@ -37,7 +37,7 @@ from npumanager.paths import BACKGROUND_LANE, default_state_dir, ensure_drivers_
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
-from npumanager.service import host_records
+from npumanager.service import host_entries, host_records
 from npumanager.service.driver_feed import DriverFeed
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents, event_handlers
@@ -430,8 +430,10 @@ class DriverSupervisor(DriverFeed):
             slot.adopted_pid = conn.peer.pid
             slot.adopted_record = host_records.tie(
                 self._record(slot), conn.peer.pid, self.cfg.section("manager"), slot.entry)
-            log.info("driver %s adopted (pid %d, an earlier npud started it)", slot.label,
-                     conn.peer.pid)
+            log.info("driver %s adopted (pid %d, %s)", slot.label, conn.peer.pid,
+                     "an earlier npud started it"
+                     if isinstance(slot.adopted_record, host_records.HostRecord)
+                     else slot.adopted_record)  # (why none ties it: one started by hand)
             if len(slot.group) > 1:
                 self._host_serves(slot)
         else:
@@ -467,8 +469,11 @@ class DriverSupervisor(DriverFeed):
     async def _handshake(self, slot: DriverSlot, conn: RpcConnection) -> None:
         payload, _ = await conn.call("hal.attach_manager",
                                      pb.AttachManager(enforce_admission=self.enforce_admission))
+        reply = pb.HeldGrants.FromString(payload)
+        if (slot.leader or slot).proc is None:  # a host this npud did not start
+            self._compare_entry(slot, reply.host_entry_json, conn.peer.pid)
         held = [HeldGrant(g.grant_id, g.uid, g.request_id, g.memory_bytes)
-                for g in pb.HeldGrants.FromString(payload).grants]
+                for g in reply.grants]
         self.note_held(slot, [g.grant_id for g in held])
         hook = getattr(self.events, "driver_held", None)
         if held and hook is not None:
@@ -484,6 +489,16 @@ class DriverSupervisor(DriverFeed):
             model_cache_files=caps.model_cache_files, data_cache_files=caps.data_cache_files,
             backend=caps.backend, device_number=slot.number,
         )
+
+    def _compare_entry(self, slot: DriverSlot, reported: str, pid: int) -> None:
+        """Name the keys in which a host npud did not start runs another entry than npud
+        would run it with (service/host_entries.py)."""
+        slot.entry_differs = host_entries.differences(self.cfg, slot.name, slot.lane, reported)
+        if slot.entry_differs:
+            protection = str(getattr(self.events, "protection", "") or "")
+            why = host_entries.fix(slot.entry_differs, (slot.leader or slot).entry.get(
+                "host") or slot.name, slot.lane, protection)
+            log.warning("%s", host_entries.warning(slot.label, pid, slot.entry_differs, why))
 
     async def _watch(self, slot: DriverSlot, conn: RpcConnection, exited: asyncio.Future[int],
                      closed: asyncio.Event) -> None:
@@ -535,6 +550,7 @@ class DriverSupervisor(DriverFeed):
 
     def _mark_down(self, slot: DriverSlot) -> None:
         slot.up = False
+        slot.entry_differs = []  # (of the host that was up)
         slot.temperature = None
         slot.info.available = False
         if slot.conn is not None:

@@ -68,7 +68,12 @@ class DriverProcess:
 
 def driver_command(name: str, runtime_dir: Path, state_dir: Path | None = None,
                    config: Path | None = None, args: Sequence[str] = ()) -> list[str]:
+    """`npu driver NAME` started by hand. Foreground protection "off" unless ``args`` name
+    one, as DaemonProcess's npud: a test's host runs its file's keys, not the set "auto"
+    gives as root (service/protection.resolve_hand_started)."""
     cmd = [sys.executable, "-m", "npumanager", "driver", name, "--runtime-dir", str(runtime_dir)]
+    if not any(a.startswith("--protect-foreground") for a in args):
+        cmd += ["--protect-foreground", "off"]
     if state_dir is not None:
         cmd += ["--state-dir", str(state_dir)]
     if config is not None:

@@ -92,10 +92,12 @@ class HeldGrant(_message.Message):
     def __init__(self, grant_id: _Optional[str] = ..., uid: _Optional[int] = ..., request_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., models: _Optional[int] = ...) -> None: ...
 
 class HeldGrants(_message.Message):
-    __slots__ = ("grants",)
+    __slots__ = ("grants", "host_entry_json")
     GRANTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ENTRY_JSON_FIELD_NUMBER: _ClassVar[int]
     grants: _containers.RepeatedCompositeFieldContainer[HeldGrant]
-    def __init__(self, grants: _Optional[_Iterable[_Union[HeldGrant, _Mapping]]] = ...) -> None: ...
+    host_entry_json: str
+    def __init__(self, grants: _Optional[_Iterable[_Union[HeldGrant, _Mapping]]] = ..., host_entry_json: _Optional[str] = ...) -> None: ...
 
 class GrantIssued(_message.Message):
     __slots__ = ("uid", "request_id", "grant_id")
