@@ -46,6 +46,24 @@ log = logging.getLogger("npumanager.nn")
 _ONNX_INLINE_LIMIT = 512 * 1024
 
 
+
+#: Cache directories already said to be unusable: a warning once each, not per prepare.
+_SAID_UNUSABLE: set[str] = set()
+
+
+def _unusable_cache_dir(device: str, cache_dir: str) -> None:
+    """The app asked for caching and gets none: a warning (it was an info line, which an
+    app's default logging never shows), naming why, once per directory and process."""
+    if not os.path.isdir(cache_dir):
+        why = "no such directory"
+    elif not os.access(cache_dir, os.W_OK | os.X_OK):
+        why = "not writable by this process"
+    else:
+        why = "its cache files cannot be opened"
+    level = logging.INFO if cache_dir in _SAID_UNUSABLE else logging.WARNING
+    _SAID_UNUSABLE.add(cache_dir)
+    log.log(level, "%s: cache_dir %s: %s; compiling without caching", device, cache_dir, why)
+
 class ExecutionPreference(IntEnum):
     LOW_POWER = 0
     FAST_SINGLE_ANSWER = 1
@@ -328,6 +346,9 @@ class Device:
         # rewrite the first host's files (and miss there on the way back).
         host_name = f"{self.name}.{self.lane_name}" if self.lane_name else self.name
         dtoken = driver_token(token, host_name, self.version, int(preference), int(priority))
+        # "~/.cache/myapp" (the README's own example) named a directory "~" under the cwd:
+        # never there, so every prepare compiled.
+        cache_dir = os.path.expanduser(os.fspath(cache_dir))
         model_paths, data_paths = cache_file_names(cache_dir, dtoken, n_model, n_data)
         fds = open_cache_files([*model_paths, *data_paths], create=False)
         if fds is not None:
@@ -342,8 +363,7 @@ class Device:
                 close_fds(fds)
         fds = open_cache_files([*model_paths, *data_paths], create=True)
         if fds is None:
-            log.info("%s: cache files cannot be opened in %s; compiling without caching",
-                     self.name, cache_dir)
+            _unusable_cache_dir(self.name, cache_dir)
             return self._prepare(rpc, model, onnx, grant_id, int(preference), int(priority),
                                  b"", [], 0)
         try:

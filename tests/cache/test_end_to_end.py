@@ -169,3 +169,26 @@ def test_jit_driver_compiles_and_caches_at_first_execution(
             assert watch.wait_until(lambda: model_file.stat().st_size > 0, 30)
         m.release()
         assert prepare(dev, A, app)
+
+
+def test_a_home_relative_cache_dir_caches_and_an_unusable_one_is_said(
+        driver_env: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The README's `cache_dir="~/.cache/myapp"` named a directory "~" under the cwd: never
+    there, so every prepare compiled, said only in an info line. Now "~" is the home, and a
+    directory that cannot hold the files is a warning, once."""
+    import logging
+
+    rt, _ = driver_env
+    (tmp_path / ".cache" / "myapp").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    missing = tmp_path / "no-such-dir"
+    with nn.device("reference", rt) as dev, caplog.at_level(logging.INFO, "npumanager.nn"):
+        assert not prepare(dev, A, Path("~/.cache/myapp"))
+        assert prepare(dev, A, Path("~/.cache/myapp"))
+        assert not prepare(dev, A, missing)
+        assert not prepare(dev, A, missing)
+    said = [r for r in caplog.records if str(missing) in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.INFO], said
+    assert said[0].getMessage() == (f"reference: cache_dir {missing}: no such directory; "
+                                    "compiling without caching")
