@@ -144,7 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _stacks_on_sigusr1()
     _quiet_runtime_dir_fallback()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse's own error, unless the command hands them on (`npu bench NAME ...`)
+        if not hasattr(args, "passed_on"):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.passed_on = extra
     func: Callable[[argparse.Namespace], Any] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

@@ -163,3 +163,23 @@ def test_outputs_checked_before_the_run(runtime_dir: Path, tmp_path: Path,
                          str(afile / "t.json"))
         assert (rc, err) == (2, f"npu trace: {flag} {afile}/t.json: {afile} is not a "
                                 "directory\n"), err
+
+
+def test_bench_hands_options_to_the_one_named(capfd: pytest.CaptureFixture[str]) -> None:
+    """`npu bench contention --repeat 3` was argparse's 'unrecognized arguments' although the
+    README has the contention bench's --repeat; the options now go to that script (a flag it
+    does not know shows the script's own usage error)."""
+    from npumanager.cli.main import main
+
+    rc = main(["bench", "contention", "--no-such-flag"])
+    out, err = capfd.readouterr()
+    assert rc == 2 and "contention.py: error: unrecognized arguments: --no-such-flag" in err, \
+        (out, err)
+    with pytest.raises(SystemExit) as exc:  # not a command that hands options on
+        main(["status", "--no-such-flag"])
+    assert exc.value.code == 2
+    assert "npu: error: unrecognized arguments: --no-such-flag" in capfd.readouterr().err
+    rc = main(["bench", "cache", "contention", "--repeat", "3"])
+    assert rc == 2 and capfd.readouterr().err == (
+        "npu bench: --repeat 3: options go to one benchmark; name it (npu bench contention "
+        "--repeat 3)\n")
