@@ -107,6 +107,29 @@ def connect_device(name: str | None, runtime_dir: str | None) -> Any:
                                 "answer); `npu status` says why") from None
 
 
+def check_feedable(spec: Any) -> bool:
+    """npu run feeds random tensors: an input of another kind is said in one line (a
+    sequence's empty dtype was a TypeError traceback)."""
+    if not spec.is_tensor:
+        from npumanager.errors import InvalidArgument
+
+        raise InvalidArgument(f"input {spec.name!r} is {spec.type}: npu run feeds random "
+                              "tensors only; run this model from your own code (nn)")
+    return True
+
+
+def _describe(value: Any) -> str:
+    """An output as ONNX Runtime gives it: a tensor's shape, dtype and first values; a
+    sequence, a map or an absent optional by what it is (they have no shape)."""
+    if value is None:
+        return "None (an absent optional)"
+    if isinstance(value, list):
+        return f"a sequence of {len(value)}"
+    if isinstance(value, dict):
+        return f"a map of {len(value)}"
+    return f"shape {tuple(value.shape)} {value.dtype} {_fmt(value)}"
+
+
 def _fmt(values: Any) -> str:
     flat = values.reshape(-1)[:6]
     more = " ..." if values.size > 6 else ""
@@ -179,8 +202,8 @@ def main(args: argparse.Namespace) -> int:
             try:
                 print(f"device {name} ({dev.capabilities.backend}); granted in {grant_ms:.1f} ms,"
                       f" prepared in {prepare_ms:.1f} ms, {model.memory_bytes} bytes")
-                inputs = random_inputs([(t.name, t.dtype, t.shape) for t in model.inputs],
-                                       args.seed)
+                inputs = random_inputs([(t.name, t.dtype, t.shape) for t in model.inputs
+                                        if check_feedable(t)], args.seed)
                 times: list[float] = []
                 outputs: dict[str, Any] = {}
                 for _ in range(max(1, args.repeat)):
@@ -195,7 +218,7 @@ def main(args: argparse.Namespace) -> int:
                 model.release()
                 listener.notify_model_unloaded(request)
     for oname, value in outputs.items():
-        print(f"  {oname}: shape {tuple(value.shape)} {value.dtype} {_fmt(value)}")
+        print(f"  {oname}: {_describe(value)}")
     if times:
         ts = np.sort(np.array(times)) * 1e3
         p50 = ts[len(ts) // 2]

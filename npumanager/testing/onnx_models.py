@@ -194,7 +194,10 @@ def random_inputs(specs: list[tuple[str, str, tuple[int, ...]]], seed: int = 0
     for name, dtype, shape in specs:
         concrete = tuple(d if d >= 0 else 1 for d in shape)
         dt = np.dtype(dtype)
-        if dt.kind == "f":
+        if dt.kind == "O":  # ONNX strings: numpy object arrays of str
+            words = rng.integers(0, 1000, concrete)
+            out[name] = np.array([f"w{n}" for n in words.ravel()], object).reshape(concrete)
+        elif dt.kind == "f":
             out[name] = rng.standard_normal(concrete).astype(dt)
         elif dt.kind == "b":
             out[name] = rng.integers(0, 2, concrete).astype(dt)

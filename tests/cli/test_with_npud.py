@@ -263,3 +263,45 @@ def test_a_non_admin_is_told_with_the_type_the_other_commands_use(npud: DaemonPr
     assert [p.returncode for p in said] == [1, 1], said
     assert said[0].stderr.startswith("npu trace: PermissionDenied: npu trace needs admin rights")
     assert said[1].stderr.startswith("npu thermal: PermissionDenied: ")
+
+
+def _identity_model(path: Path, value_info: Any, op: str = "Identity",
+                    output: Any = None, **attrs: Any) -> Path:
+    from onnx import ValueInfoProto, helper
+
+    if output is None:  # Identity: the input's type, named y
+        output = ValueInfoProto()
+        output.CopyFrom(value_info)
+        output.name = "y"
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], **attrs)], "g", [value_info],
+                          [output])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+def test_run_feeds_strings_and_names_what_it_cannot_feed(
+        npud_drivers: DaemonProcess, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A string input got integers (refused by the driver); a sequence input was a
+    TypeError traceback in npu run; a sequence output an AttributeError one."""
+    from onnx import TensorProto, helper
+
+    rt = ["--runtime-dir", str(npud_drivers.runtime_dir), "--repeat", "1"]
+    strings = _identity_model(tmp_path / "s.onnx", helper.make_tensor_value_info(
+        "x", TensorProto.STRING, [2]))
+    rc, out, err = npu(capsys, "run", str(strings), *rt)
+    assert rc == 0 and re.search(r"y: shape \(2,\) object \[w\d+, w\d+\]", out), (out, err)
+    seq_in = _identity_model(
+        tmp_path / "q.onnx", helper.make_tensor_sequence_value_info("x", TensorProto.FLOAT, [2]),
+        "SequenceLength", helper.make_tensor_value_info("y", TensorProto.INT64, []))
+    rc, _, err = npu(capsys, "run", str(seq_in), *rt)
+    assert (rc, err) == (1, "npu run: InvalidArgument: input 'x' is seq(tensor(float)[2]): "
+                            "npu run feeds random tensors only; run this model from your "
+                            "own code (nn)\n")
+    seq_out = _identity_model(
+        tmp_path / "o.onnx", helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2]),
+        "SplitToSequence", helper.make_tensor_sequence_value_info("y", TensorProto.FLOAT, [2]),
+        keepdims=0)
+    rc, out, err = npu(capsys, "run", str(seq_out), *rt)
+    assert rc == 0 and "  y: a sequence of 3\n" in out, (out, err)
