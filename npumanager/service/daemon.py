@@ -468,6 +468,7 @@ class Daemon:
         # The protection's FIFO keys set where npud cannot serve them (service/rt_privilege.py).
         for line in fifo_problems(self.cfg, use_drivers=not isinstance(self.drivers, NoDrivers)):
             log.warning("%s", line)
+        self.extras.check()  # a config npud would refuse, refused before any host starts
         await self.drivers.start()
         self.extras.setup()
         self.settings.restore()

@@ -65,6 +65,23 @@ class Integrations:
 
     # --- start / stop -------------------------------------------------------
 
+    def check(self) -> None:
+        """What :meth:`setup` would refuse in the config, said before npud starts its
+        driver hosts: a bad ``[[app]]`` entry or ``[thermal] devices`` name stopped npud
+        only once its hosts were up, and left them orphaned for ``orphan_grace_s``."""
+        cfg = self.d.cfg
+        imp_section = cfg.section("importance")
+        if cfg.apps() or imp_section.get("identity") == "unit":
+            AppTable.from_config(cfg)
+        if imp_section.get("from_process"):
+            ProcessImportance(imp_section)
+        monitor = ThermalMonitor(cfg.section("thermal"), self.d.clock, dict, sources=[])
+        known = [x.name for x in self.d.drivers.devices()]
+        unknown = [n for n in monitor.device_thermal.devices if n not in known]
+        if known and unknown:
+            raise InvalidArgument(f"[thermal] devices names {', '.join(unknown)}; npud's "
+                                  f"devices are {', '.join(known)}")
+
     def setup(self) -> None:
         cfg = self.d.cfg
         imp_section = cfg.section("importance")

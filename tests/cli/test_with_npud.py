@@ -305,3 +305,25 @@ def test_run_feeds_strings_and_names_what_it_cannot_feed(
         keepdims=0)
     rc, out, err = npu(capsys, "run", str(seq_out), *rt)
     assert rc == 0 and "  y: a sequence of 3\n" in out, (out, err)
+
+
+@pytest.mark.parametrize("body", [
+    '[[app]]\nuid = 1000\nimportance = "bogus"\n',
+    '[thermal]\ndevices = { "nosuch" = "zone:x" }\n',
+], ids=["app", "thermal-devices"])
+def test_a_config_npud_refuses_starts_no_driver_host(body: str, runtime_dir: Path,
+                                                     state_dir: Path, tmp_path: Path) -> None:
+    """npud refused these only once its driver hosts were up: they were left orphaned for
+    orphan_grace_s, their 'npud went away' lines before npud's own one-line reason."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "npud.toml"
+    cfg.write_text(body)
+    npu_bin = str(Path(sys.executable).with_name("npu"))
+    proc = subprocess.run([npu_bin, "serve", "--runtime-dir", str(runtime_dir), "--config",
+                           str(cfg), "--protect-foreground", "off"], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, NPU_STATE_DIR=str(state_dir)))
+    assert proc.returncode == 1, proc.stderr
+    assert "driver[" not in proc.stderr and "driver reference" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("npu serve: InvalidArgument: "), proc.stderr
