@@ -110,7 +110,9 @@ class Integrations:
             self.importance = ProcessImportance(imp_section)
             self._spawn(self._recheck_importance(
                 float(imp_section.get("recheck_interval_s", 2.0))))
-        log.info("optional components: %s", self.wired())
+        log.info("optional components: %s", ", ".join(
+            f"{name.replace('_', ' ').replace('app table', '[[app]] table')} "
+            f"{'on' if on else 'off'}" for name, on in self.wired().items()))
 
     def stop(self) -> None:
         for task in list(self._tasks):

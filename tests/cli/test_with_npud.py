@@ -327,3 +327,9 @@ def test_a_config_npud_refuses_starts_no_driver_host(body: str, runtime_dir: Pat
     assert proc.returncode == 1, proc.stderr
     assert "driver[" not in proc.stderr and "driver reference" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("npu serve: InvalidArgument: "), proc.stderr
+
+
+def test_npuds_start_lines_read_as_words(npud: DaemonProcess) -> None:
+    """Not a Python dict: "optional components: {'thermal_monitor': True, ...}"."""
+    assert npud.count_output("optional components: thermal monitor on, process importance "
+                             "off, [[app]] table off, unit identity off") == 1, npud.output
