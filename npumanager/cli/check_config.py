@@ -229,6 +229,12 @@ def notes(cfg: Config) -> Iterator[str]:
         except KeyError:
             yield f"[manager] admin_group {group!r} does not exist: only root and npud's " \
                   "own uid would be admins"
+    from npumanager.service.importance import unused_rules
+
+    unused = unused_rules((cfg.user or {}).get("importance") or {},
+                          bool(cfg.section("importance").get("from_process")))
+    if unused:
+        yield unused
 
 
 def check(path: str | None, rt: Path, *, no_drivers: bool = False,

@@ -270,3 +270,17 @@ __all__ = [
     "parse_cgroup",
     "unit_from_cgroup",
 ]
+
+
+#: The [importance] keys that only the process provider reads.
+RULE_KEYS = ("sched_policy", "nice", "cgroup", "precedence", "combine")
+
+
+def unused_rules(user_section: Mapping[str, Any], from_process: bool) -> str | None:
+    """The warning for rules a config sets while ``from_process`` is off: npud reads
+    them only with it on, so they did nothing, and nothing said so."""
+    rules = [k for k in RULE_KEYS if k in user_section]
+    if not rules or from_process:
+        return None
+    return (f"[importance] sets {', '.join(rules)}, which npud reads only with "
+            "from_process = true (it is false): they are not used")

@@ -30,7 +30,7 @@ from npumanager.errors import InvalidArgument, NpuError
 from npumanager.hal.types import SchedulingConfig
 from npumanager.service import events as ev
 from npumanager.service.apps import AppEntry, AppTable
-from npumanager.service.importance import ProcessImportance
+from npumanager.service.importance import ProcessImportance, unused_rules
 from npumanager.service.policy import ROOT_IMPORTANCE
 from npumanager.thermal.monitor import ThermalMonitor
 
@@ -106,6 +106,10 @@ class Integrations:
             raise InvalidArgument(f"[thermal] devices names {', '.join(unknown)}; npud's "
                                   f"devices are {', '.join(known)}")
         self._spawn(self._poll_thermal(float(section.get("poll_interval_s", 1.0))))
+        unused = unused_rules((cfg.user or {}).get("importance") or {},
+                              bool(imp_section.get("from_process")))
+        if unused:
+            log.warning("%s", unused)
         if imp_section.get("from_process"):
             self.importance = ProcessImportance(imp_section)
             self._spawn(self._recheck_importance(

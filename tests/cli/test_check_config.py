@@ -299,3 +299,20 @@ def test_foreground_slice_us_is_checked(
         assert rc == 1
         assert any(line.endswith(f"foreground_slice_us in [[driver]] #1 ('reference') "
                                  f"{problem}") for line in err), err
+
+
+def test_importance_rules_without_from_process_are_a_note(
+        tmp_path: Path, runtime_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """npud reads [importance]'s rules only with from_process = true: a config that set
+    them without it ran them never, and neither check-config nor npud said so."""
+    rules = "[importance]\nnice = [ { min = 3, importance = \"cached\" } ]\n"
+    cfg = _write(tmp_path, rules)
+    rc, out, err = _check(capsys, runtime_dir / "rt", "--check-config", str(cfg),
+                          "--protect-foreground", "off")
+    assert rc == 0 and err == [], err
+    assert ("note: [importance] sets nice, which npud reads only with from_process = true "
+            "(it is false): they are not used") in out.splitlines(), out
+    cfg = _write(tmp_path, rules + "from_process = true\n")
+    rc, out, err = _check(capsys, runtime_dir / "rt", "--check-config", str(cfg),
+                          "--protect-foreground", "off")
+    assert rc == 0 and "note: [importance]" not in out, out

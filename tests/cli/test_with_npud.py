@@ -333,3 +333,11 @@ def test_npuds_start_lines_read_as_words(npud: DaemonProcess) -> None:
     """Not a Python dict: "optional components: {'thermal_monitor': True, ...}"."""
     assert npud.count_output("optional components: thermal monitor on, process importance "
                              "off, [[app]] table off, unit identity off") == 1, npud.output
+
+
+def test_npud_warns_of_importance_rules_it_does_not_read(runtime_dir: Path) -> None:
+    cfg = {"importance": {"nice": [{"min": 3, "importance": "cached"}]}}
+    with DaemonProcess(runtime_dir, cfg) as d:
+        assert d.count_output("warning npumanager.npud: [importance] sets nice, which npud "
+                              "reads only with from_process = true (it is false): they are "
+                              "not used") == 1, d.output
