@@ -184,7 +184,8 @@ class DriverHost:
             ensure_drivers_dir(self.runtime_dir)
         self.server = RpcServer(
             str(self.socket_path), SERVICE, self.handlers(), mode=self.hc.socket_mode,
-            max_frame=self.hc.max_frame, admin_gid=resolve_group(self.hc.admin_group),
+            max_frame=self.hc.max_frame,
+            admin_gid=resolve_group(self.hc.admin_group, warn=False),  # npud warned
             on_connect=self._connected, on_disconnect=self._disconnected,
             # Only these take fds: fds sent with any other call close the connection
             # (a handler that ignores them would pin them for good).

@@ -88,7 +88,9 @@ def supplementary_groups(pid: int) -> set[int]:
     return set()
 
 
-def resolve_group(name_or_gid: str | int | None) -> int | None:
+def resolve_group(name_or_gid: str | int | None, *, warn: bool = True) -> int | None:
+    """The admin group's gid, None if unset or unknown (warned once, by npud: a driver
+    host, given npud's config, passes ``warn=False``)."""
     if name_or_gid is None or name_or_gid == "":
         return None
     if isinstance(name_or_gid, int):
@@ -100,7 +102,9 @@ def resolve_group(name_or_gid: str | int | None) -> int | None:
     try:
         return grp.getgrnam(name_or_gid).gr_gid
     except KeyError:
-        log.warning("admin group %r does not exist; only root is admin", name_or_gid)
+        if warn:
+            log.warning("[manager] admin_group %r does not exist: only root and npud's own "
+                        "uid are admins", name_or_gid)
         return None
 
 

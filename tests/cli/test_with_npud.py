@@ -341,3 +341,17 @@ def test_npud_warns_of_importance_rules_it_does_not_read(runtime_dir: Path) -> N
         assert d.count_output("warning npumanager.npud: [importance] sets nice, which npud "
                               "reads only with from_process = true (it is false): they are "
                               "not used") == 1, d.output
+
+
+def test_an_unknown_admin_group_is_said_once(runtime_dir: Path, state_dir: Path) -> None:
+    """npud and each of its driver hosts said it ("only root is admin", three lines with a
+    background lane, which was wrong too: npud's own uid is an admin as well)."""
+    cfg = {"manager": {"admin_group": "npu-no-such-group"}}
+    env = dict(os.environ, NPU_STATE_DIR=str(state_dir))
+    with DaemonProcess(runtime_dir, cfg, drivers=True, env=env, ready_timeout=60,
+                       protect_foreground="on") as d:
+        assert d.wait_for_output("(background lane) is up", 30), d.output
+    said = [ln for ln in d.lines if "npu-no-such-group" in ln]
+    assert len(said) == 1 and said[0].endswith(
+        "[manager] admin_group 'npu-no-such-group' does not exist: only root and npud's own "
+        "uid are admins"), d.output
