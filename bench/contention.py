@@ -491,6 +491,36 @@ def npud_config(knobs: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def run_args(name: str) -> tuple[bool, dict[str, Any] | None, dict[str, Any]]:
+    """A run's (managed, npud's config, ContentionRun's other keyword arguments) from its
+    row's knobs (UNMANAGED or VARIANTS): the bench keys taken out, the rest npud's."""
+    managed = name not in UNMANAGED
+    knobs = dict(VARIANTS.get(name, {}) if managed else UNMANAGED[name])
+    device_queue = bool(knobs.pop("device_queue", False))
+    ort_config = knobs.pop("ort_config", None)
+    bursts = bool(knobs.pop("bursts", True))
+    batch_bursts = bool(knobs.pop("batch_bursts", True))
+    inflight = int(knobs.pop("embedder_inflight", 1))
+    spin = float(knobs.pop("camera_spin_us", 0))
+    cam_slice = int(knobs.pop("camera_slice_us", 0))
+    cam_rt = int(knobs.pop("camera_realtime", 0))
+    protect = knobs.pop("protect_foreground", "off")
+    camera = {**({"spin_us": spin} if spin else {}),
+              **({"slice_us": cam_slice} if cam_slice else {}),
+              **({"realtime": cam_rt} if cam_rt else {})}
+    embedder = second_host.embedder_knobs(knobs)  # (its spin)
+    app_knobs = {**({"camera": camera} if camera else {}),
+                 **({"embedder": embedder} if embedder else {})}
+    devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
+    cfg = npud_config(knobs) if managed else None
+    if cfg is not None and cam_rt and protect == "off":
+        cfg["manager"]["app_rt_priority"] = cam_rt  # (else: what protection implies)
+    return managed, cfg, {"bursts": bursts, "batch_bursts": batch_bursts,
+                          "embedder_inflight": inflight, "app_knobs": app_knobs or None,
+                          "device_queue": device_queue, "ort_config": ort_config,
+                          "devices": devices, "protect_foreground": protect}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short phases (about 15 s a run)")
@@ -525,36 +555,11 @@ def main() -> int:
     t_start = time.monotonic()
     for inv, name in [(i, n) for i, order in enumerate(orders) for n in order]:
         results = invocations[inv]
-        managed = name not in UNMANAGED
-        knobs = dict(VARIANTS.get(name, {}) if managed else UNMANAGED[name])
-        device_queue = bool(knobs.pop("device_queue", False))
-        ort_config = knobs.pop("ort_config", None)
-        bursts = bool(knobs.pop("bursts", True))
-        batch_bursts = bool(knobs.pop("batch_bursts", True))
-        inflight = int(knobs.pop("embedder_inflight", 1))
-        spin = float(knobs.pop("camera_spin_us", 0))
-        cam_slice = int(knobs.pop("camera_slice_us", 0))
-        cam_rt = int(knobs.pop("camera_realtime", 0))
-        protect = knobs.pop("protect_foreground", "off")
-        camera = {**({"spin_us": spin} if spin else {}),
-                  **({"slice_us": cam_slice} if cam_slice else {}),
-                  **({"realtime": cam_rt} if cam_rt else {})}
-        embedder = second_host.embedder_knobs(knobs)  # (its spin)
-        app_knobs = {**({"camera": camera} if camera else {}),
-                     **({"embedder": embedder} if embedder else {})}
-        devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
-        cfg = npud_config(knobs) if managed else None
-        if cfg is not None and cam_rt and protect == "off":
-            cfg["manager"]["app_rt_priority"] = cam_rt  # (else: what protection implies)
+        managed, cfg, kwargs = run_args(name)
         kind = SplitRun if args.frame_split else ContentionRun
-        run = kind(name, managed, timing, models, cfg, bursts=bursts,
-                   batch_bursts=batch_bursts, embedder_inflight=inflight,
-                   device_probe=args.device_time,
-                   app_knobs=app_knobs or None,
-                   device_queue=device_queue, ort_config=ort_config, devices=devices,
-                   protect_foreground=protect,
+        run = kind(name, managed, timing, models, cfg, device_probe=args.device_time,
                    log=lambda m: print(f"  [{time.monotonic() - t_start:5.1f}s] {m}",
-                                       file=sys.stderr, flush=True))
+                                       file=sys.stderr, flush=True), **kwargs)
         results.append(run.run())
         if isinstance(run, SplitRun):
             splits[inv][name] = run.frame_split
