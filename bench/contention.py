@@ -66,7 +66,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # (service/protection.py), which as root with CAP_SYS_NICE gives the recommended set
     # (rt+app+bg-host+here-normal+step-nice+load-nice). The camera asks for its thread
     # (model.burst(realtime=True)); npud's app_rt_priority comes from "auto".
-    "default-auto": {"protect_foreground": None, "camera_realtime": 2},
+    # The voice assistant asks for its thread too (model.burst(realtime=True), as an audio
+    # app would), which protection's app_rt_importance = 200 grants to a VISIBLE app
+    # (voice29; bench/README.md "The voice assistant under foreground protection").
+    "default-auto": {"protect_foreground": None, "camera_realtime": 2, "voice_realtime": 2},
+    # default-auto as before voice29: the voice does not ask (its host burst thread at FIFO,
+    # its own thread at normal priority).
+    "default-auto+voice-plain": {"protect_foreground": None, "camera_realtime": 2},
     # The defaults before this table (2 channels, both open to background work, nice 10).
     "old-defaults": {"channels": 2, "reserved_channels": 0, "background_sched": "nice"},
     # The reserved channel taken from two channels (background keeps one), not kept at
@@ -504,17 +510,22 @@ def run_args(name: str) -> tuple[bool, dict[str, Any] | None, dict[str, Any]]:
     spin = float(knobs.pop("camera_spin_us", 0))
     cam_slice = int(knobs.pop("camera_slice_us", 0))
     cam_rt = int(knobs.pop("camera_realtime", 0))
+    voice_rt = int(knobs.pop("voice_realtime", 0))
     protect = knobs.pop("protect_foreground", "off")
     camera = {**({"spin_us": spin} if spin else {}),
               **({"slice_us": cam_slice} if cam_slice else {}),
               **({"realtime": cam_rt} if cam_rt else {})}
     embedder = second_host.embedder_knobs(knobs)  # (its spin)
     app_knobs = {**({"camera": camera} if camera else {}),
+                 **({"voice": {"realtime": voice_rt}} if voice_rt else {}),
                  **({"embedder": embedder} if embedder else {})}
     devices = {app: SECOND_HOST for app in knobs.get("own_host", [])}
     cfg = npud_config(knobs) if managed else None
-    if cfg is not None and cam_rt and protect == "off":
-        cfg["manager"]["app_rt_priority"] = cam_rt  # (else: what protection implies)
+    if cfg is not None and (cam_rt or voice_rt) and protect == "off":
+        # (else: what protection implies)
+        cfg["manager"]["app_rt_priority"] = cam_rt or voice_rt
+        if voice_rt:
+            cfg["manager"]["app_rt_importance"] = 200  # (the voice is VISIBLE)
     return managed, cfg, {"bursts": bursts, "batch_bursts": batch_bursts,
                           "embedder_inflight": inflight, "app_knobs": app_knobs or None,
                           "device_queue": device_queue, "ort_config": ort_config,

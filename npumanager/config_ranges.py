@@ -290,6 +290,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("manager", "app_rt_window_s"): above(0),
     ("manager", "app_rt_cooldown_s"): at_least(0),
     ("manager", "app_rt_sample_s"): above(0),
+    ("manager", "app_rt_importance"): between(100, 200, " (FOREGROUND to VISIBLE)"),
     ("policy", "name"): words(*(p.name for p in Policy)),
     ("policy", "max_budget"): at_least(1),
     ("policy", "weights"): _size_table(1),

@@ -34,7 +34,8 @@ says whether the kernel took it, and a close on that thread gives it the kernel'
 back. bench/README.md "foreground_slice_us" has what it measured.
 
 ``realtime`` (default False) asks npud, once per executing thread, to put that thread at
-SCHED_FIFO for the burst's life (:mod:`npumanager.nn.realtime`: FOREGROUND apps only,
+SCHED_FIFO for the burst's life (:mod:`npumanager.nn.realtime`: FOREGROUND apps, and
+VISIBLE ones where npud's ``app_rt_importance`` says so, as foreground protection does;
 bounded by npud's watchdog); ``realtime_granted`` says whether it did, a refusal is
 logged once and the burst goes on without it. bench/README.md "Real-time app threads".
 

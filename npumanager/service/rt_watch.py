@@ -10,13 +10,15 @@ hostile local user here and this module is the whole of what npud allows:
   (``[manager] app_rt_priority`` > 0), the thread is one of the *calling process's* own
   (its Tgid is the peer's SO_PEERCRED pid and its uid the peer's uid, read from /proc by
   the shell right before), not npud's, the caller's importance in npud's table is
-  FOREGROUND (100) or more important, the uid holds fewer than ``app_rt_max_threads``
+  ``app_rt_importance`` (FOREGROUND, 100; VISIBLE, 200, under foreground protection) or
+  more important, the uid holds fewer than ``app_rt_max_threads``
   (2) and is not in a cooldown.
 * :meth:`RtWatch.tick` (the shell samples each granted thread's CPU time from its
   schedstat every ``app_rt_sample_s``): a thread is demoted back to SCHED_OTHER when it
   used more than ``app_rt_max_cpu_ms`` of CPU in the last ``app_rt_window_s`` (a frame
   thread that blocks between frames uses a few ms; a spinner is taken back within the
-  budget plus one sampling period), when its uid's importance is no longer FOREGROUND,
+  budget plus one sampling period), when its uid's importance is no longer within
+  ``app_rt_importance``,
   or when it is gone. A CPU demotion starts the uid's cooldown (``app_rt_cooldown_s``):
   no new grant for any of its threads, so rotating threads gains nothing.
 * :meth:`RtWatch.conn_closed`: a grant lives as long as the connection that asked.
@@ -40,8 +42,11 @@ from npumanager.errors import (
     RealtimeUnavailable,
 )
 
-#: The least important importance that may hold a real-time thread.
+#: The least important importance that may hold a real-time thread, by default
+#: (``[manager] app_rt_importance``; foreground protection sets VISIBLE, voice29).
 RT_IMPORTANCE = int(Importance.FOREGROUND)
+#: The least important it may be set to: an app the user sees (a voice assistant).
+RT_IMPORTANCE_MAX = int(Importance.VISIBLE)
 
 
 class CpuWindow:
@@ -86,6 +91,8 @@ class RtLimits:
     window_s: float = 1.0
     cooldown_s: float = 10.0
     sample_s: float = 0.15
+    #: The least important importance whose apps may hold one (100..200).
+    importance: int = RT_IMPORTANCE
 
     @classmethod
     def from_section(cls, m: Mapping[str, Any]) -> RtLimits:
@@ -95,7 +102,8 @@ class RtLimits:
                    max_cpu_ms=float(m.get("app_rt_max_cpu_ms", d.max_cpu_ms)),
                    window_s=float(m.get("app_rt_window_s", d.window_s)),
                    cooldown_s=float(m.get("app_rt_cooldown_s", d.cooldown_s)),
-                   sample_s=float(m.get("app_rt_sample_s", d.sample_s)))
+                   sample_s=float(m.get("app_rt_sample_s", d.sample_s)),
+                   importance=int(m.get("app_rt_importance", d.importance)))
 
 
 @dataclass(slots=True)
@@ -117,7 +125,8 @@ class Demote(NamedTuple):
     id is still that process's and uid's, so a reused id is never touched)."""
 
     grant: RtGrant
-    #: "cpu", "not-foreground", "gone", "connection-closed" or "stopping".
+    #: "cpu", "not-foreground" (less important than app_rt_importance), "gone",
+    #: "connection-closed" or "stopping".
     why: str
     detail: str
 
@@ -165,9 +174,11 @@ class RtWatch:
             raise LimitExceeded(f"uid {uid}'s real-time thread was demoted for using more "
                                 f"than {lim.max_cpu_ms:g} ms of CPU in {lim.window_s:g} s; "
                                 f"no new grant for {until - now:.1f} s")
-        if importance > RT_IMPORTANCE:
+        if importance > lim.importance:
+            name = next((i.name for i in Importance if i == lim.importance), "importance")
             raise PermissionDenied(f"uid {uid}'s importance is {importance}; real-time "
-                                   f"threads are for FOREGROUND ({RT_IMPORTANCE}) apps")
+                                   f"threads are for {name} ({lim.importance}) or more "
+                                   "important apps ([manager] app_rt_importance)")
         held = self.grants.get(tid)
         if held is not None:
             if held.pid == pid and held.uid == uid:
@@ -214,7 +225,7 @@ class RtWatch:
                     f"{lim.window_s:g} s); uid {g.uid} gets no grant for {lim.cooldown_s:g} s"))
                 continue
             imp = importance(g.key)
-            if imp > RT_IMPORTANCE:
+            if imp > lim.importance:
                 out.append(self._demote(g, "not-foreground",
                                         f"uid {g.uid}'s importance is now {imp}"))
         return out

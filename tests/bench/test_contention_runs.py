@@ -209,9 +209,12 @@ def test_the_default_auto_row_sets_nothing_and_gets_the_recommended_set() -> Non
     from npumanager.service.protection import expand
 
     assert contention.VARIANTS["default-auto"] == {"protect_foreground": None,
-                                                   "camera_realtime": 2}
+                                                   "camera_realtime": 2, "voice_realtime": 2}
+    # (and default-auto+voice-plain: the voice not asking, as before voice29)
+    assert contention.VARIANTS["default-auto+voice-plain"] == {"protect_foreground": None,
+                                                               "camera_realtime": 2}
     assert not [n for n, k in contention.VARIANTS.items()
-                if n != "default-auto" and "protect_foreground" in k]
+                if not n.startswith("default-auto") and "protect_foreground" in k]
     names = ["unmanaged", "managed", "default-auto", "unmanaged-rt"]
     assert contention.pairs(names) == [("unmanaged", "managed"), ("unmanaged", "default-auto"),
                                        ("unmanaged-rt", "default-auto")]
@@ -222,6 +225,10 @@ def test_the_default_auto_row_sets_nothing_and_gets_the_recommended_set() -> Non
     by_hand["manager"]["app_rt_priority"] = rt
     recommended = Config.load(overrides=by_hand)
     assert auto.section("manager")["app_rt_priority"] == rt
+    assert auto.section("manager")["app_rt_importance"] == 200  # (a VISIBLE voice's too)
+    managed, _, kwargs = contention.run_args("default-auto")
+    assert managed and kwargs["protect_foreground"] is None
+    assert kwargs["app_knobs"] == {"camera": {"realtime": 2}, "voice": {"realtime": 2}}
     for lane in ("", "background"):
         assert HostConfig.from_config(auto, "reference", lane) == \
             HostConfig.from_config(recommended, "reference", lane), lane

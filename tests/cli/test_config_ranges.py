@@ -97,6 +97,8 @@ BAD: dict[tuple[str, str], tuple[Any, str]] = {
     ("driver", "background_starve_ms"): (-1, "must be >= 0 (0 = no bound), not -1"),
     ("driver", "foreground_rt_priority"): (11, "must be between 0 and 10 (0 = off), not 11"),
     ("driver", "foreground_rt_max_run_us"): (50, "must be >= 100, not 50"),
+    ("manager", "app_rt_importance"): (300, "must be between 100 and 200 (FOREGROUND to "
+                                            "VISIBLE), not 300"),
     ("thermal", "poll_interval_s"): (0, "must be >= 0.001, not 0"),
     ("thermal", "thresholds_c"): ({"moderate": 50.0}, "must not decrease from light to "
                                   "shutdown, not moderate = 50 below light = 60"),

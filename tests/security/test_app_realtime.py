@@ -117,6 +117,25 @@ def test_a_background_uid_is_refused(npud: str) -> None:
     assert got.endswith("fifo=False")
 
 
+def test_app_rt_importance_visible_grants_a_visible_uid_not_a_service_one(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    # voice29: foreground protection sets app_rt_importance = 200 so a voice assistant
+    # (VISIBLE) gets its thread; a SERVICE uid still does not, nor a uid npud does not
+    # know, and the VISIBLE uid no more threads than app_rt_max_threads; others are served.
+    start_npud(manager={**RT, "app_rt_importance": 200})
+    with NpuManager(runtime_dir) as admin:
+        admin.set_uid_importance(ATTACKER, Importance.VISIBLE)
+        admin.set_uid_importance(BYSTANDER, Importance.SERVICE)
+    rt = str(runtime_dir)
+    assert procs.run_as(ATTACKER, None, own_then_close, rt) == (1, True, True, True)
+    got = procs.run_as(BYSTANDER, None, own, rt)
+    assert got.startswith("PermissionDenied") and "VISIBLE (200)" in got, got
+    assert got.endswith("fifo=False")
+    out = procs.run_as(ATTACKER, None, three_threads, rt)
+    assert out == ["granted", "granted", "LimitExceeded", "granted", "[True, True, False]"], out
+    assert_served(runtime_dir)
+
+
 def three_threads(rt: str) -> list[str]:
     """Ask for three threads of this process on one connection (the bound is 2)."""
     out: list[str] = []

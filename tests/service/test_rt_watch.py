@@ -68,6 +68,18 @@ def test_rt_only_foreground_uids_get_one() -> None:
     assert ask(w, 4243, importance=FG).tid == 4243
 
 
+def test_rt_app_rt_importance_visible_lets_a_visible_uid_have_one_and_no_less() -> None:
+    # (voice29: what foreground protection sets, so a voice assistant's thread is granted)
+    w = watch(importance=VISIBLE)
+    assert ask(w, 4243, importance=VISIBLE).tid == 4243
+    with pytest.raises(PermissionDenied, match=r"VISIBLE \(200\)"):
+        ask(w, 4244, uid=UID + 1, pid=4244, importance=300)
+    # Demoted once its uid is less important than VISIBLE, kept while it is VISIBLE.
+    assert w.tick(0.15, {4243: MS}, lambda key: VISIBLE) == []
+    out = w.tick(0.3, {4243: MS}, lambda key: 300)
+    assert [(d.grant.tid, d.why) for d in out] == [(4243, "not-foreground")]
+
+
 def test_rt_at_most_max_threads_per_uid_and_asking_twice_counts_once() -> None:
     w = watch(max_threads=2)
     ask(w, 4243)
@@ -142,8 +154,11 @@ def test_rt_a_reused_thread_id_of_another_process_is_a_new_grant() -> None:
 
 def test_rt_limits_come_from_the_manager_section() -> None:
     lim = RtLimits.from_section({"app_rt_priority": 3, "app_rt_max_threads": 1,
-                                 "app_rt_max_cpu_ms": 50, "app_rt_window_s": 0.5})
-    assert (lim.priority, lim.max_threads, lim.max_cpu_ms, lim.window_s) == (3, 1, 50.0, 0.5)
+                                 "app_rt_max_cpu_ms": 50, "app_rt_window_s": 0.5,
+                                 "app_rt_importance": 200})
+    assert (lim.priority, lim.max_threads, lim.max_cpu_ms, lim.window_s,
+            lim.importance) == (3, 1, 50.0, 0.5, 200)
+    assert RtLimits.from_section({}).importance == 100
     assert "priority=3" in repr(RtWatch(lim))
 
 
