@@ -252,13 +252,17 @@ class ContentionRun:
             self.procs[name] = AppProcess(name, self.uid(name), main, self.events.add,
                                           log_path)
 
+    def asks_realtime(self, app: str) -> int:
+        """The SCHED_FIFO priority ``app`` runs its executing thread at (0: none)."""
+        return int(self.app_knobs.get(app, {}).get("realtime", 0))
+
     def camera_realtime(self, after: bool = False) -> None:
         """The camera's frame thread at SCHED_FIFO (its ``realtime`` knob), once it runs:
         unmanaged, the bench sets it on the app's frame thread (its main thread) as root
         would by hand; managed, the app asked npud for it (model.burst(realtime=True)),
         and what npud granted is said (``after``: at the run's end, what the watchdog
         demoted)."""
-        prio = int(self.app_knobs.get("camera", {}).get("realtime", 0))
+        prio = self.asks_realtime("camera")
         if not prio or (after and not self.managed):
             return
         if not self.managed and not after:
@@ -269,17 +273,25 @@ class ContentionRun:
             self.say(f"{self.name}: camera frame thread {pid} at SCHED_FIFO {prio}: "
                      f"{'ok' if got.ok else got.why}")
             return
+        self.say_grants(protection=not after)
+
+    def say_grants(self, protection: bool = False) -> None:
+        """What npud granted the apps that asked for a real-time thread, by app where
+        each app has its own uid (as root), and what its watchdog demoted."""
         from npumanager.client import NpuManager
 
         with NpuManager(self.rt, client_name="bench") as m:
             dump = m.dump()
         rt = dump.get("realtime", {})
-        protection = (dump.get("daemon") or {}).get("protection")
+        mode = (dump.get("daemon") or {}).get("protection")
         demoted = ", ".join(f"{n} ({why})" for why, n in
                             sorted((rt.get("demoted_total") or {}).items())) or "none"
+        granted = rt.get("granted") or []
+        apps = {uid: app for app, uid in UIDS.items()} if self.root else {}
+        whose = sorted({apps.get(g.get("uid"), "") for g in granted} - {""})
         self.say(f"{self.name}: npud granted SCHED_FIFO {rt.get('priority')} to "
-                 f"{len(rt.get('granted', []))} thread(s), demoted {demoted}"
-                 + (f"; {protection}" if protection and not after else ""))
+                 f"{len(granted)} thread(s)" + (f" ({', '.join(whose)})" if whose else "")
+                 + f", demoted {demoted}" + (f"; {mode}" if mode and protection else ""))
 
     def wait_for(self, name: str, ev: str, after: float, timeout: float = 60.0) -> Event:
         got = self.events.wait(name, ev, timeout, after)
@@ -366,6 +378,8 @@ class ContentionRun:
                 self.wait_for("llm", "decode", t0)
                 self.wait_for("embedder", "batch", t0)
                 self.wait_for("voice", "infer", t0)
+                if self.managed and self.asks_realtime("voice"):
+                    self.say_grants()  # (the voice asked at its first burst)
                 time.sleep(t.settle_s)
                 if self.device_probe:
                     self.poller = contention_probe.TracePoller(
@@ -548,8 +562,44 @@ def verdicts(unmanaged: RunResult, managed: RunResult) -> list[str]:
     return contention_verdict.lines(contention_verdict.ratios(unmanaged, managed))
 
 
+def voice_note(unmanaged: RunResult, managed: RunResult) -> str:
+    """The voice assistant's latency managed against unmanaged, for the narration beside
+    the camera's verdicts (#15 sets the voice no target)."""
+    u, m = unmanaged.voice, managed.voice
+    if not u.ms or not m.ms:
+        return "voice assistant: not measured in both runs"
+    return (f"voice assistant p50 / p99: managed {_f(m.pct(0.5), 2)} / {_f(m.pct(0.99), 2)} "
+            f"ms, unmanaged {_f(u.pct(0.5), 2)} / {_f(u.pct(0.99), 2)} ms "
+            f"({m.pct(0.5) / u.pct(0.5):.2f}x / {m.pct(0.99) / u.pct(0.99):.2f}x; no target)")
+
+
 def build_models() -> dict[str, DemoModel]:
     return demo_models()
+
+
+#: `npu demo --compare`'s managed run: what each app asks of npud, as the bench's
+#: `default-auto` row has them (bench/contention.py; tests/demo/test_contention.py holds
+#: the two to each other). The camera (FOREGROUND) and the voice assistant (VISIBLE) ask
+#: for their executing thread at SCHED_FIFO (model.burst(realtime=True)): foreground
+#: protection serves both on a FIFO host thread, and an app thread left at normal
+#: priority waits behind it on its CPU (voice29: the voice's p50 / p99 0.8 / 2.5 ms
+#: without the ask, 0.5-0.6 / 0.8-1.0 with it). Where protection resolved off, npud
+#: refuses the ask, logged once (nn/realtime.py), and the apps go on without.
+COMPARE_APP_KNOBS: dict[str, dict[str, Any]] = {"camera": {"realtime": 2},
+                                                "voice": {"realtime": 2}}
+
+
+def compare_runs() -> list[tuple[str, bool, str, dict[str, dict[str, Any]] | None]]:
+    """`npu demo --compare`'s two runs: (name, managed, what the scene says, app knobs)."""
+    return [
+        ("unmanaged", False, "Each app runs ONNX Runtime in its own process with the "
+         "default settings and loads whenever it likes, as apps do today.", None),
+        ("managed", True, "The same apps ask npud before loading and run on the "
+         "reference driver (a real npud in a temporary dir, its defaults: foreground "
+         "protection \"auto\", on where npud can put threads at SCHED_FIFO, e.g. as "
+         "root). The camera and the voice assistant ask for a real-time thread "
+         "(model.burst(realtime=True)), as a camera or audio app would; where npud "
+         "cannot give it, they go on without.", COMPARE_APP_KNOBS)]
 
 
 def run_compare(color: bool | None = None, fast: bool = True) -> int:
@@ -564,27 +614,17 @@ def run_compare(color: bool | None = None, fast: bool = True) -> int:
     timing = Timing.quick() if fast else Timing()
     models = build_models()
     results = []
-    for n, (name, managed, why) in enumerate((
-            ("unmanaged", False, "Each app runs ONNX Runtime in its own process with the "
-             "default settings and loads whenever it likes, as apps do today."),
-            ("managed", True, "The same apps ask npud before loading and run on the "
-             "reference driver (a real npud in a temporary dir, its defaults: foreground "
-             "protection \"auto\", on where npud can put threads at SCHED_FIFO, e.g. as "
-             "root). The camera asks for its real-time thread, as a camera app would; "
-             "where npud cannot give it, the camera goes on without.")), start=1):
+    for n, (name, managed, why, knobs) in enumerate(compare_runs(), start=1):
         out.scene(n, 2, f"{name}: camera alone, then with the background apps, then while a "
                   "background model loads", why)
-        # Managed as npud runs by default (protect_foreground unset: "auto"; the bench's
-        # `default-auto` row); the camera asks model.burst(realtime=True), refused and
-        # logged once where protection resolved off (nn/burst.py), never failed.
-        knobs = {"camera": {"realtime": 2}} if managed else None
+        # Managed as npud runs by default (protect_foreground unset: "auto").
         results.append(ContentionRun(name, managed, timing, models,
                                      log=lambda m: out.event("demo", m), app_knobs=knobs,
                                      protect_foreground=None).run())
     rows = side_by_side(results)
-    out.table("Camera latency p50 / p99 / max and frames over 33 ms; background throughput",
-              list(rows[0]), [list(r) for r in rows[1:]])
-    for line in verdicts(results[0], results[1]):
+    out.table("Camera latency p50 / p99 / max and frames over 33 ms; voice latency; "
+              "background throughput", list(rows[0]), [list(r) for r in rows[1:]])
+    for line in [*verdicts(results[0], results[1]), voice_note(results[0], results[1])]:
         out.note(line, "")
     errors = [e for r in results for e in r.errors]
     for e in errors:

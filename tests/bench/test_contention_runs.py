@@ -201,10 +201,12 @@ def test_the_load_nice_row_is_the_tuned_lane_with_the_loads_nice_value() -> None
 
 def test_the_default_auto_row_sets_nothing_and_gets_the_recommended_set() -> None:
     """default-auto (auto27): npud's product default, no protection key set, the camera
-    asking for its thread; held against unmanaged (and unmanaged-rt). Where "auto" resolves
+    and the voice asking for their threads; held against unmanaged (and unmanaged-rt);
+    `npu demo --compare` runs these two. Where "auto" resolves
     to on, npud runs what the recommended row sets by hand; every other row runs
     `--protect-foreground off`."""
     from npumanager.config import Config
+    from npumanager.demo.contention import compare_runs
     from npumanager.hal.host_config import HostConfig
     from npumanager.service.protection import expand
 
@@ -229,6 +231,12 @@ def test_the_default_auto_row_sets_nothing_and_gets_the_recommended_set() -> Non
     managed, _, kwargs = contention.run_args("default-auto")
     assert managed and kwargs["protect_foreground"] is None
     assert kwargs["app_knobs"] == {"camera": {"realtime": 2}, "voice": {"realtime": 2}}
+    # `npu demo --compare` runs the same two: unmanaged as the bench's, managed as
+    # default-auto (npud's default protection; the camera and the voice ask for FIFO).
+    (u_name, u_managed, _, u_knobs), (m_name, m_managed, _, m_knobs) = compare_runs()
+    assert (u_name, u_managed, u_knobs) == ("unmanaged", False,
+                                            contention.run_args("unmanaged")[2]["app_knobs"])
+    assert (m_name, m_managed, m_knobs) == ("managed", True, kwargs["app_knobs"])
     for lane in ("", "background"):
         assert HostConfig.from_config(auto, "reference", lane) == \
             HostConfig.from_config(recommended, "reference", lane), lane

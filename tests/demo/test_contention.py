@@ -9,6 +9,7 @@ import os
 import pytest
 
 from npumanager.demo.contention import (
+    COMPARE_APP_KNOBS,
     ContentionRun,
     RunResult,
     Stats,
@@ -17,7 +18,9 @@ from npumanager.demo.contention import (
     driver_config,
     side_by_side,
     verdicts,
+    voice_note,
 )
+from npumanager.service.rt_privilege import CAP_SYS_NICE, has_cap
 from tests.demo.conftest import LeftBehind
 
 pytestmark = pytest.mark.slow
@@ -119,6 +122,29 @@ def test_apps_can_run_on_a_second_driver_host(models: dict[str, object],
     assert left_behind() == []
 
 
+@pytest.mark.fifo
+@pytest.mark.skipif(os.geteuid() != 0 or not has_cap(CAP_SYS_NICE),
+                    reason="needs root with CAP_SYS_NICE (each app its own uid, protection on)")
+def test_the_compare_s_voice_gets_its_real_time_thread_as_the_camera_does(
+        models: dict[str, object], left_behind: LeftBehind) -> None:
+    """`npu demo --compare`'s managed run, as npud runs by default (protection "auto": on
+    as root): the camera (FOREGROUND) and the voice assistant (VISIBLE) each asked for
+    their executing thread and npud granted both; the run says so, by app."""
+    said: list[str] = []
+    r = ContentionRun("managed", True, TINY, models,  # type: ignore[arg-type]
+                      phases=("alone", "contended"), log=said.append,
+                      app_knobs=COMPARE_APP_KNOBS, protect_foreground=None).run()
+    assert r.errors == []
+    assert r.voice.ms
+    grants = [s for s in said if "npud granted SCHED_FIFO" in s]
+    # At the camera's start (its thread only), once the voice ran, at the run's end.
+    assert len(grants) == 3, said
+    assert "(camera)" in grants[0] and "foreground protection: on" in grants[0], grants
+    assert "2 thread(s) (camera, voice), demoted none" in grants[1], grants
+    assert "(camera, voice)" in grants[2], grants
+    assert left_behind() == []
+
+
 def test_the_table_puts_runs_side_by_side() -> None:
     a, b = RunResult("unmanaged"), RunResult("managed")
     a.camera = {"alone": Stats([1.0, 2.0]), "contended": Stats([10.0, 40.0])}
@@ -139,6 +165,13 @@ def test_the_table_puts_runs_side_by_side() -> None:
     b.llm_tokens_s_loading, b.embedder_items_s_loading = 41.4, 900.0
     cells = dict((r[0], r[1:]) for r in side_by_side([a, b]))
     assert cells["LLM tokens/s / embedder items/s (loading)"] == ("- / -", "41 / 900")
+    # The voice assistant's latency: a row of the table and a line beside the verdicts.
+    a.voice, b.voice = Stats([0.3, 0.3, 0.5]), Stats([0.6, 0.6, 1.0])
+    cells = dict((r[0], r[1:]) for r in side_by_side([a, b]))
+    assert cells["voice p50/p99 (ms)"] == ("0.3 / 0.5", "0.6 / 1.0")
+    assert voice_note(a, b) == ("voice assistant p50 / p99: managed 0.60 / 1.00 ms, "
+                                "unmanaged 0.30 / 0.50 ms (2.00x / 2.00x; no target)")
+    assert voice_note(a, RunResult("m")) == "voice assistant: not measured in both runs"
     lines = verdicts(a, b)
     assert any("1.25x alone (target <= 1.3x: PASS)" in ln for ln in lines)
     assert any("LLM tokens/s: managed 90 %" in ln and "PASS" in ln for ln in lines)
