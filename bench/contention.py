@@ -52,6 +52,7 @@ from npumanager.demo.contention import (
     verdicts,
 )
 from npumanager.demo.contention_split import SplitRun, format_split
+from npumanager.words import plural
 
 #: Managed driver configurations: name -> [[driver]] keys. "managed" is npud's default with
 #: foreground protection off. Every row runs npud with `--protect-foreground off` (the keys
@@ -606,7 +607,7 @@ def main() -> int:
 def report(args: argparse.Namespace, timing: Timing, names: list[str],
            results: list[RunResult], splits: dict[str, dict[str, Any]], which: str) -> None:
     """One invocation's table, frame splits, verdicts and errors."""
-    print(f"\ncontention{which}: {len(names)} runs ({'quick' if args.quick else 'full'} "
+    print(f"\ncontention{which}: {plural(len(names), 'run')} ({'quick' if args.quick else 'full'} "
           f"phases: alone {timing.alone_s:g} s, contended {timing.contended_s:g} s, loading "
           f"{timing.loading_s:g} s; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
           f"{'one uid per app' if os.getuid() == 0 else 'one uid, job priorities'})")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from npumanager.cli.main import UsageError, add_runtime_dir
+from npumanager.words import nouns
 
 
 def bench_dir() -> Path | None:
@@ -36,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
     names = args.names or available()
     unknown = [n for n in names if n not in available()]
     if unknown:
-        raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; "
+        raise UsageError(f"unknown {nouns(len(unknown), 'benchmark')} {', '.join(unknown)}; "
                          f"available: {', '.join(available())}")
     if args.runtime_dir is not None:
         # Each benchmark measures against an npud of its own, started in a fresh temp dir

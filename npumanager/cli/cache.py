@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from npumanager.cli.main import UsageError, add_runtime_dir, int_range
+from npumanager.words import plural
 
 #: An NNAPI cache file name: 64 letters A..P spelling the token, 1|2, an index.
 _CACHE_FILE = re.compile(r"^([A-P]{64})([12])(\d{1,2})$")
@@ -180,7 +181,7 @@ def cmd_ls(args: argparse.Namespace, v: Any) -> int:
         for e in entries
     ]
     _table(
-        f"{args.driver} ({v.driver_version}): {len(entries)} entries in {v.path}",
+        f"{args.driver} ({v.driver_version}): {plural(len(entries), 'entry')} in {v.path}",
         ["uid", "token", "files", "model", "data", "age", "last used", "hits"],
         rows,
     )
@@ -204,8 +205,8 @@ def cmd_verify(args: argparse.Namespace, v: Any) -> int:
             for p in problems:
                 print(f"  {p}")
         else:
-            print(f"{args.driver}: the map {v.path} is sound ({n} entries). The cache files "
-                  f"live in apps' directories: add --dir DIR to re-hash those in DIR.")
+            print(f"{args.driver}: the map {v.path} is sound ({plural(n, 'entry')}). The "
+                  f"cache files live in apps' directories: add --dir DIR to re-hash those in DIR.")
         return 1 if problems else 0
     results: list[tuple[int, str, str, str]] = []
     damaged = 0
@@ -237,7 +238,8 @@ def cmd_verify(args: argparse.Namespace, v: Any) -> int:
                           for u, t, s, d in results]))
     else:
         _table(
-            f"{args.driver}: {len(results)} entries with files in {args.dir}, {damaged} damaged",
+            f"{args.driver}: {plural(len(results), 'entry')} with files in {args.dir}, "
+            f"{damaged} damaged",
             ["uid", "token", "status", "detail"],
             [[str(u), t, s, d] for u, t, s, d in results],
         )
@@ -260,7 +262,8 @@ def cmd_gc(args: argparse.Namespace, v: Any) -> int:
     if args.json:
         print(json.dumps({"evicted": evicted, "files_removed": removed, "bound": bound}))
     else:
-        print(f"evicted {evicted} entries (bound {bound}); removed {removed} orphaned files")
+        print(f"evicted {plural(evicted, 'entry')} (bound {bound}); removed "
+              f"{plural(removed, 'orphaned file')}")
     return 0
 
 
@@ -273,7 +276,7 @@ def cmd_clear(args: argparse.Namespace, v: Any) -> int:
     if args.json:
         print(json.dumps({"cleared": dropped, "files_removed": removed}))
     else:
-        print(f"cleared {dropped} entries; removed {removed} cache files")
+        print(f"cleared {plural(dropped, 'entry')}; removed {plural(removed, 'cache file')}")
     return 0
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from npumanager.cli.main import add_runtime_dir
 from npumanager.errors import UnsafePath
 from npumanager.paths import manager_socket, runtime_dir
+from npumanager.words import plural
 
 if TYPE_CHECKING:
     from npumanager.config import Config
@@ -232,7 +233,7 @@ def rt_backstop(hosts: list[DriverHost], loop: asyncio.AbstractEventLoop) -> Non
         # hard one: the next thread would go straight to SIGKILL): set it again.
         set_rttime_soft()
         log.warning("SIGXCPU: a burst thread ran at SCHED_FIFO past RLIMIT_RTTIME's soft "
-                    "limit; %d thread(s) lowered", n)
+                    "limit; %s lowered", plural(n, "thread"))
 
     loop.add_signal_handler(signal.SIGXCPU, demote)
     set_rttime_soft()

@@ -17,6 +17,7 @@ from typing import Any
 
 from npumanager.cli.main import UsageError, add_runtime_dir, int_range, positive_float
 from npumanager.hal import MAX_PRIORITY, MIN_PRIORITY
+from npumanager.words import plural
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -176,7 +177,7 @@ def main(args: argparse.Namespace) -> int:
     onnx, feedback = load_model(args)
     if args.save is not None:
         Path(args.save).write_bytes(onnx)
-        print(f"wrote {args.builtin} to {args.save} ({len(onnx)} bytes)")
+        print(f"wrote {args.builtin} to {args.save} ({plural(len(onnx), 'byte')})")
         return 0
     name = pick_device(nn.devices(args.runtime_dir), args.device)
     # The grant is valid on its device only: ask for the one the model will be prepared on.
@@ -201,7 +202,7 @@ def main(args: argparse.Namespace) -> int:
             listener.notify_model_loaded(request)
             try:
                 print(f"device {name} ({dev.capabilities.backend}); granted in {grant_ms:.1f} ms,"
-                      f" prepared in {prepare_ms:.1f} ms, {model.memory_bytes} bytes")
+                      f" prepared in {prepare_ms:.1f} ms, {plural(model.memory_bytes, 'byte')}")
                 inputs = random_inputs([(t.name, t.dtype, t.shape) for t in model.inputs
                                         if check_feedable(t)], args.seed)
                 times: list[float] = []
@@ -223,6 +224,6 @@ def main(args: argparse.Namespace) -> int:
         ts = np.sort(np.array(times)) * 1e3
         p50 = ts[len(ts) // 2]
         p99 = ts[min(len(ts) - 1, int(len(ts) * 0.99))]
-        print(f"{len(ts)} executions: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
+        print(f"{plural(len(ts), 'execution')}: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
               f"min {ts[0]:.3f} ms; unloaded")
     return 0

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from npumanager.cli.main import add_runtime_dir
+from npumanager.words import plural
 
 if TYPE_CHECKING:
     from npumanager.service.protection import Protection
@@ -132,8 +133,8 @@ def check_config(args: argparse.Namespace) -> int:
     if cfg is None or problems:
         for problem in problems:
             print(problem, file=sys.stderr)
-        print(f"npu serve --check-config: {len(problems)} problem"
-              f"{'s' if len(problems) != 1 else ''} found", file=sys.stderr)
+        print(f"npu serve --check-config: {plural(len(problems), 'problem')} found",
+              file=sys.stderr)
         return 1
     print("\n".join(cc.summary(cfg, rt, args.no_drivers, args.protect_foreground)))
     return 0

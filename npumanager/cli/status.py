@@ -16,6 +16,7 @@ from typing import Any
 
 from npumanager.cli import fmt
 from npumanager.cli.main import UsageError, add_runtime_dir
+from npumanager.words import plural
 
 
 def register(sub: Any) -> None:
@@ -132,6 +133,12 @@ def _thermal_line(thermal: dict[str, Any], *, per_device: bool = False) -> str:
     return line
 
 
+def _count(n: Any, noun: str) -> str:
+    """A count from the dump in words ("1 client", "3 clients"); a value that is not a
+    count as it came."""
+    return plural(n, noun) if isinstance(n, int) else f"{fmt.cell(n)} {noun}"
+
+
 def _counts_line(counts: dict[str, Any]) -> str:
     order = ("loaded", "granted", "unload_requested", "waiting", "queued", "pending")
     parts = [f"{counts[k]} {k.replace('_', ' ')}" for k in order if counts.get(k)]
@@ -200,8 +207,8 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
     console.print(
         f"npud {daemon.get('version', '?')}  pid {daemon.get('pid')} (uid {daemon.get('uid')})  "
         f"up {fmt.duration(float(daemon.get('uptime_s', 0)))}  "
-        f"{daemon.get('clients', 0)} client(s)"
-        + (f"  {daemon['internal_errors']} internal error(s)"
+        f"{_count(daemon.get('clients', 0), 'client')}"
+        + (f"  {_count(daemon['internal_errors'], 'internal error')}"
            if daemon.get("internal_errors") else ""))
     budgets = [b for b in dump.get("budgets") or [] if isinstance(b, dict)]
     if len(budgets) > 1:  # one budget per device: a line each
@@ -218,7 +225,7 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
         rows.append(("limits",
                      f"unload deadline {fmt.duration(params.get('unload_deadline_s', 0))}, "
                      f"queue wait {fmt.duration(wait) if wait else 'unlimited'}, "
-                     f"{params.get('max_requests_per_uid')} live requests per uid"))
+                     f"{_count(params.get('max_requests_per_uid'), 'live request')} per uid"))
     if daemon.get("protection"):  # (service/protection.py: what npud's start resolved)
         rows.append(("protect", str(daemon["protection"]).removeprefix(
             "foreground protection: ")))

@@ -19,6 +19,7 @@ from typing import Any
 
 from npumanager.cli import fmt
 from npumanager.cli.main import add_runtime_dir, positive_float
+from npumanager.words import plural
 
 SPARK = "▁▂▃▄▅▆▇█"
 #: How a device's background lane ([[driver]] background_host) is named in the tables.
@@ -188,7 +189,8 @@ def render(frame: dict[str, Any]) -> Any:
         ("npu top", "bold"),
         f"  npud {daemon.get('version', '?')} at {daemon.get('runtime_dir', '?')}  "
         f"up {fmt.duration(float(daemon.get('uptime_s', 0)))}  "
-        f"{daemon.get('clients', 0)} client(s)  policy {str(policy.get('name', '?')).upper()}  "
+        f"{plural(int(daemon.get('clients', 0)), 'client')}  "
+        f"policy {str(policy.get('name', '?')).upper()}  "
         f"{time.strftime('%H:%M:%S', time.localtime(frame.get('at', time.time())))}")
 
     dev = Table(title="devices", title_justify="left", box=box.SIMPLE_HEAD, expand=False)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from npumanager.cli.main import UsageError, add_runtime_dir, check_can_write, positive_float
+from npumanager.words import plural
 
 
 def register(sub: Any) -> None:
@@ -61,7 +62,8 @@ def main(args: argparse.Namespace) -> int:
     doc = to_chrome(recording)
     out.write_text(json.dumps(doc))
     summary = summarize(recording)
-    print(f"wrote {out}: {summary['requests']} requests, {summary['steps']} execution steps "
+    print(f"wrote {out}: {plural(summary['requests'], 'request')}, "
+          f"{plural(summary['steps'], 'execution step')} "
           f"in {summary['duration_s']:.1f} s; open it in https://ui.perfetto.dev")
     for note in recording.notes:
         print(f"  note: {note}")

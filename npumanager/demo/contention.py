@@ -35,6 +35,7 @@ from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.observe import Event, EventLog
 from npumanager.demo.process import AppProcess, LineQueue, Outbox, signals_held
 from npumanager.drivers import device_queue
+from npumanager.words import plural
 
 #: uids of the apps when run as root (npud tells apps apart by uid).
 UIDS = {"camera": 62001, "voice": 62002, "llm": 62003, "embedder": 62004, "loader": 62005}
@@ -290,7 +291,7 @@ class ContentionRun:
         apps = {uid: app for app, uid in UIDS.items()} if self.root else {}
         whose = sorted({apps.get(g.get("uid"), "") for g in granted} - {""})
         self.say(f"{self.name}: npud granted SCHED_FIFO {rt.get('priority')} to "
-                 f"{len(granted)} thread(s)" + (f" ({', '.join(whose)})" if whose else "")
+                 f"{plural(len(granted), 'thread')}" + (f" ({', '.join(whose)})" if whose else "")
                  + f", demoted {demoted}" + (f"; {mode}" if mode and protection else ""))
 
     def wait_for(self, name: str, ev: str, after: float, timeout: float = 60.0) -> Event:

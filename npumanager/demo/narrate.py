@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from npumanager.demo.observe import Event, EventLog
 from npumanager.demo.render import Renderer, fmt_ms
+from npumanager.words import plural
 
 
 class Narrator:
@@ -60,8 +61,9 @@ class Narrator:
             first = self.log.find(app, "decode", after=self._last_prepare(app))
             if len(first) == 1:
                 tps = e["steps"] / (e["ms"] / 1000) if e["ms"] > 0 else 0.0
-                self.out.event(app, f"decoding: job of {e['steps']} steps (steps=N, feedback "
-                               f"h_out->h) in {fmt_ms(e['ms'])}, {tps:.0f} tokens/s", t)
+                self.out.event(app, f"decoding: job of {plural(e['steps'], 'step')} "
+                               f"(steps=N, feedback h_out->h) in {fmt_ms(e['ms'])}, "
+                               f"{tps:.0f} tokens/s", t)
         elif kind == "frame":
             first = self.log.find(app, "frame", after=self._last_prepare(app))
             if len(first) == 1:

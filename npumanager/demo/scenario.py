@@ -41,6 +41,7 @@ from npumanager.demo.observe import Event, EventLog, HalObserver
 from npumanager.demo.process import AppProcess, signals_held, stop_all
 from npumanager.demo.render import Renderer, fmt_ms
 from npumanager.demo.summary import print_summary, status_excerpt, write_outputs
+from npumanager.words import plural
 
 #: How many times its idle-machine timeout :meth:`Scenario.expect` waits for an event.
 PATIENCE = 4.0
@@ -288,8 +289,9 @@ class Scenario:
 
         for dev in nn.devices(self.rt):
             c = dev.capabilities
-            self.out.event("npud", f"device {c.name} {c.version}: {c.backend}, {c.channels} "
-                           f"channel(s), {c.memory_bytes / 2**30:.1f} GiB, cache files "
+            self.out.event("npud", f"device {c.name} {c.version}: {c.backend}, "
+                           f"{plural(c.channels, 'channel')}, {c.memory_bytes / 2**30:.1f} GiB, "
+                           f"cache files "
                            f"{c.model_cache_files}+{c.data_cache_files}, admission "
                            f"{'enforced' if c.enforce_admission else 'open'}")
             dev.close()

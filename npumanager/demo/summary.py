@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from npumanager.demo.observe import EventLog, HalObserver
 from npumanager.demo.render import Renderer, fmt_ms, percentile
+from npumanager.words import plural
 
 if TYPE_CHECKING:
     from npumanager.demo.apps import AppSpec
@@ -107,7 +108,7 @@ def print_summary(out: Renderer, log: EventLog, run: Run, hal: HalObserver | Non
         rows.append(["llm work PAUSED / RESUMED (HAL)",
                      f"{hal.count(uid, 'ended', 'PAUSED')} / "
                      f"{hal.count(uid, 'started', 'RESUMED')}"])
-    rows.append(["llm tokens decoded", f"{tokens} in {len(decodes)} multi-step jobs"])
+    rows.append(["llm tokens decoded", f"{tokens} in {plural(len(decodes), 'multi-step job')}"])
     out.table("What npud and the driver did", ["", "count"], rows)
 
     out.table("Compilation cache (prepare_model with cache_dir + token)",

@@ -71,6 +71,7 @@ from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.conn import CallContext, Handler, RpcConnection
 from npumanager.wire.server import RpcServer, resolve_group
+from npumanager.words import plural
 
 log = logging.getLogger("npumanager.drivers.host")
 
@@ -253,9 +254,11 @@ class DriverHost:
         if was_manager:
             self.npud.wake_grant_waiters()  # refused now: no grant will come
         if was_manager and self.state.orphaned_at is not None:
-            log.warning("npud went away: loading nothing new; %d loaded model(s) keep "
+            n = len(self.state.model_ids())
+            log.warning("npud went away: loading nothing new; %s loaded %s "
                         "running for %g s unless a manager attaches again",
-                        len(self.state.model_ids()), self.hc.orphan_grace_s)
+                        plural(n, "model"), "keeps" if n == 1 else "keep",
+                        self.hc.orphan_grace_s)
         client = self._clients.pop(conn, None)
         if client is not None:
             self.bursts.client_gone(client)
@@ -271,9 +274,11 @@ class DriverHost:
                                              now=self.clock.now()))
         self.npud.wake_grant_waiters()
         if idle and self.state.orphaned_at is not None:
-            log.warning("the npud that started this host is gone; %d loaded model(s) keep "
+            n = len(self.state.model_ids())
+            log.warning("the npud that started this host is gone; %s loaded %s "
                         "running for at most %g s unless a manager attaches",
-                        len(self.state.model_ids()), self.hc.orphan_grace_s)
+                        plural(n, "model"), "keeps" if n == 1 else "keep",
+                        self.hc.orphan_grace_s)
 
     def _on_timer(self, key: str) -> None:
         self._submit_quietly(ev.TimerFired(stimulus_id=self._stimulus("timer"),

@@ -31,6 +31,7 @@ from npumanager.hal.wire import configs_from_payload, work_to_msg
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.wire.conn import CallContext, Handler, RpcConnection
+from npumanager.words import plural
 
 log = logging.getLogger("npumanager.drivers.host")
 
@@ -123,8 +124,8 @@ class NpudLink:
                                                   freed=ins.freed))
 
     def grace_expired(self, ins: ev.GraceExpired) -> None:
-        log.warning("no manager attached again within %g s: released %d model(s)",
-                    self.hc.orphan_grace_s, ins.models)
+        log.warning("no manager attached again within %g s: released %s",
+                    self.hc.orphan_grace_s, plural(ins.models, "model"))
         self.orphan_expired.set()
 
     def ask_rt(self, tid: int, priority: int) -> bool:

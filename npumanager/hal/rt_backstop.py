@@ -56,6 +56,7 @@ from typing import Any
 
 from npumanager.errors import RealtimeUnavailable
 from npumanager.hal import rt_sched
+from npumanager.words import plural
 
 log = logging.getLogger("npumanager.rt")
 
@@ -209,8 +210,8 @@ def _on_sigxcpu(signum: int, frame: FrameType | None) -> None:
         n = lower_all()
         counts["lowered"] += n
         resource.setrlimit(resource.RLIMIT_RTTIME, (min(_soft, hard), hard))
-        log.warning("SIGXCPU: a thread at SCHED_FIFO ran %d ms without blocking; %d "
-                    "thread(s) of this process back to SCHED_OTHER", _soft // 1000, n)
+        log.warning("SIGXCPU: a thread at SCHED_FIFO ran %d ms without blocking; %s of "
+                    "this process back to SCHED_OTHER", _soft // 1000, plural(n, "thread"))
         return
     counts["passed_on"] += 1
     _pass_on(signum, frame)

@@ -50,6 +50,7 @@ from npumanager.service.supervisor import DriverSupervisor
 from npumanager.version import __version__
 from npumanager.wire.conn import RpcConnection
 from npumanager.wire.server import RpcServer, resolve_group
+from npumanager.words import plural
 
 log = logging.getLogger("npumanager.npud")
 
@@ -340,7 +341,8 @@ class Daemon:
 
     def driver_held(self, name: str, grants: list[ev.HeldGrant]) -> None:
         """A driver an earlier npud started lists the grants it holds (adoption)."""
-        log.info("driver %s holds %d grant(s) from before npud restarted", name, len(grants),
+        log.info("driver %s holds %s from before npud restarted", name,
+                 plural(len(grants), "grant"),
                  extra={"driver": name})
         self.submit_quietly(ev.DriverHeld(stimulus_id=self.stimulus("driver-held"),
                                           now=self.clock.now(), name=name,

@@ -41,6 +41,7 @@ from npumanager.errors import (
     PermissionDenied,
     RealtimeUnavailable,
 )
+from npumanager.words import plural
 
 #: The least important importance that may hold a real-time thread, by default
 #: (``[manager] app_rt_importance``; foreground protection sets VISIBLE, voice29).
@@ -188,8 +189,9 @@ class RtWatch:
             del self.grants[tid]
         n = len(self.of_uid(uid))
         if n >= lim.max_threads:
-            raise LimitExceeded(f"uid {uid} holds {n} real-time thread(s), the most npud "
-                                f"grants ([manager] app_rt_max_threads = {lim.max_threads})")
+            raise LimitExceeded(f"uid {uid} holds {plural(n, 'real-time thread')}, the "
+                                f"most npud grants ([manager] app_rt_max_threads = "
+                                f"{lim.max_threads})")
         return RtGrant(uid, pid, key, conn, tid, now)
 
     def granted(self, grant: RtGrant, now: float, cpu_ns: int | None) -> None:

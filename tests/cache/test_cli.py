@@ -92,6 +92,25 @@ def test_clear_with_dir(
     assert json.loads(out)["entries"] == []
 
 
+def test_one_of_each_is_said_in_the_singular(
+    populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A count meets its noun by one rule (npumanager.words): each verb said '1 entries'."""
+    sd = ["--state-dir", str(state_dir)]
+    rc, out = run(capsys, "gc", *sd, "--max-entries", "1")
+    assert rc == 0 and "evicted 2 entries (bound 1); removed 0 orphaned files" in out, out
+    rc, out = run(capsys, "ls", *sd)
+    assert rc == 0 and "1 entry in" in out and "entries" not in out, out
+    rc, out = run(capsys, "verify", *sd)
+    assert rc == 0 and "is sound (1 entry)" in out, out
+    rc, out = run(capsys, "verify", *sd, "--dir", str(populated))
+    assert rc == 0 and "1 entry with files in" in out, out
+    rc, out = run(capsys, "gc", *sd, "--max-entries", "1", "--dir", str(populated))
+    assert rc == 0 and "evicted 0 entries (bound 1); removed 4 orphaned files" in out, out
+    rc, out = run(capsys, "clear", *sd, "--dir", str(populated))
+    assert rc == 0 and "cleared 1 entry; removed 2 cache files" in out, out
+
+
 def test_no_map_yet(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "ls", "--state-dir", str(state_dir)]) == 0
     assert "no cache map" in capsys.readouterr().err

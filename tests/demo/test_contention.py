@@ -140,7 +140,7 @@ def test_the_compare_s_voice_gets_its_real_time_thread_as_the_camera_does(
     # At the camera's start (its thread only), once the voice ran, at the run's end.
     assert len(grants) == 3, said
     assert "(camera)" in grants[0] and "foreground protection: on" in grants[0], grants
-    assert "2 thread(s) (camera, voice), demoted none" in grants[1], grants
+    assert "2 threads (camera, voice), demoted none" in grants[1], grants
     assert "(camera, voice)" in grants[2], grants
     assert left_behind() == []
 

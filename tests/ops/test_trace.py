@@ -200,7 +200,7 @@ def test_trace_record_against_a_real_npud(npud_drivers: DaemonProcess, tmp_path:
         mgr.reset_thermal_status()
     rc, stdout, err = result["rc"]
     assert rc == 0, err
-    assert f"wrote {out}: 1 requests, 40 execution steps" in stdout
+    assert f"wrote {out}: 1 request, 40 execution steps" in stdout
     ev = json.loads(out.read_text())["traceEvents"]
     uid = os.getuid()
     steps = [e for e in ev if e.get("cat") == "execution"]
