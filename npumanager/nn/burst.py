@@ -36,8 +36,9 @@ back. bench/README.md "foreground_slice_us" has what it measured.
 ``realtime`` (default False) asks npud, once per executing thread, to put that thread at
 SCHED_FIFO for the burst's life (:mod:`npumanager.nn.realtime`: FOREGROUND apps, and
 VISIBLE ones where npud's ``app_rt_importance`` says so, as foreground protection does;
-bounded by npud's watchdog); ``realtime_granted`` says whether it did, a refusal is
-logged once and the burst goes on without it. bench/README.md "Real-time app threads".
+bounded by npud's watchdog); ``realtime_granted`` says whether it did and
+``realtime_error`` why not; a refusal is logged once and the burst goes on without it.
+bench/README.md "Real-time app threads".
 
 A model whose grant moves to its device's other host (nn/model_move.py) takes its open
 bursts with it while they stream: each switches to a channel opened beside its own on
@@ -206,6 +207,15 @@ class Burst:
             data = max(2 * data, data + g.data)
         self._close_channel()
         self._open(req, resp, data)
+
+    @property
+    def realtime_error(self) -> NpuError | None:
+        """Why npud refused ``realtime=True`` (the typed error it answered: not important
+        enough, real-time threads off in its config, a uid over its bound or in its
+        cooldown, ...), None where it granted it, was not asked, or nothing was executed
+        yet."""
+        return None if self._realtime is None or self.realtime_granted \
+            else self._realtime.error
 
     def close(self) -> None:
         """End the burst (the driver's thread ends, the memory is unmapped); safe twice."""
