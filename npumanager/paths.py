@@ -109,8 +109,7 @@ def secure_dir(path: str | os.PathLike[str], what: str, mode: int | None = None,
     try:
         fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except NotADirectoryError:
-        raise UnsafePath(f"{what} {p} is not a directory; remove it or choose another "
-                         f"path") from None
+        raise UnsafePath(f"{what} {p} {not_a_directory(p)}") from None
     except OSError as exc:
         raise UnsafePath(f"{what} {p} cannot be opened: {exc.strerror}") from None
     try:
@@ -125,6 +124,68 @@ def secure_dir(path: str | os.PathLike[str], what: str, mode: int | None = None,
     finally:
         os.close(fd)
     return p
+
+
+def kind_of(path: str | os.PathLike[str]) -> str:
+    """What is at ``path``, as a person names it ("a socket npud serves", "a file", ...;
+    "" where nothing is). A socket is asked whether something answers on it."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ""
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if stat.S_ISSOCK(st.st_mode):
+        answers = _answers(path)
+        if answers is None:
+            return "a socket"
+        if not answers:
+            return "a socket nothing answers on"
+        return ("a socket npud serves" if Path(path).name == MANAGER_SOCKET
+                else "a socket something serves")
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if stat.S_ISREG(st.st_mode):
+        return "a file"
+    if stat.S_ISFIFO(st.st_mode):
+        return "a named pipe"
+    return "a device file"
+
+
+def _answers(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a process accepts connections on the Unix socket ``path`` (connected and
+    closed at once: npud takes a connection that sends nothing as a client that left);
+    None where this process may not ask."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(os.fspath(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return None
+    return True
+
+
+def not_a_directory(path: str | os.PathLike[str]) -> str:
+    """Why ``path``, given where a directory was wanted, is not one, and what to pass
+    instead: the directory that holds it. A user who typed the socket's path for the
+    runtime dir is told so; nothing here advises removing what may be a live npud's."""
+    p = Path(path)
+    kind = kind_of(p) or "not there"
+    return (f"is {kind}, not a directory: pass the directory that holds it "
+            f"({p.parent}) or another path")
+
+
+def not_in_a_directory(path: str | os.PathLike[str]) -> str:
+    """Why ``path`` cannot be reached (ENOTDIR): the part of it that is not a directory,
+    said as :func:`not_a_directory` says it ("/x/npu.sock is a socket npud serves, ...")."""
+    p = Path(path).parent
+    while p != p.parent and not (os.path.lexists(p) and not os.path.isdir(p)):
+        p = p.parent
+    return f"{p} {not_a_directory(p)}"
 
 
 def dir_problem(st: os.stat_result, uid: int) -> str:

@@ -28,6 +28,7 @@ import importlib.util
 import json
 import os
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -38,7 +39,7 @@ from npumanager.drivers.base import ENTRY_POINT_GROUP
 from npumanager.drivers.option_specs import option_problems
 from npumanager.errors import NpuError
 from npumanager.hal.host_config import HostConfig, device_entries
-from npumanager.paths import dir_problem, driver_socket, manager_socket
+from npumanager.paths import dir_problem, driver_socket, manager_socket, not_a_directory
 
 if TYPE_CHECKING:
     from npumanager.service.protection import Protection
@@ -203,7 +204,7 @@ def path_problems(cfg: Config, rt: Path, use_drivers: bool) -> Iterator[str]:
     except OSError as exc:
         yield f"runtime dir {rt} cannot be inspected: {exc.strerror}"
         return
-    problem = dir_problem(st, os.getuid())
+    problem = dir_problem(st, os.getuid()) if stat.S_ISDIR(st.st_mode) else not_a_directory(rt)
     if problem:
         yield f"runtime dir {rt} {problem}"
 

@@ -114,6 +114,18 @@ def check_can_write(path: str | os.PathLike[str], flag: str) -> None:
         raise UsageError(f"{flag} {path}: {probe} is not writable")
 
 
+def check_runtime_dir(path: str | None) -> None:
+    """UsageError where --runtime-dir names something that is not a directory: most often
+    npu.sock itself, typed for the directory that holds it (the command would otherwise
+    say "cannot connect to .../npu.sock/npu.sock: Not a directory", or npu serve advise
+    removing it while an npud serves it)."""
+    if path is None or not os.path.lexists(path) or os.path.isdir(path):
+        return
+    from npumanager.paths import not_a_directory
+
+    raise UsageError(f"--runtime-dir {path} {not_a_directory(path)}")
+
+
 def _quiet_broken_pipe() -> None:
     """`npu status | head`: the reader left. Point stdout at /dev/null so the interpreter's
     final flush does not raise again (Python's documented recipe)."""
@@ -155,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     cmd = args.command
     try:
+        if cmd != "serve":  # npu serve refuses it itself: exit 1 (API.md), the same words
+            check_runtime_dir(getattr(args, "runtime_dir", None))
         rc = func(args)
         sys.stdout.flush()
     except UsageError as exc:

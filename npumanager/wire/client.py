@@ -41,6 +41,7 @@ from npumanager.errors import (
     ServiceUnavailable,
     error_from_wire,
 )
+from npumanager.paths import not_in_a_directory
 from npumanager.proto.v1.wire_pb2 import Hello, HelloReply
 from npumanager.wire.conn import (
     Payload,
@@ -139,6 +140,10 @@ class SyncRpcClient:
             raise ServiceUnavailable(
                 f"no {service} service at {path} ({exc.strerror}); is `npu serve` running?"
             ) from None
+        except NotADirectoryError:
+            sock.close()
+            raise ServiceUnavailable(f"cannot connect to {path}: {not_in_a_directory(path)}"
+                                     ) from None
         except OSError as exc:
             sock.close()
             raise ServiceUnavailable(f"cannot connect to {path}: {exc}") from None

@@ -38,6 +38,7 @@ from npumanager.errors import (
     error_to_wire,
 )
 from npumanager.fds import close_fds as close_fds  # re-exported: older imports name it here
+from npumanager.paths import not_in_a_directory
 from npumanager.proto.v1.wire_pb2 import Hello
 from npumanager.wire.calls import (  # re-exported: importers name them here
     CallContext as CallContext,
@@ -523,6 +524,10 @@ async def open_connection(
     except TimeoutError:
         sock.close()
         raise ServiceUnavailable(f"connecting to {path} took over {connect_timeout} s"
+                                 ) from None
+    except NotADirectoryError:
+        sock.close()
+        raise ServiceUnavailable(f"cannot connect to {path}: {not_in_a_directory(path)}"
                                  ) from None
     except OSError as exc:
         sock.close()

@@ -59,6 +59,34 @@ def test_runtime_dir_before_or_after_the_command(npud: DaemonProcess,
     assert proc.returncode == 0 and "npud" in proc.stdout
 
 
+@pytest.mark.timeout(60)
+def test_the_socket_given_for_its_directory_is_named(npud: DaemonProcess,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--runtime-dir .../npu.sock (the socket's path typed for its directory): each command
+    says what the path is and what to pass (its parent); npu serve never advises removing
+    the socket a live npud serves (it said 'not a directory; remove it'), and the npud
+    goes on serving."""
+    rt, sock = npud.runtime_dir, npud.runtime_dir / "npu.sock"
+    want = f"{sock} is a socket npud serves, not a directory: pass the directory that holds " \
+        f"it ({rt})"
+    rc, _, err = npu(capsys, "serve", "--runtime-dir", str(sock), "--no-drivers")
+    assert rc == 1 and want in err and "remove" not in err, err  # exit 1: API.md
+    rc, _, err = npu(capsys, "serve", "--runtime-dir", str(sock), "--check-config")
+    assert rc == 1 and want in err and "remove" not in err, err
+    rc, _, err = npu(capsys, "status", "--runtime-dir", str(sock))
+    assert rc == 2 and err == f"npu status: --runtime-dir {want} or another path\n", err
+    proc = npu_process("status", env={"NPU_RUNTIME_DIR": str(sock)})
+    assert proc.returncode == 1 and want in proc.stderr, proc.stderr  # was 'Not a directory'
+    assert sock.is_socket()
+    rc, out, _ = npu(capsys, "status", "--runtime-dir", str(rt))
+    assert rc == 0 and "npud" in out
+    assert npud.proc is not None
+    npud.proc.kill()  # a stopped npud's socket left behind (a clean stop removes it)
+    npud.proc.wait(10)
+    rc, _, err = npu(capsys, "serve", "--runtime-dir", str(sock), "--no-drivers")
+    assert rc == 1 and f"{sock} is a socket nothing answers on, not a directory" in err, err
+
+
 def test_status_reads_as_a_person_expects(npud: DaemonProcess,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     rt = str(npud.runtime_dir)

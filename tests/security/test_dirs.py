@@ -149,5 +149,6 @@ def test_safe_dirs_are_created_and_modes_set_through_the_fd(scratch: Path) -> No
     assert os.stat(private).st_mode & 0o777 == 0o700
     f = scratch / "file"
     f.write_text("")
-    with pytest.raises(UnsafePath, match="is not a directory"):
+    with pytest.raises(UnsafePath, match="is a file, not a directory: pass the directory "
+                       "that holds it"):
         secure_dir(f, "state dir")
