@@ -74,7 +74,11 @@ def background_job(rt: str) -> list[float]:
     """As a background uid: prepare (before the CPUs are taken), then on "go" one job of
     ``STEPS`` steps (state + 1 each) to its end."""
     with granted(rt, request_id=2) as (dev, grant):
-        model = dev.prepare_model(step_model(4, work_dim=160, work_depth=4), grant=grant)
+        # A step of ~10 ms of CPU: at SCHED_IDLE beside the busy loops it waits well past the
+        # 50 ms bound. A 160-wide chain (~1 ms) waited ~30 ms a step, so in some runs no step
+        # of the 30 crossed the bound and the counters stayed 0 (seen in a full run beside
+        # other work).
+        model = dev.prepare_model(step_model(4, work_dim=320, work_depth=4), grant=grant)
         procs.announce("prepared")
         procs.receive(timeout=120)
         out = model.execute({"state": ZERO}, steps=STEPS, feedback={"state_out": "state"})
