@@ -44,6 +44,8 @@ def parse_story_key(text: str, default_uid: int | None = None) -> tuple[int, int
             from None
     if uid < 0 or rid < 0:
         raise UsageError(f"--story wants non-negative numbers, not {text!r}")
+    if uid >= 1 << 32 or rid >= 1 << 63:  # the wire's uint32 and int64
+        raise UsageError(f"--story {text}: no uid or request id is that large")
     return uid, rid
 
 
@@ -55,6 +57,8 @@ def main(args: argparse.Namespace) -> int:
         if story_key is not None:
             uid, rid = story_key
             story = mgr.story(uid, rid)
+            if not story:
+                raise UsageError(unknown_story(mgr, uid, rid))
             if args.json:
                 print(json.dumps(story, indent=2))
             else:
@@ -68,10 +72,37 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The most request keys an unknown --story names.
+SHOWN_KEYS = 20
+
+
+def unknown_story(mgr: Any, uid: int, rid: int) -> str:
+    """--story UID:ID npud has no decision about, as other lookups of a name that does not
+    exist say it (a usage error, exit 2): with the ones that do. An admin is offered every
+    request in npud's decision log, another user its own live requests (all the dump shows
+    it by id)."""
+    keys: list[tuple[int, int]] = []
+    if mgr.admin:
+        for d in mgr.decisions(0.0).get("decisions", []):
+            key = d.get("key")
+            if isinstance(key, list) and len(key) == 2 and tuple(key) not in keys:
+                keys.append((int(key[0]), int(key[1])))
+    else:
+        for r in mgr.dump().get("requests") or []:
+            if r.get("uid") == uid and (uid, r.get("request_id")) not in keys:
+                keys.append((uid, int(r.get("request_id"))))
+    whose = "in its log" if mgr.admin else f"of uid {uid} live"
+    if not keys:
+        known = f"npud has no request {whose}"
+    else:
+        shown = ", ".join(f"{u}:{i}" for u, i in keys[-SHOWN_KEYS:])
+        more = (f" (the last {SHOWN_KEYS} of {len(keys)})" if len(keys) > SHOWN_KEYS else "")
+        known = f"requests {whose}: {shown}{more}"
+    return (f"--story {uid}:{rid}: npud has no decision about request {rid} of uid {uid} "
+            f"(never made, or aged out of its log); {known}")
+
+
 def render_story(uid: int, rid: int, story: list[dict[str, Any]]) -> str:
-    if not story:
-        return (f"no decisions about request {rid} of uid {uid} (unknown, or aged out of the "
-                f"log; `npu status` lists live requests as UID:ID)")
     t0 = float(story[0].get("at", 0.0))
     lines = [f"request {rid} of uid {uid}:"]
     for d in story:

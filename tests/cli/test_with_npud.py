@@ -126,6 +126,42 @@ def test_story_defaults_to_the_callers_uid(npud: DaemonProcess,
     assert out == out2
 
 
+@pytest.mark.timeout(60)
+def test_an_unknown_story_is_a_usage_error_naming_those_there_are(
+        npud: DaemonProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    """`npu status --story ID` of a request npud never saw exited 0 ('no decisions about
+    ...'); it is a lookup of a name that does not exist, as `npu run --device NAME` and
+    `--builtin NAME` are: exit 2, naming the ones there are (an admin: every key in the
+    decision log; another uid: its own live requests)."""
+    rt = str(npud.runtime_dir)
+    me = os.getuid()
+    rc, _, err = npu(capsys, "status", "--runtime-dir", rt, "--story", "5")
+    assert rc == 2 and err.startswith(f"npu status: --story {me}:5: npud has no decision about "
+                                      f"request 5 of uid {me}"), err
+    with NpuManager(npud.runtime_dir) as mgr:
+        for rid in (3, 4):
+            held = Hold()
+            mgr.request_can_load_model(ModelLoadRequest(rid), held)
+            assert held.granted.wait(10)
+        for argv in (["--story", "5"], ["--story", "5", "--json"]):
+            rc, out, err = npu(capsys, "status", "--runtime-dir", rt, *argv)
+            assert (rc, out) == (2, ""), (rc, out)
+            assert (f"requests in its log: {me}:3, {me}:4" if me == 0 else
+                    f"requests of uid {me} live: {me}:3, {me}:4") in err, err
+        rc, _, err = npu(capsys, "status", "--runtime-dir", rt, "--story", "99999999999999999999")
+        assert rc == 2 and "no uid or request id is that large" in err, err  # was a traceback
+        if me == 0:  # another uid is offered its own live requests only
+            import subprocess
+            import sys
+
+            npu_bin = str(Path(sys.executable).with_name("npu"))
+            other = subprocess.run([npu_bin, "status", "--runtime-dir", rt, "--story", "5"],
+                                   capture_output=True, text=True, timeout=60, user=65534,
+                                   group=65534)
+            assert other.returncode == 2, other
+            assert "npud has no request of uid 65534 live" in other.stderr, other.stderr
+
+
 def test_grant_timeout_names_the_status(npud: DaemonProcess,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     rt = str(npud.runtime_dir)
