@@ -19,8 +19,11 @@ import dataclasses
 import os
 import shutil
 import signal
+import stat
+import sys
 import tempfile
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -41,6 +44,7 @@ from npumanager.demo.observe import Event, EventLog, HalObserver
 from npumanager.demo.process import AppProcess, signals_held, stop_all
 from npumanager.demo.render import Renderer, fmt_ms
 from npumanager.demo.summary import print_summary, status_excerpt, write_outputs
+from npumanager.paths import MANAGER_SOCKET
 from npumanager.words import plural
 
 #: How many times its idle-machine timeout :meth:`Scenario.expect` waits for an event.
@@ -60,7 +64,12 @@ STOP_APPS_S = {"end": 3.0, "interrupted": 1.0}
 STOP_NPUD_S = 3.0
 
 
-class NotAdmin(Exception):
+class CannotUse(Exception):
+    """The npud the demo was pointed at (--runtime-dir) cannot host its scenes: said
+    before anything else, the demo having started nothing."""
+
+
+class NotAdmin(CannotUse):
     """The demo's client is not an admin of the npud it was pointed at."""
 
 
@@ -202,13 +211,19 @@ class Scenario:
     # --- setup ----------------------------------------------------------------------
 
     def start(self) -> None:
-        from npumanager.client import NpuManager
-
+        if not self.own_npud:
+            # What a user needs first on someone's npud is whether the demo can run there:
+            # it said so (ServiceUnavailable, NotAdmin) only after its title, scene 1 and the
+            # models' build, and an npud without the apps' device, or a socket their uids
+            # cannot reach, showed as a minute of scenes whose events never came.
+            self.use_running_npud()
+        backend = BACKENDS.get(self.driver, self.driver)
         self.out.title(
             "npumanager demo",
-            f"npud + the {BACKENDS.get(self.driver, self.driver)}, four apps in their own\n"
-            "processes" + (" and uids" if self.root else "") + ". Every number below is "
-            "measured in this run.")
+            (f"npud + the {backend}" if self.own_npud else
+             f"the npud in {self.rt} (device {self.driver})")
+            + ", four apps in their own\nprocesses" + (" and uids" if self.root else "")
+            + ". Every number below is measured in this run.")
         if self.own_npud:
             self.out.scene(1, SCENES, f"npud starts with the {self.driver} driver",
                            "A temporary runtime dir and state dir; npud supervises the driver "
@@ -225,16 +240,12 @@ class Scenario:
                        f"{fmt_ms((time.perf_counter() - t0) * 1000)} "
                        f"(llm {self.models['llm'].weight_bytes / 2**20:.0f} MiB of weights)")
         if self.own_npud:
+            from npumanager.client import NpuManager
+
             self.start_npud()
+            self.admin = NpuManager(self.rt, client_name="demo-admin")
         else:
-            assert self.opts.runtime_dir is not None
-            self.rt = self.opts.runtime_dir
             self.out.event("demo", f"using the running npud in {self.rt}")
-        self.admin = NpuManager(self.rt, client_name="demo-admin")
-        if not self.admin.admin:
-            raise NotAdmin(f"npu demo sets importances and overrides the thermal status: it "
-                           f"needs admin rights on the npud in {self.rt} (root, npud's own uid "
-                           f"or its admin group); uid {self.admin.uid} has none")
         self.show_devices()
         if not self.root:
             self.run_rec.skipped.append("preemption between apps (npud preempts holders of "
@@ -244,6 +255,32 @@ class Scenario:
                           "root (sudo) for the full demo.")
         self.attach_hal()
         self.start_trace()
+
+    def use_running_npud(self) -> None:
+        """Connect to the npud of --runtime-dir as the demo's admin and check it can host the
+        scenes: its admin rights, the device the apps run on, a socket the apps' uids can
+        reach. ServiceUnavailable or :class:`CannotUse` otherwise."""
+        from npumanager import nn
+        from npumanager.client import NpuManager
+
+        assert self.opts.runtime_dir is not None
+        self.rt = self.opts.runtime_dir
+        self.admin = NpuManager(self.rt, client_name="demo-admin")
+        if not self.admin.admin:
+            raise NotAdmin(f"the demo sets importances and overrides the thermal status, "
+                           f"which needs admin rights on the npud in {self.rt} (root, npud's "
+                           f"own uid or its admin group); uid {self.admin.uid} has none")
+        names = [d.name for d in nn.devices(self.rt)]
+        if self.driver not in names:
+            raise CannotUse(f"the demo's apps run on device {self.driver!r} (--driver); the "
+                            f"npud in {self.rt} serves {', '.join(names) or 'no device'}: "
+                            f"drop --runtime-dir and the demo starts an npud of its own")
+        uids = sorted({s.uid for s in self.specs.values() if s.uid is not None})
+        blocked = unreachable_by_others(os.path.join(self.rt, MANAGER_SOCKET))
+        if uids and blocked:
+            raise CannotUse(f"the demo's apps run as uids {', '.join(map(str, uids))}, and "
+                            f"{blocked}: they could not reach npud; chmod o+x it, or drop "
+                            f"--runtime-dir and the demo starts an npud of its own")
 
     def start_npud(self) -> None:
         from npumanager.testing.daemon import DaemonProcess
@@ -536,7 +573,7 @@ class Scenario:
             self.scene_cool()
             self.stop_apps()
             print_summary(self.out, self.log, self.run_rec, self.hal, self.specs,
-                          time.monotonic() - t0)
+                          time.monotonic() - t0, own_npud=self.own_npud)
             self.write_outputs()
         except KeyboardInterrupt:
             # Said at once: the stop takes up to a few seconds. What the apps report
@@ -555,6 +592,23 @@ class Scenario:
         return 0
 
 
+def unreachable_by_others(sock: str) -> str:
+    """Why a process of an unrelated uid could not connect to ``sock`` ("" if it could): a
+    directory on the way others may not pass, or a socket they may not write."""
+    path = os.path.abspath(sock)
+    for d in reversed([path, *(str(p) for p in Path(path).parents)]):
+        try:
+            mode = os.stat(d).st_mode
+        except OSError:
+            continue
+        if d == path:
+            if not mode & 0o002:
+                return f"the socket {d} is mode {stat.S_IMODE(mode):04o} (others may not write)"
+        elif not mode & 0o001:
+            return f"{d} is mode {stat.S_IMODE(mode):04o} (others may not pass)"
+    return ""
+
+
 def run_demo(opts: DemoOptions) -> int:
     """Run the demo; 0 when everything it shows happened, 1 if something did not."""
     out = Renderer(color=opts.color)
@@ -568,9 +622,9 @@ def run_demo(opts: DemoOptions) -> int:
         out.warn(f"stopped in {took:.1f} s: nothing it started is left running, its temp "
                  "dirs are removed")
         return 130
-    except NotAdmin as exc:
-        out.warn(str(exc))
-        return 1  # refused by npud: a failure, not a usage error
+    except CannotUse as exc:
+        print(f"npu demo: {exc}", file=sys.stderr, flush=True)
+        return 1  # refused by npud, or an npud it cannot use: a failure, not a usage error
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -70,7 +70,8 @@ def _cache_rows(log: EventLog) -> list[list[str]]:
 
 
 def print_summary(out: Renderer, log: EventLog, run: Run, hal: HalObserver | None,
-                  specs: Mapping[str, AppSpec], total_s: float) -> None:
+                  specs: Mapping[str, AppSpec], total_s: float, own_npud: bool = True
+                  ) -> None:
     out.scene(0, 0, "Summary", "Measured in this run.")
     # One decode step of the LLM while it ran alone: a frame that arrives while a step runs
     # waits for that step (the driver yields the channel only between steps).
@@ -119,9 +120,10 @@ def print_summary(out: Renderer, log: EventLog, run: Run, hal: HalObserver | Non
         out.note(f"not shown: {s}", "yellow")
     if run.failures:
         out.warn("did not happen: " + "; ".join(run.failures))
-    out.note(f"demo ran {total_s:.1f} s. To watch npud yourself: `npu serve --runtime-dir "
-             "/tmp/npu` in one terminal, then `npu status --runtime-dir /tmp/npu` (or "
-             "`npu demo --runtime-dir /tmp/npu`) in another.", "")
+    out.note(f"demo ran {total_s:.1f} s." + (
+        " To watch npud yourself: `npu serve --runtime-dir /tmp/npu` in one terminal, then "
+        "`npu status --runtime-dir /tmp/npu` (or `npu demo --runtime-dir /tmp/npu`) in "
+        "another." if own_npud else ""), "")
 
 
 def write_outputs(rec: Any, opts: DemoOptions, run_rec: Run, root: bool,
