@@ -27,6 +27,7 @@ from npumanager.drivers.device_queue import DeviceQueue
 from npumanager.drivers.lowering import native
 from npumanager.drivers.onnx_types import Specs, onnx_specs, session_specs
 from npumanager.drivers.ort_tuning import SessionTuning
+from npumanager.drivers.ort_values import refuse_packed, run_values, typed_io
 from npumanager.drivers.reference_external import OrtBinding, ort_binding
 from npumanager.errors import InvalidArgument
 from npumanager.tensorio.dtypes import ONNX_TO_NUMPY
@@ -90,6 +91,10 @@ class OrtModel(PreparedModel):
             # look alike in ONNX Runtime's NodeArg), else the session's.
             specs = onnx_specs(serialized) if serialized else session_specs(session)
         self.inputs, self.outputs = specs
+        io = [(spec.name, spec.dtype) for spec in [*self.inputs, *self.outputs]]
+        refuse_packed(io)
+        #: bfloat16 or float8 inputs or outputs: run through OrtValues (drivers/ort_values).
+        self._typed = typed_io(dtype for _, dtype in io)
         self._output_names = [o.name for o in self.outputs]
         self.memory_bytes = memory_bytes
         self._serialized = serialized
@@ -121,7 +126,10 @@ class OrtModel(PreparedModel):
         if queue is not None:
             queue.acquire()
         try:
-            outs = self.session.run(self._output_names, inputs, opts)
+            if self._typed:
+                outs = run_values(self.session, self._output_names, inputs, opts)
+            else:
+                outs = self.session.run(self._output_names, inputs, opts)
         finally:
             if queue is not None:
                 queue.release()

@@ -28,6 +28,7 @@ from typing import Any
 
 from npumanager.drivers.lowering import native
 from npumanager.drivers.ort_tuning import SessionTuning
+from npumanager.drivers.ort_values import refuse_packed_model
 from npumanager.drivers.reference_external import OrtBinding
 from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.tensorio.onnx_external import external_refs
@@ -170,6 +171,7 @@ def compile_with_artifacts(
                     onnx_bytes, sess_options=so, providers=["CPUExecutionProvider"]
                 )
         except Exception as exc:
+            refuse_packed_model(onnx_bytes)  # the reason, if it is one, in words
             raise InvalidArgument(f"ONNX Runtime cannot prepare this model: {exc}") from None
         with open(model_path, "rb") as f:
             model_blob = f.read()

@@ -29,6 +29,7 @@ import numpy as np
 
 from npumanager.drivers.external_data import BINDABLE, check_bound, put_inline
 from npumanager.drivers.onnx_types import Specs, graph_specs
+from npumanager.drivers.ort_values import refuse_packed
 from npumanager.errors import GeneralFailure, InvalidArgument
 from npumanager.tensorio.onnx_external import parse_onnx
 
@@ -88,7 +89,10 @@ def ort_binding(onnx_bytes: bytes, external: Mapping[str, np.ndarray]) -> OrtBin
     if model is None:
         return OrtBinding(onnx_bytes, len(onnx_bytes))
     bound = check_bound(model, external)
-    out = OrtBinding(onnx_bytes, initializer_bytes(model), graph_specs(model))
+    specs = graph_specs(model)
+    # Said before ONNX Runtime's own words for it (often a missing kernel: NOT_IMPLEMENTED).
+    refuse_packed((s.name, s.dtype) for s in [*specs[0], *specs[1]])
+    out = OrtBinding(onnx_bytes, initializer_bytes(model), specs)
     inlined = False
     for ref, data in bound:
         dtype = BINDABLE.get(ref.tensor.data_type)

@@ -324,11 +324,18 @@ InProcess = Callable[[Case], list[Any]]
 
 
 def ort_in_process(case: Case) -> list[Any]:
+    """ONNX Runtime's Python API as an app calls it: numpy arrays in, and for a model with
+    bfloat16 or float8 inputs or outputs OrtValues of their ONNX type in and their bytes
+    read back as ml_dtypes (``session.run`` maps no ml_dtypes array to its own type)."""
     import onnxruntime as ort
+
+    from npumanager.drivers.ort_values import run_values, session_typed
 
     so = ort.SessionOptions()
     so.log_severity_level = 4
     sess = ort.InferenceSession(case.model, so, providers=["CPUExecutionProvider"])
+    if session_typed(sess):
+        return run_values(sess, [o.name for o in sess.get_outputs()], case.inputs, None)
     return list(sess.run(None, case.inputs))
 
 
