@@ -64,6 +64,9 @@ def main(args: argparse.Namespace) -> int:
     # Driver hosts inherit the environment: they log in npud's format at npud's level.
     os.environ["NPU_LOG_FORMAT"], os.environ["NPU_LOG_LEVEL"] = fmt, level
     rt = ensure_runtime_dir(runtime_dir(args.runtime_dir))  # UnsafePath: exit 1, named
+    from npumanager.service.daemon import refuse_if_serving
+
+    refuse_if_serving(manager_socket(rt))  # before any line of a start that will not happen
     use_drivers = not args.no_drivers and drivers_enabled(cfg)
     from npumanager.cli.check_config import metrics_problems, socket_problems
     from npumanager.errors import InvalidArgument

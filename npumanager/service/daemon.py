@@ -452,7 +452,7 @@ class Daemon:
 
         mcfg = self.cfg.section("manager")
         ensure_runtime_dir(self.runtime_dir)
-        _refuse_if_serving(manager_socket(self.runtime_dir))
+        refuse_if_serving(manager_socket(self.runtime_dir))
         self.server = RpcServer(
             str(manager_socket(self.runtime_dir)),
             "manager",
@@ -503,9 +503,13 @@ class Daemon:
                  if detach else "")
 
 
-def _refuse_if_serving(path: Path) -> None:
-    """Binding would silently steal the socket of a live npud: refuse instead."""
+def refuse_if_serving(path: Path) -> None:
+    """Binding would silently steal the socket of a live npud: refuse instead, naming its
+    pid (`npu serve` asks before it logs or starts anything: a second one printed its
+    protection line and 'npud stopped' first)."""
     import socket
+
+    from npumanager.wire.unix import peer_credentials
 
     if not path.exists():
         return
@@ -513,11 +517,13 @@ def _refuse_if_serving(path: Path) -> None:
     try:
         probe.settimeout(1.0)
         probe.connect(str(path))
+        pid = peer_credentials(probe).pid
     except OSError:
         return  # a stale socket file: replacing it is right
     finally:
         probe.close()
-    raise ServiceError(f"another npud is already serving {path}; stop it first")
+    raise ServiceError(f"another npud (pid {pid}) is already serving {path}; stop it first, "
+                       f"or give this one another --runtime-dir")
 
 
 def device_dict(d: DeviceInfo, down_reason: str | None = None,

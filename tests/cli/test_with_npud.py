@@ -127,6 +127,19 @@ def test_story_defaults_to_the_callers_uid(npud: DaemonProcess,
 
 
 @pytest.mark.timeout(60)
+def test_a_second_npud_on_the_runtime_dir_is_one_line_naming_the_first(
+        npud: DaemonProcess) -> None:
+    """It logged its foreground protection line and 'npud stopped' (it never started)
+    before the refusal, which did not say which process serves the socket."""
+    sock = npud.runtime_dir / "npu.sock"
+    proc = npu_process("serve", "--runtime-dir", str(npud.runtime_dir), "--no-drivers")
+    assert proc.returncode == 1
+    assert proc.stderr == (f"npu serve: ServiceError: another npud (pid {npud.pid}) is "
+                           f"already serving {sock}; stop it first, or give this one another "
+                           f"--runtime-dir\n"), proc.stderr
+
+
+@pytest.mark.timeout(60)
 def test_an_unknown_story_is_a_usage_error_naming_those_there_are(
         npud: DaemonProcess, capsys: pytest.CaptureFixture[str]) -> None:
     """`npu status --story ID` of a request npud never saw exited 0 ('no decisions about
