@@ -41,17 +41,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, help_text in specs.items():
         c = csub.add_parser(name, help=help_text, description=help_text)
         add_runtime_dir(c)
-        c.add_argument("--driver", default="reference", help="driver name (default: reference)")
+        c.add_argument("--driver", metavar="NAME", default="reference",
+                       help="driver name (default: reference)")
         c.add_argument(
-            "--state-dir",
+            "--state-dir", metavar="DIR",
             default=None,
             help="root of private state (default: $NPU_STATE_DIR, /var/lib/npu as root)",
         )
-        c.add_argument("--dir", default=None, help="an app's cache directory")
+        c.add_argument("--dir", metavar="DIR", default=None, help="an app's cache directory")
         c.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "gc":
             c.add_argument(
-                "--max-entries", type=int_range(0), default=None,
+                "--max-entries", metavar="N", type=int_range(0), default=None,
                 help="bound (default: [cache] config)"
             )
         c.set_defaults(func=main)

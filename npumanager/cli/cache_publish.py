@@ -24,19 +24,21 @@ from npumanager.words import plural
 
 def register_publish(csub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     help_text = "sign a compiled model and publish it to the fleet cache (Redis)"
-    c = csub.add_parser("publish", help=help_text, description=__doc__.split("\n\n")[1],
+    about = __doc__.split("\n\n")[1].replace("``", "`")  # the module's reST, read as text
+    c = csub.add_parser("publish", help=help_text, description=about,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_runtime_dir(c)
     c.add_argument("model", metavar="MODEL", help="the ONNX model file")
-    c.add_argument("--config", default=None, help="the node config (TOML) with [fleet] and "
-                   "[[driver]] sections (default: the embedded defaults)")
-    c.add_argument("--driver", default=None, help="[[driver]] entry to compile with "
-                   "(default: the first)")
+    c.add_argument("--config", metavar="FILE", default=None,
+                   help="the node config (TOML) with [fleet] and [[driver]] sections "
+                   "(default: the embedded defaults)")
+    c.add_argument("--driver", metavar="NAME", default=None,
+                   help="[[driver]] entry to compile with (default: the first)")
     c.add_argument("--key", default=None, metavar="FILE",
                    help="the builder's Ed25519 private key, PEM (default: [fleet] signing_key)")
     c.add_argument("--redis", default=None, metavar="URL",
                    help="Redis URL (default: [fleet] redis_url)")
-    c.add_argument("--preference", type=int_range(0, 2), default=1,
+    c.add_argument("--preference", metavar="N", type=int_range(0, 2), default=1,
                    help="NNAPI execution preference 0..2 (default 1, FAST_SINGLE_ANSWER)")
     c.add_argument("--priority", type=int, choices=(90, 100, 110), default=100,
                    help="NNAPI priority (default 100)")

@@ -39,10 +39,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("driver", help="run a driver host process (npud starts these)")
     p.add_argument("name", help="driver name (a [[driver]] entry, or a plugin name)")
     add_runtime_dir(p)
-    p.add_argument("--config", default=None, help="npud's config file (TOML)")
-    p.add_argument("--state-dir", default=None,
+    p.add_argument("--config", metavar="FILE", default=None, help="npud's config file (TOML)")
+    p.add_argument("--state-dir", metavar="DIR", default=None,
                    help="root of private state (default: $NPU_STATE_DIR, /var/lib/npu as root)")
-    p.add_argument("--channels", type=int, default=None, help="override the channel count")
+    p.add_argument("--channels", metavar="N", type=int, default=None,
+                   help="override the channel count")
     p.add_argument("--background-sched", default=None,
                    choices=("idle", "nice", "normal", "share"),  # drivers/steps.py's
                    help="override [[driver]] background_sched")

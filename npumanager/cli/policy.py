@@ -15,10 +15,11 @@ def register(sub: Any) -> None:
     s = verbs.add_parser("set", help="set the policy (admin only)")
     add_runtime_dir(s)
     s.add_argument("name", help="status_quo, turn_taking, budget or memory (or 0-3)")
-    s.add_argument("--max-budget", type=int_range(1), default=None, help="BUDGET: the budget (> 0)")
+    s.add_argument("--max-budget", metavar="N", type=int_range(1), default=None,
+                   help="BUDGET: the budget (> 0)")
     s.add_argument("--weight", action="append", default=[], metavar="SIZE=W",
                    help="BUDGET: weight of a size class (0 <1GB, 1 1-2GB, 2 >2GB); repeatable")
-    s.add_argument("--memory-budget-bytes", type=int_range(0), default=None,
+    s.add_argument("--memory-budget-bytes", metavar="BYTES", type=int_range(0), default=None,
                    help="MEMORY: the budget in bytes (default: the drivers' memory)")
     s.set_defaults(func=main)
 

@@ -41,14 +41,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    type=int_range(MIN_PRIORITY, MAX_PRIORITY),
                    help=f"job priority {MIN_PRIORITY}..{MAX_PRIORITY} (lower runs first)")
     p.add_argument("--repeat", metavar="N", type=int_range(1), default=10,
-                   help="executions to time (>= 1)")
+                   help="executions to time (>= 1; default 10)")
     p.add_argument("--steps", metavar="N", type=int_range(1), default=1,
                    help="steps per execution (>= 1)")
     p.add_argument("--size", default="0", choices=("0", "1", "2"),
                    help="ModelSize class to declare (0 <1GB, 1 1-2GB, 2 >2GB)")
     p.add_argument("--wait", metavar="S", type=positive_float, default=60.0,
-                   help="seconds to wait for npud's CAN_LOAD_NOW")
-    p.add_argument("--seed", metavar="N", type=int, default=0)
+                   help="seconds to wait for npud's CAN_LOAD_NOW (default 60)")
+    p.add_argument("--seed", metavar="N", type=int, default=0,
+                   help="seed of the random inputs (default 0): the same N, the same inputs")
     p.set_defaults(func=main)
 
 
