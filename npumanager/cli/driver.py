@@ -124,6 +124,7 @@ async def serve(args: argparse.Namespace) -> int:
     if fds and len(fds) != len(hcs):
         raise DriverConfigError(f"{len(fds)} listening sockets for {len(hcs)} devices")
     if not fds:
+        refuse_if_not_ours(rt)
         refuse_if_served(rt, hcs)
     listens: list[socket.socket | None] = [None] * len(hcs)
     for i, fd in enumerate(fds):
@@ -202,6 +203,22 @@ async def npud_protection(rt: Path) -> tuple[bool, str] | None:
         return None
     on = state_of(str(daemon.get("protection") or ""))
     return None if on is None else (on, f"the npud on {sock} (pid {daemon.get('pid')})")
+
+
+def refuse_if_not_ours(rt: Path) -> None:
+    """A host started by hand binds in ``rt/drivers``, which is the npud's that serves
+    ``rt`` (paths.secure_dir): one started by another user is refused with the user to run
+    it as (the generic UnsafePath would say to give npud's dir to this user)."""
+    drivers = rt / "drivers"
+    try:
+        owner = os.lstat(drivers).st_uid
+    except OSError:
+        return  # (none yet: the host creates it, as npud would)
+    if owner != os.geteuid():
+        raise DriverConfigError(
+            f"{drivers} belongs to uid {owner} (npud's: the npud serving {rt} runs as it), "
+            f"not to this user ({_user()}): start `npu driver` as uid {owner} (e.g. with sudo), or "
+            "give it a --runtime-dir of its own")
 
 
 def refuse_if_served(rt: Path, hcs: list[HostConfig]) -> None:

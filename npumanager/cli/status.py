@@ -300,8 +300,9 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
     drivers = dump.get("drivers") or {}
     if devices:
         t = Table(title="devices", title_justify="left", box=box.SIMPLE)
-        for col in ("name", "state", "backend", "version", "channels", "memory", "hosts"):
+        for col in ("name", "state", "backend", "version", "channels", "memory"):
             t.add_column(col)
+        t.add_column("hosts", overflow="fold")  # (a reason may hold a path: whole, folded)
         for d in devices:
             if d.get("available"):
                 state = "up"
@@ -322,11 +323,14 @@ def render(dump: dict[str, Any], *, color: bool = False, width: int = 120) -> st
 def _hosts(hosts: Any) -> str:
     """A device's host processes: ``pid 12``, with a background lane ``pid 12 + bg 34``
     (``bg DOWN: why`` while it is not up); each with the keys it runs otherwise than npud
-    would, where it does."""
+    would, where it does; the main one with why npud grants its burst threads no FIFO,
+    where it adopted it and cannot (``no FIFO: why``)."""
     if not isinstance(hosts, dict):
         return "-"
     main = f"pid {hosts['pid']}" if hosts.get("pid") else "-"
     main += _differs(hosts)
+    if hosts.get("no_rt"):  # (an adopted host npud cannot tie: service/hand_ties.py)
+        main += f" (no FIFO: {hosts['no_rt']})"
     bg = hosts.get("background")
     if not isinstance(bg, dict):
         return main

@@ -19,6 +19,7 @@ from npumanager.clock import LoopClock, wait_first
 from npumanager.paths import lane_name
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.service.driver_launch import DriverLaunch
+from npumanager.service.hand_ties import HandTie
 from npumanager.service.host_process import HostProcess
 from npumanager.service.host_records import HostRecord
 from npumanager.wire.conn import RpcConnection
@@ -60,9 +61,10 @@ class DriverSlot:
     last_exit: str = ""
     #: The pid of a host an earlier npud started that this one attached to (not our child).
     adopted_pid: int = 0
-    #: npud's record tying that host to the npud that started it, or why there is none
-    #: (service/host_records.py: its threads get real-time grants only with one).
-    adopted_record: HostRecord | str = ""
+    #: npud's record tying that host to the npud that started it, or (one started by hand)
+    #: the pidfd of its socket's listener, or why there is neither (service/hand_ties.py:
+    #: its threads get real-time grants only with one).
+    adopted_record: HostRecord | HandTie | str = ""
     task: asyncio.Task[None] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     #: A host serving several devices (hal/host_config.device_entries) is one process with

@@ -195,12 +195,15 @@ class HostLanes:
     def host_pids(self) -> dict[str, dict[str, Any]]:
         """Each device's host processes (`npu status`, device.stats): ``{device: {"pid":
         main host's, "background": {"pid", "up", "down_reason"}}}`` (pid 0: none now), each
-        with ``entry_differs`` where it runs another entry than npud's (.host_entries)."""
+        with ``entry_differs`` where it runs another entry than npud's (.host_entries); the
+        main one with ``no_rt`` where npud adopted it and cannot grant its burst threads
+        the FIFO its entry asks for (.hand_ties), and why."""
         out: dict[str, dict[str, Any]] = {}
         for slot in self.slots:
             leader = slot.leader or slot
             entry: dict[str, Any] = {"pid": _pid(leader) if slot.up else 0,
-                                     **host_entries.summary(slot.entry_differs)}
+                                     **host_entries.summary(slot.entry_differs),
+                                     **_no_rt(slot)}
             lane = slot.background
             if lane is not None:
                 entry["background"] = {"pid": _pid(lane) if lane.up else 0, "up": lane.up,
@@ -215,6 +218,17 @@ def _other_owes(slot: DriverSlot, grant_id: str) -> bool:
     """Whether the other host of ``slot``'s device still owes the end of ``grant_id``."""
     other = slot.main if slot.lane else slot.background
     return other is not None and grant_id in other.acks and other.up
+
+
+def _no_rt(slot: DriverSlot) -> dict[str, Any]:
+    """``{"no_rt": why}`` for an up host npud adopted without a tie (service/hand_ties.py)
+    where the entry wants FIFO burst threads (``foreground_rt_priority``)."""
+    leader = slot.leader or slot
+    why = leader.adopted_record
+    if (slot.up and leader.proc is None and leader.adopted_pid > 0 and isinstance(why, str)
+            and why and int(slot.entry.get("foreground_rt_priority", 0) or 0)):
+        return {"no_rt": why}
+    return {}
 
 
 def _pid(slot: DriverSlot) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import stat
 from collections.abc import Mapping
@@ -35,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from npumanager.service.driver_launch import driver_user
-
-log = logging.getLogger("npumanager.service.supervisor")
 
 FORMAT = 1
 SUFFIX = ".host"
@@ -173,20 +170,14 @@ def adopt(path: Path, pid: int, uid: int) -> HostRecord | str:
     return why or rec
 
 
-def tie(path: Path, pid: int, manager: Mapping[str, Any], entry: Mapping[str, Any]
-        ) -> HostRecord | str:
-    """:func:`adopt` for the supervisor: the driver's user from ``[manager]
-    driver_user``; a host left without a tie is logged where its ``[[driver]]`` entry
-    wants real-time threads (``foreground_rt_priority``)."""
+def tie(path: Path, pid: int, manager: Mapping[str, Any]) -> HostRecord | str:
+    """:func:`adopt` for the supervisor (service/hand_ties.tie_adopted): the driver's user
+    from ``[manager] driver_user``."""
     try:
         uid = driver_user(str(manager.get("driver_user", ""))).uid
     except LookupError as exc:
         return str(exc)
-    rec = adopt(path, pid, uid)
-    if isinstance(rec, str) and int(entry.get("foreground_rt_priority", 0) or 0):
-        log.warning("driver %s: its adopted host (pid %d) gets no real-time grants: %s",
-                    entry.get("name", "?"), pid, rec)
-    return rec
+    return adopt(path, pid, uid)
 
 
 def grantable(rec: HostRecord | str, pid: int) -> int | str:

@@ -10,9 +10,11 @@ to a thread it has checked, and answers (``hal.rt_applied``). What npud checks:
   or one it adopted after a restart that it can tie to the records of the npud that
   started it (service/host_records.py: that npud's root-owned record of the pid, the
   same process by its start time, so a recycled pid is refused, running as the driver's
-  user; checked again at each grant). The socket's peer credentials alone are not
-  enough: they name whichever process last listened on it, which a host could hand to
-  any process of its user;
+  user; checked again at each grant), or one started by hand that it ties to its
+  socket's listener (service/hand_ties.py: that exact process, by SO_PEERPIDFD, running
+  as root, which alone may bind in npud's drivers dir). The socket's peer credentials
+  alone are not enough: they name whichever process last listened on it, which a host
+  could hand to any process of its user, and a pid that may have been reused since;
 * the thread id is a thread of that process, checked before and after the call
   (hal/rt_sched.set_fifo with ``tgid``), so no other process's thread, npud's included;
 * at most ``MAX_THREADS`` of that process's threads are at FIFO at once (threads gone or

@@ -37,7 +37,7 @@ from npumanager.paths import BACKGROUND_LANE, default_state_dir, ensure_drivers_
 from npumanager.proto.v1 import driver_pb2 as pb
 from npumanager.proto.v1.common_pb2 import DeviceInfo
 from npumanager.proto.v1.wire_pb2 import Empty
-from npumanager.service import host_entries, host_records
+from npumanager.service import hand_ties, host_entries, host_records
 from npumanager.service.driver_feed import DriverFeed
 from npumanager.service.driver_launch import DriverLaunch, driver_user, prepare_launch
 from npumanager.service.driver_link import DriverEvents, event_handlers
@@ -428,12 +428,14 @@ class DriverSupervisor(DriverFeed):
         slot.info.available = True
         if adopt:
             slot.adopted_pid = conn.peer.pid
-            slot.adopted_record = host_records.tie(
-                self._record(slot), conn.peer.pid, self.cfg.section("manager"), slot.entry)
+            hand_ties.release(slot.adopted_record)
+            slot.adopted_record = tie = hand_ties.tie_adopted(
+                self._record(slot), conn.sock, conn.peer, self.cfg.section("manager"),
+                slot.entry)
             log.info("driver %s adopted (pid %d, %s)", slot.label, conn.peer.pid,
-                     "an earlier npud started it"
-                     if isinstance(slot.adopted_record, host_records.HostRecord)
-                     else slot.adopted_record)  # (why none ties it: one started by hand)
+                     "an earlier npud started it" if isinstance(tie, host_records.HostRecord)
+                     else "started by hand: tied to its socket's listener by "
+                     f"{tie.how}" if isinstance(tie, hand_ties.HandTie) else tie)
             if len(slot.group) > 1:
                 self._host_serves(slot)
         else:
@@ -530,21 +532,25 @@ class DriverSupervisor(DriverFeed):
         slot.temperature = None if t != t else t
 
     def _handlers(self, slot: DriverSlot) -> dict[str, object]:
-        def host_pid() -> int | str:
+        def host_pid(by_hand: bool = False) -> int | str:
             # The process this npud spawned for the slot's host (its leader's), alive; or
-            # the one it adopted, while it is still the host an earlier npud recorded.
+            # the one it adopted, while it is still the host an earlier npud recorded, or
+            # (``by_hand``: real-time grants only) one started by hand that npud tied to
+            # its socket's listener (service/hand_ties.py).
             leader = slot.leader or slot
             proc = leader.proc
             if proc is not None:
                 return proc.pid if proc.returncode is None else "its host exited"
-            if leader.adopted_pid > 0:
-                return host_records.grantable(leader.adopted_record, leader.adopted_pid)
+            tie = leader.adopted_record
+            if leader.adopted_pid > 0 and (by_hand or not isinstance(tie, hand_ties.HandTie)):
+                return hand_ties.grantable(tie, leader.adopted_pid)
             return "not a host this npud started or adopted"
 
         configured = int(slot.entry.get("foreground_rt_priority", 0) or 0)
         bound = bound_of((slot.leader or slot).entry)
         return {**self._lane_handlers(slot, event_handlers(slot.name, self.events)),
-                rt_wire.REQUEST: self.rt_grants.handler(host_pid, configured),
+                rt_wire.REQUEST: self.rt_grants.handler(lambda: host_pid(by_hand=True),
+                                                        configured),
                 raise_wire.REQUEST: self.raises.handler(host_pid, bound),
                 raise_wire.WATCH: self.compile_watch.handler(host_pid, bound)}
 
@@ -562,6 +568,7 @@ class DriverSupervisor(DriverFeed):
             self._leave_running(slot)
             return
         pid, slot.adopted_pid = slot.adopted_pid, 0
+        hand_ties.release(slot.adopted_record)
         slot.adopted_record = ""
         if pid > 0 or slot.proc is not None:
             host_records.remove(self._record(slot))  # (this npud stops the host it names)
@@ -581,6 +588,7 @@ class DriverSupervisor(DriverFeed):
         """Forget an attached host without signalling it; its socket file stays, for the
         next npud to find and attach to."""
         slot.adopted_pid = 0  # (its record stays, for the next npud)
+        hand_ties.release(slot.adopted_record)
         slot.adopted_record = ""
         slot.launch = None  # npud's copy of the listener is closed already (_run_once)
         proc, slot.proc = slot.proc, None

@@ -39,12 +39,13 @@ PROTECTION_KEYS = ["switch_interval_us", "foreground_rt_priority", "background_h
 
 
 @contextmanager
-def by_hand(runtime_dir: Path, state_dir: Path, *args: str) -> Iterator[DriverProcess]:
-    """`npu driver reference --config FILE ARGS` (no --protect-foreground: the product's
-    "auto", unless ARGS name one), ready; its output up to its ready line (its log lines
-    included) in ``ready_line``."""
+def by_hand(runtime_dir: Path, state_dir: Path, *args: str, text: str = TEXT
+            ) -> Iterator[DriverProcess]:
+    """`npu driver reference --config FILE ARGS` (FILE holding ``text``; no
+    --protect-foreground: the product's "auto", unless ARGS name one), ready; its output up
+    to its ready line (its log lines included) in ``ready_line``."""
     cfg = runtime_dir / "npud.toml"
-    cfg.write_text(TEXT)
+    cfg.write_text(text)
     (runtime_dir / "drivers").mkdir(exist_ok=True)
     cmd = driver_command("reference", runtime_dir, state_dir, cfg,
                          args if any(a.startswith("--protect") for a in args)

@@ -23,6 +23,7 @@ from npumanager.paths import driver_socket
 from npumanager.proto.v1.wire_pb2 import Empty
 from npumanager.testing.onnx_models import add_model, matmul_model
 from npumanager.wire.client import SyncRpcClient
+from tests.cli.conftest import npu_process
 from tests.hal.test_rt_sched import needs_fifo
 from tests.security.conftest import StartDaemon
 from tests.security.harness import Lifecycle, driver_pid, needs_root
@@ -171,6 +172,17 @@ def test_a_host_adopted_without_npuds_record_gets_nothing(
     assert not any(seen) and after == {}, seen
     st = host_stats(runtime_dir)["rt"]
     assert st["granted"] == 0 and st["refused"] >= 1, st
+    # Nor is it one started by hand (service/hand_ties.py): its socket's listener is the
+    # host, which runs as the driver's user. `npu status` says so.
+    why = (f"npud has no record of it ({runtime_dir}/drivers/reference.host); its "
+           f"socket's listener (pid {pid}) runs as uid {expected_user().pw_uid}, not root")
+    with NpuManager(runtime_dir) as admin:
+        [device] = admin.dump()["devices"]
+    assert device["hosts"]["no_rt"] == why, device
+    status = npu_process("status", "--runtime-dir", str(runtime_dir))
+    # (the hosts column is the table's last: its wrapped and folded lines join up)
+    assert "".join(f"pid {pid} (no FIFO: {why})".split()) in "".join(status.stdout.split()), \
+        status.stdout
 
 
 def test_npud_killed_mid_stream_the_hosts_fifo_thread_is_lowered(

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,9 +81,11 @@ def test_an_adopted_host_tied_to_npuds_record_gets_its_thread_at_fifo(
     assert not no.ok and "has exited" in no.why, no.why
 
 
-def _spawn_at(pid: int, tries: int = 200) -> tuple[procs.Child, list[int]] | None:
+def _spawn_at(pid: int, tries: int = 200, uid: int | None = None,
+              fn: Callable[..., None] | None = None) -> tuple[procs.Child, list[int]] | None:
     """A stand-in host (the driver's user, bounded: the impostor npud would most easily
-    take for the real one) at exactly ``pid``, by setting the kernel's last pid."""
+    take for the real one) at exactly ``pid``, by setting the kernel's last pid; or
+    ``fn`` run as ``uid`` (None: root), announcing ``("tids", [...])`` as the host does."""
     # /proc start times count clock ticks (10 ms): a pid taken again within the tick its
     # first process started in reads as the same process. Only root's ns_last_pid recycles
     # a pid that fast (a wrap of the pid space takes far longer); this test's did once on
@@ -91,7 +94,8 @@ def _spawn_at(pid: int, tries: int = 200) -> tuple[procs.Child, list[int]] | Non
     for _ in range(tries):
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(pid - 1))
-        child = procs.spawn_as(None, None, stand_in_host, 1, True, timeout=120)
+        child = (procs.spawn_as(None, None, stand_in_host, 1, True, timeout=120)
+                 if fn is None else procs.spawn_as(uid, uid, fn, timeout=120))
         if child.pid == pid:
             _, tids = child.expect(lambda e: e[0] == "tids")
             return child, tids

@@ -32,10 +32,9 @@ def test_a_record_ties_the_process_it_was_written_for(tmp_path: Path) -> None:
         assert rec.start == hr.start_time(child.pid) and rec.boot == hr.boot_id() != ""
         assert hr.check(rec, child.pid) == ""
         # The supervisor's way in: the driver's user from [manager] driver_user.
-        entry = {"name": "reference", "foreground_rt_priority": 1}
-        assert hr.tie(path, child.pid, {"driver_user": str(os.getuid())}, entry) == rec
+        assert hr.tie(path, child.pid, {"driver_user": str(os.getuid())}) == rec
         if os.getuid() == 0:
-            no = hr.tie(path, child.pid, {"driver_user": "no-such-user-here"}, entry)
+            no = hr.tie(path, child.pid, {"driver_user": "no-such-user-here"})
             assert "does not exist" in str(no)
         # Another process (this one), another user, another boot: no tie.
         assert "is not the host npud started" in hr.check(rec, os.getpid())
