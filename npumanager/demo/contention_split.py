@@ -77,6 +77,20 @@ def split(frames: list[tuple[float, float]], records: list[list[float | None]]
     return out
 
 
+def in_window(frames: list[tuple[float, float]], start: float, end: float,
+              records: list[list[float | None]]) -> list[tuple[float, float]]:
+    """The frames ``(t, ms)`` reported in ``[start, end)`` that the split must pair: those
+    called up to the last call ``records`` hold. The host keeps a request's record only after
+    it has answered it (and yielded to the client), so a frame the app reported just before
+    the records were fetched may have none yet (17 paired of 18 in a full run beside other
+    work); the burst serves its requests in order, so every frame called up to the last
+    recorded call has its record, and the tail after it is not the split's to pair."""
+    last = max((float(c) for r in records if r and (c := r[-2]) is not None and c == c),
+               default=math.inf)
+    return [(t, ms) for t, ms in frames
+            if start <= t < end and t - ms / 1e3 - _SLACK_S <= last]
+
+
 def summarize(rows: list[dict[str, float]], q: float = 0.95, worst: int = 3
               ) -> dict[str, Any]:
     """The median of each column over all frames and over the frames at or above the
@@ -192,7 +206,8 @@ class SplitRun(ContentionRun):
         frames = self.events.find(self.split_app, self.split_event)
         for name, (a, b) in self.windows.items():
             end = min(b, self.fetched_at.get(name, b))
-            mine = [(e["t"], e["ms"]) for e in frames if a <= e["t"] < end]
+            mine = in_window([(e["t"], e["ms"]) for e in frames], a, end,
+                             self.records.get(name, []))
             self.split_frames[name] = len(mine)
             self.frame_split[name] = summarize(split(mine, self.records.get(name, [])),
                                                q=self.split_q)

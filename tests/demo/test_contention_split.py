@@ -8,7 +8,13 @@ import math
 import pytest
 
 from npumanager.demo.contention import Timing, build_models, driver_config
-from npumanager.demo.contention_split import SplitRun, camera_records, split, summarize
+from npumanager.demo.contention_split import (
+    SplitRun,
+    camera_records,
+    in_window,
+    split,
+    summarize,
+)
 from npumanager.drivers.burst_counters import STAGES
 from tests.demo.conftest import LeftBehind
 
@@ -48,6 +54,19 @@ def test_frames_pair_with_their_own_requests_only() -> None:
     assert all(math.isnan(r["run"]) for r in rows)  # (no stages recorded)
 
 
+def test_the_window_ends_at_the_last_recorded_call() -> None:
+    # Five frames in the window; the host had kept the records of the first four when they
+    # were fetched (the fifth answered, not yet recorded): the fifth is not counted as one
+    # the split failed to pair, and no other frame is left out.
+    recs = [record(10.0 + i / 30, 10.0 + i / 30, 10.0 + i / 30 + 1e-4, 10.0 + i / 30 + 6e-4)
+            for i in range(4)]
+    frames = [(10.0 + i / 30 + 0.0007, 0.7) for i in range(5)] + [(9.0, 0.7), (20.0, 0.7)]
+    assert in_window(frames, 10.0, 11.0, recs) == frames[:4]
+    assert len(split(in_window(frames, 10.0, 11.0, recs), recs)) == 4
+    # No records fetched: every frame of the window is the split's (and none pairs).
+    assert in_window(frames, 10.0, 11.0, []) == frames[:5]
+
+
 def test_summary_keeps_the_slow_frames_apart() -> None:
     rows = [{"ms": float(i), "call>rung": 0.0, "rung>seen": 0.0, "served": float(i),
              "back": 0.0, **{s: 0.0 for s in STAGES}} for i in range(1, 101)]
@@ -74,8 +93,8 @@ def test_a_managed_run_pairs_its_frames(left_behind: LeftBehind) -> None:
     assert r.errors == []
     alone = run.frame_split["alone"]
     # Every frame the camera reported in the window, up to when the driver's records
-    # were fetched, was paired with its request (a frame reported after the fetch, on a
-    # loaded machine, has no record yet: 18 paired of 19 in the window, seen once).
+    # were fetched and called up to the last request they hold, was paired with its
+    # request (in_window: a frame answered but not yet recorded is not the split's).
     assert alone["n"] == run.split_frames["alone"] > 0
     assert run.split_frames["alone"] >= len(r.camera["alone"].ms) // 2  # (not fetched early)
     assert alone["all"]["served"] > 0 and alone["all"]["run"] > 0
