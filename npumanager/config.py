@@ -44,7 +44,8 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _suggest(name: str, known: set[str] | list[str]) -> str:
+def suggest(name: str, known: set[str] | list[str]) -> str:
+    """"; did you mean 'x'?" for the known name closest to a mistyped one, else ""."""
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -54,7 +55,7 @@ def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tup
     (section, what is wrong)."""
     for name in user:
         if name not in KNOWN_SECTIONS:
-            yield name, (f"unknown section [{name}]{_suggest(name, KNOWN_SECTIONS)}"
+            yield name, (f"unknown section [{name}]{suggest(name, KNOWN_SECTIONS)}"
                          f" (known: {', '.join(sorted(KNOWN_SECTIONS))})")
     for name, value in user.items():
         if name == "app":  # validated entry by entry by service.apps (with its own messages)
@@ -68,7 +69,7 @@ def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tup
                 for key in entry:
                     if key not in template:
                         yield name, (f"unknown key {key!r} in [[driver]] #{i + 1}"
-                                     f"{_suggest(key, set(template))} (plugin settings go "
+                                     f"{suggest(key, set(template))} (plugin settings go "
                                      f"in [driver.options])")
                 yield from ((name, p) for p in lane_keys_problems(
                     f"[[driver]] #{i + 1}", entry.get("background"), template))
@@ -78,7 +79,7 @@ def key_problems(user: dict[str, Any], defaults: dict[str, Any]) -> Iterator[tup
             continue
         for key in value:
             if key not in known:
-                yield name, (f"unknown key {key!r} in [{name}]{_suggest(key, set(known))} "
+                yield name, (f"unknown key {key!r} in [{name}]{suggest(key, set(known))} "
                              f"(every key is listed in npumanager/defaults.toml)")
 
 
@@ -96,7 +97,7 @@ def lane_keys_problems(where: str, table: Any, template: dict[str, Any]
     for key, v in table.items():
         if key not in template:
             yield (f"unknown key {key!r} in [driver.background] of {where}"
-                   f"{_suggest(key, set(template) - LANE_FIXED)}")
+                   f"{suggest(key, set(template) - LANE_FIXED)}")
         elif key in LANE_FIXED:
             yield (f"{key} in [driver.background] of {where}: the background lane keeps its "
                    f"entry's {key} (it is the same device's second host)")

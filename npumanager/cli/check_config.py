@@ -34,7 +34,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npumanager.config import Config, _defaults, file_problems
+from npumanager.config import Config, _defaults, file_problems, suggest
 from npumanager.drivers.base import ENTRY_POINT_GROUP
 from npumanager.drivers.option_specs import option_problems
 from npumanager.errors import NpuError
@@ -125,8 +125,9 @@ def plugin_problems(cfg: Config) -> Iterator[str]:
                 yield f"plugin {plugin!r} in {where}: module {module!r} is not importable"
             continue
         if plugin not in known:
-            yield (f"plugin {plugin!r} in {where} is not an installed driver plugin "
-                   f"(installed: {', '.join(sorted(known)) or 'none'})")
+            yield (f"plugin {plugin!r} in {where} is not an installed driver plugin"
+                   f"{suggest(plugin, list(known))} (installed: "
+                   f"{', '.join(sorted(known)) or 'none'})")
             continue
         module, extra = PLUGIN_EXTRAS.get(plugin, (known[plugin].module, ""))
         if not _installed(module):

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from npumanager.cachetoken import MAX_NUMBER_OF_CACHE_FILES
+from npumanager.config import suggest
 from npumanager.errors import DriverRefused
 from npumanager.hal.types import HAL_VERSION
 from npumanager.tensorio.specs import TensorSpec
@@ -239,8 +240,8 @@ def load_driver_class(plugin: str) -> type[Driver]:
     if not found:
         known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
         raise DriverRefused(
-            f"no driver plugin {plugin!r} in entry-point group {ENTRY_POINT_GROUP!r} "
-            f"(installed: {', '.join(known) or 'none'})"
+            f"no driver plugin {plugin!r} in entry-point group {ENTRY_POINT_GROUP!r}"
+            f"{suggest(plugin, known)} (installed: {', '.join(known) or 'none'})"
         )
     try:
         target = found[0].load()

@@ -34,6 +34,10 @@ def test_module_path_plugins_load() -> None:
 def test_unknown_plugin_names_the_installed_ones() -> None:
     with pytest.raises(DriverRefused, match="reference"):
         load_driver_class("no-such-driver")
+    # A misspelt one is told the name it was near (npud's ready line, `npu status`).
+    with pytest.raises(DriverRefused, match=r"'refrence' in entry-point group "
+                                            r"'npumanager.drivers'; did you mean 'reference'\?"):
+        load_driver_class("refrence")
 
 
 def test_wrong_hal_version_is_refused_naming_driver_and_versions() -> None:
