@@ -14,9 +14,11 @@ The map is opened for administration: its version and key are never changed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -281,6 +283,32 @@ def cmd_clear(args: argparse.Namespace, v: Any) -> int:
     return 0
 
 
+def damaged_map(args: argparse.Namespace, exc: Exception) -> int:
+    """A map SQLite cannot read (garbage, truncated): its driver caches nothing while it is
+    there (each save fails to open it, each prepare compiles), and the other verbs cannot
+    open it either. `clear` moves it aside, for the driver to start a new one (with a new
+    key: nothing the old one vouched for is trusted) at its next save; the others say so
+    and fail. It said '(nothing cached yet?)' and exited 0, `clear` included."""
+    from npumanager.cache.verifier import DB_NAME, verifier_dir
+
+    path = verifier_dir(args.driver, Path(args.state_dir) if args.state_dir else None) / DB_NAME
+    if args.cache_command != "clear":
+        print(f"npu cache: {exc}: the map is damaged, and driver {args.driver!r} caches "
+              f"nothing while it is; `npu cache clear` moves it aside", file=sys.stderr)
+        return 1
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.rename(path, aside)
+    for suffix in ("-wal", "-shm"):  # SQLite's own, of the map moved aside
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+    if args.json:
+        print(json.dumps({"cleared": None, "damaged_map_moved_to": str(aside)}))
+    else:
+        print(f"the map {path} was damaged ({exc.__cause__}): moved it to {aside}; driver "
+              f"{args.driver!r} starts a new one at its next cache save")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     from npumanager.errors import GeneralFailure
 
@@ -290,6 +318,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         v = _open(args)
     except GeneralFailure as exc:
+        if isinstance(exc.__cause__, sqlite3.Error):
+            return damaged_map(args, exc)
         print(f"npu cache: {exc} (nothing cached yet for driver {args.driver!r}?)", file=sys.stderr)
         return 1 if args.cache_command == "verify" else 0
     except PermissionError as exc:

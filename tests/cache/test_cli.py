@@ -111,6 +111,37 @@ def test_one_of_each_is_said_in_the_singular(
     assert rc == 0 and "cleared 1 entry; removed 2 cache files" in out, out
 
 
+def test_a_damaged_map_is_said_and_clear_moves_it_aside(
+    populated: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A map SQLite cannot read kept its driver from caching anything, and every verb said
+    '(nothing cached yet?)', ls, gc and clear with exit 0: now each names it damaged and
+    fails, and clear moves it aside so that the driver's next save starts a new one."""
+    from npumanager.cache.verifier import DB_NAME, verifier_dir
+
+    path = verifier_dir("reference", state_dir) / DB_NAME
+    path.write_bytes(b"garbage, not SQLite" * 10)
+    sd = ["--state-dir", str(state_dir)]
+    for verb in ("ls", "verify", "gc"):
+        rc = main(["cache", verb, *sd])
+        err = capsys.readouterr().err
+        assert rc == 1 and "the map is damaged" in err and "`npu cache clear` moves it aside" \
+            in err and "nothing cached yet" not in err, (verb, err)
+    rc, out = run(capsys, "clear", *sd)
+    assert rc == 0 and f"the map {path} was damaged (file is not a database): moved it to " \
+        f"{path}.damaged-" in out, out
+    assert [p.name.startswith(f"{DB_NAME}.damaged-") for p in path.parent.iterdir()] == [True]
+    cache = DriverCache("reference", "drv-1", 1, 1, state_root=state_dir)  # the driver's next
+    m, d = cache_file_names(populated, TOKENS[0], 1, 1)
+    fds = open_cache_files(m + d, create=False)
+    assert fds is not None
+    assert cache.save(TOKENS[0], fds[:1], fds[1:], [b"m"], [b"w"], uid=os.getuid())
+    close_fds(fds)
+    cache.close()
+    rc, out = run(capsys, "ls", *sd)
+    assert rc == 0 and "1 entry in" in out, out
+
+
 def test_no_map_yet(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "ls", "--state-dir", str(state_dir)]) == 0
     assert "no cache map" in capsys.readouterr().err
