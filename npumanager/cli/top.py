@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from npumanager.cli import fmt
@@ -274,6 +275,38 @@ def render(frame: dict[str, Any]) -> Any:
     return Group(head, dev, req, per)
 
 
+def _tables(view: Any) -> Iterator[Any]:
+    """The tables of a view (a line of text wraps where a table's columns are cut)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    if isinstance(view, Table):
+        yield view
+    elif isinstance(view, Group):
+        for r in view.renderables:
+            yield from _tables(r)
+
+
+def fitted(console: Any, view: Any) -> Any:
+    """``view``, with a line above it where the terminal is too small for it: rich crops a
+    table's columns to the width ('de…', 're…', a column dropped) and the live screen cuts
+    the rows below its height (the requests and per-uid tables) without a word."""
+    from rich.console import Group
+    from rich.text import Text
+
+    width, height = console.size
+    wide = console.options.update(width=1000)
+    need_w = max((console.measure(t, options=wide).maximum for t in _tables(view)), default=0)
+    lines = len(console.render_lines(view, console.options.update(width=max(width, need_w)),
+                                     pad=False))
+    if need_w <= width and lines <= height:
+        return view
+    need = f"{max(need_w, width)}x{max(lines + 1, height)}"
+    note = Text(f"terminal {width}x{height}: this view needs {need}, columns or rows are cut; "
+                f"widen it, or `npu top --once | less -S`", style="bold yellow")
+    return Group(note, view)
+
+
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -290,10 +323,11 @@ def main(args: argparse.Namespace) -> int:
         try:
             first = render(sampler.frame())  # npud absent at the start: one line, exit 1
             sampler.last = first
-            with Live(first, console=console, screen=True, auto_refresh=False) as live:
+            with Live(fitted(console, first), console=console, screen=True,
+                      auto_refresh=False) as live:
                 while True:
                     time.sleep(args.interval)
-                    live.update(sampler.view(), refresh=True)
+                    live.update(fitted(console, sampler.view()), refresh=True)
         except KeyboardInterrupt:
             return 0
     finally:

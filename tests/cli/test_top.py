@@ -195,6 +195,25 @@ def test_a_device_with_a_background_lane_shows_its_host_and_each_grants_host() -
     assert re.search(r"ref\s+\S+ 2/4\s+\S+ 1/2 busy\s+\?\s+pid 12\s*$", alone, re.M), alone
 
 
+def test_a_terminal_too_small_for_the_view_is_said() -> None:
+    """In a 40x12 terminal the live view cropped its columns ('de…', 're…', a column
+    dropped) and cut the requests and per-uid tables without a word."""
+    from rich.console import Console
+
+    from npumanager.cli.top import fitted
+
+    def shown(width: int, height: int) -> str:
+        console = Console(width=width, height=height, no_color=True, highlight=False,
+                          emoji=False, record=True, file=io.StringIO())
+        console.print(fitted(console, render(lane_frame({"pid": 34, "up": True}))))
+        return console.export_text()
+
+    small = " ".join(shown(40, 12).split())
+    assert re.match(r"terminal 40x12: this view needs \d+x\d+, columns or rows are cut; "
+                    r"widen it, or `npu top --once \| less -S`", small), small
+    assert not shown(160, 60).startswith("terminal")  # it fits: nothing said
+
+
 @pytest.mark.slow
 def test_once_shows_the_lane_host_and_where_each_model_runs(
         runtime_dir: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
