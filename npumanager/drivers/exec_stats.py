@@ -18,6 +18,12 @@ WINDOW_S = 10.0
 MAX_SAMPLES = 4096  # per uid; beyond it the window is the most recent samples
 MAX_STEPS = 50_000  # trace ring: a reader that polls once a second keeps up easily
 TRACE_LEASE_S = 10.0  # steps are kept this long after the last device.trace poll
+#: Steps in one device.trace reply (~110 bytes each in JSON): a reply of every step since
+#: the cursor outgrew the 1 MiB frame on a busy device (or after a recording that ended
+#: while the ring still held its steps), and `npu trace` then got none, poll after poll
+#: ("outgoing frame of 1326599 bytes exceeds 1048576"). The reader asks again while
+#: ``more``.
+MAX_REPLY_STEPS = 4000
 
 
 class ExecStats:
@@ -36,12 +42,16 @@ class ExecStats:
         """One execution step (called from worker threads: deque appends are atomic)."""
         self._steps.append((next(self._seq), channel, start, dur, uid, feature, job, index))
 
-    def steps_since(self, cursor: int, now: float | None = None) -> dict[str, Any]:
-        """Steps after ``cursor`` (and keep recording for TRACE_LEASE_S more seconds)."""
+    def steps_since(self, cursor: int, now: float | None = None,
+                    limit: int = MAX_REPLY_STEPS) -> dict[str, Any]:
+        """The first ``limit`` steps after ``cursor``, and whether ``more`` follow (and keep
+        recording for TRACE_LEASE_S more seconds)."""
         now = time.monotonic() if now is None else now
         self.trace_until = now + TRACE_LEASE_S
-        steps = [s for s in list(self._steps) if s[0] > cursor]
+        after = [s for s in list(self._steps) if s[0] > cursor]
+        steps = after[:limit]
         return {"cursor": steps[-1][0] if steps else cursor, "clock": "monotonic",
+                "more": len(after) > limit,
                 "steps": [{"channel": c, "start": st, "dur": d, "uid": u, "feature": f,
                            "job": j, "step": i} for _n, c, st, d, u, f, j, i in steps]}
 

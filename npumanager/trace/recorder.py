@@ -26,6 +26,10 @@ from npumanager.client import NpuManager
 from npumanager.errors import NpuError, PermissionDenied, ProtocolError
 from npumanager.fds import close_fds
 
+#: device.trace replies read per device and poll, at most (each holds up to the driver's
+#: MAX_REPLY_STEPS steps; a second's steps of a busy device fit in a few).
+MAX_PAGES = 20
+
 
 @dataclass
 class Recording:
@@ -107,9 +111,18 @@ class TraceRecorder:
                 if client is None:
                     client = self._drivers[name] = SyncRpcClient(path, SERVICE,
                                                                  client_name="npu trace")
-                payload, fds = client.call("device.trace",
-                                           str(self._cursors.get(name, 0)).encode())
-                close_fds(fds)
+                for _ in range(MAX_PAGES):  # a reply is bounded: ask while more follow
+                    payload, fds = client.call("device.trace",
+                                               str(self._cursors.get(name, 0)).encode())
+                    close_fds(fds)
+                    got = json.loads(payload)
+                    self._cursors[name] = int(got["cursor"])
+                    # The ring keeps an earlier recording's steps for its lease: not ours.
+                    t0 = self.rec.t0
+                    self.rec.steps.setdefault(name, []).extend(
+                        st for st in got["steps"] if float(st["start"]) >= t0)
+                    if not got.get("more"):
+                        break
             except NpuError as exc:
                 old = self._drivers.pop(name, None)
                 if old is not None:
@@ -118,9 +131,6 @@ class TraceRecorder:
                 if note not in self.rec.notes:
                     self.rec.notes.append(note)
                 continue
-            got = json.loads(payload)
-            self._cursors[name] = int(got["cursor"])
-            self.rec.steps.setdefault(name, []).extend(got["steps"])
 
     # --- running ---------------------------------------------------------------------
 

@@ -38,3 +38,31 @@ def test_a_snapshot_while_another_thread_records_does_not_fail() -> None:
         stop.set()
         th.join()
         sys.setswitchinterval(old)
+
+
+def test_trace_replies_are_bounded_and_page_through_the_ring() -> None:
+    """Every step since the cursor in one reply outgrew the 1 MiB frame once a busy device
+    (or a recording that ended while the ring held its steps) had ~10,000 of them: `npu
+    trace` got 'outgoing frame of 1326599 bytes exceeds 1048576' at each poll and no step.
+    Each reply now holds at most MAX_REPLY_STEPS and says whether more follow."""
+    import json
+
+    from npumanager.drivers.exec_stats import MAX_REPLY_STEPS, ExecStats
+
+    st = ExecStats()
+    n = 3 * MAX_REPLY_STEPS + 5
+    for i in range(n):
+        # long floats, as monotonic times are: a step's JSON at its widest
+        st.step(i % 4, 123456.0 + i * 1.2345678901e-4, 1.2345678901234567e-05,
+                4_000_000_000, 2**31 - 1, 10**9 + i, i % 7)
+    cursor, pages, seen = 0, 0, 0
+    while True:
+        got = st.steps_since(cursor, now=0.0)
+        assert len(json.dumps(got)) < (1 << 20) * 3 // 4  # inside a frame (1 MiB)
+        seen += len(got["steps"])
+        cursor, pages = got["cursor"], pages + 1
+        if not got["more"]:
+            break
+    assert (seen, pages, cursor) == (n, 4, n)
+    assert st.steps_since(cursor, now=0.0) == {"cursor": n, "clock": "monotonic",
+                                               "more": False, "steps": []}
