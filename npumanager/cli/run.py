@@ -184,6 +184,7 @@ def main(args: argparse.Namespace) -> int:
     # The grant is valid on its device only: ask for the one the model will be prepared on.
     request = ModelLoadRequest(id=(os.getpid() << 8) | int(time.time()) & 0xFF,
                                size=ModelSize(int(args.size)), device=name)
+    cut = ""  # why the executions stopped before --repeat ("": they did not)
     with NpuManager.connect(args.runtime_dir) as mgr:
         t0 = time.perf_counter()
         mgr.request_can_load_model(request, Callback())
@@ -201,21 +202,26 @@ def main(args: argparse.Namespace) -> int:
             model = dev.prepare_model(onnx, grant=listener)
             prepare_ms = (time.perf_counter() - t0) * 1e3
             listener.notify_model_loaded(request)
+            times: list[float] = []
+            outputs: dict[str, Any] = {}
             try:
-                print(f"device {name} ({dev.capabilities.backend}); granted in {grant_ms:.1f} ms,"
-                      f" prepared in {prepare_ms:.1f} ms, {plural(model.memory_bytes, 'byte')}")
-                inputs = random_inputs([(t.name, t.dtype, t.shape) for t in model.inputs
-                                        if check_feedable(t)], args.seed)
-                times: list[float] = []
-                outputs: dict[str, Any] = {}
-                for _ in range(max(1, args.repeat)):
-                    if unload_asked.is_set():
-                        break
-                    t0 = time.perf_counter()
-                    outputs = model.execute(inputs, job_priority=args.job_priority,
-                                            steps=args.steps,
-                                            feedback=feedback if args.steps > 1 else None)
-                    times.append(time.perf_counter() - t0)
+                try:
+                    print(f"device {name} ({dev.capabilities.backend}); granted in "
+                          f"{grant_ms:.1f} ms, prepared in {prepare_ms:.1f} ms, "
+                          f"{plural(model.memory_bytes, 'byte')}", flush=True)
+                    inputs = random_inputs([(t.name, t.dtype, t.shape) for t in model.inputs
+                                            if check_feedable(t)], args.seed)
+                    for _ in range(max(1, args.repeat)):
+                        if unload_asked.is_set():
+                            cut = "npud asked for the model back"
+                            break
+                        t0 = time.perf_counter()
+                        outputs = model.execute(inputs, job_priority=args.job_priority,
+                                                steps=args.steps,
+                                                feedback=feedback if args.steps > 1 else None)
+                        times.append(time.perf_counter() - t0)
+                except KeyboardInterrupt:  # what ran is still worth its line; exit 130
+                    cut = "interrupted"
             finally:
                 model.release()
                 listener.notify_model_unloaded(request)
@@ -225,6 +231,9 @@ def main(args: argparse.Namespace) -> int:
         ts = np.sort(np.array(times)) * 1e3
         p50 = ts[len(ts) // 2]
         p99 = ts[min(len(ts) - 1, int(len(ts) * 0.99))]
-        print(f"{plural(len(ts), 'execution')}: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
+        of = f" of {args.repeat} ({cut})" if cut else ""
+        print(f"{plural(len(ts), 'execution')}{of}: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
               f"min {ts[0]:.3f} ms; unloaded")
-    return 0
+    elif cut:
+        print(f"no execution ({cut}); unloaded")
+    return 130 if cut == "interrupted" else 0

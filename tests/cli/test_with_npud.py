@@ -6,6 +6,7 @@ import json
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -382,6 +383,29 @@ def test_run_feeds_strings_and_names_what_it_cannot_feed(
         keepdims=0)
     rc, out, err = npu(capsys, "run", str(seq_out), *rt)
     assert rc == 0 and "  y: a sequence of 3\n" in out, (out, err)
+
+
+@pytest.mark.timeout(90)
+def test_run_interrupted_says_what_ran(npud_drivers: DaemonProcess) -> None:
+    """Ctrl-C during npu run's executions: exit 130, as the README says, with the timing of
+    those that ran and how many of --repeat (it printed nothing of them)."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("npu")), "run", "--builtin", "add", "--repeat",
+         "100000000", "--runtime-dir", str(npud_drivers.runtime_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # "device ...; prepared ...": executing from here on
+    assert first.startswith("device reference"), first
+    time.sleep(1.0)  # some executions (0.1 ms each); none is said as such (below)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert re.search(r"^(\d+ executions? of 100000000 \(interrupted\): p50 [\d.]+ ms|"
+                     r"no execution \(interrupted\); unloaded)", out, re.M), (out, err)
 
 
 def test_run_passes_bfloat16_and_float8_and_names_the_types_it_cannot(
