@@ -16,6 +16,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -96,6 +97,9 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not x > 0 or x == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    if x > threading.TIMEOUT_MAX:  # every one is a wait: 1e12 was an OverflowError traceback
+        raise argparse.ArgumentTypeError(f"{text} s is longer than a wait can be "
+                                         f"(at most {threading.TIMEOUT_MAX:.0f} s)")
     return x
 
 

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="ModelSize class to declare (0 <1GB, 1 1-2GB, 2 >2GB)")
     p.add_argument("--wait", metavar="S", type=positive_float, default=60.0,
                    help="seconds to wait for npud's CAN_LOAD_NOW (default 60)")
-    p.add_argument("--seed", metavar="N", type=int, default=0,
+    p.add_argument("--seed", metavar="N", type=int_range(0), default=0,
                    help="seed of the random inputs (default 0): the same N, the same inputs")
     p.set_defaults(func=main)
 

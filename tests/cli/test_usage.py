@@ -43,6 +43,10 @@ USAGE = [
     ["cache", "gc", "--max-entries", "-1"],
     ["run", "--builtin", "add", "--size", "3"],
     ["chaos", "--duration", "1"],  # with --runtime-dir: it starts its own npud
+    ["run", "--builtin", "add", "--seed", "-1"],  # was numpy's ValueError traceback
+    ["trace", "record", "--duration", "1e12"],  # was an OverflowError traceback, at the end
+    ["run", "--builtin", "add", "--wait", "1e300"],
+    ["top", "--interval", "1e12"],
 ]
 
 
