@@ -58,6 +58,11 @@ def register(sub: Any) -> None:
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.manager_only:
+        if args.runtime_dir is not None:  # it ran its own npud there: a traceback beside
+            # a running one ('another npud is already serving'), else an npud in the
+            # user's directory, which it also chmodded 0755
+            raise UsageError("--manager-only starts its own npud (no drivers); drop "
+                             "--runtime-dir")
         return main(args)
     if args.compare:
         if args.runtime_dir is not None:
@@ -171,9 +176,7 @@ def main(args: argparse.Namespace) -> int:
 
     global T0
     T0 = time.monotonic()
-    own_dir = args.runtime_dir is None
-    rt = Path(tempfile.mkdtemp(prefix="npu-demo-", dir="/tmp")) if own_dir \
-        else Path(args.runtime_dir)
+    rt = Path(tempfile.mkdtemp(prefix="npu-demo-", dir="/tmp"))  # (--runtime-dir: refused)
     os.chmod(rt, 0o755)
     root = os.getuid() == 0
     uids = {"camera": 50101, "llm": 50102, "embedding": 50103}
@@ -255,8 +258,7 @@ def main(args: argparse.Namespace) -> int:
         for c in children.values():
             c.kill()
         npud.stop()
-        if own_dir:
-            shutil.rmtree(rt, ignore_errors=True)
+        shutil.rmtree(rt, ignore_errors=True)
     print("done: the foreground kept its model; background work waited, left when asked, "
           "or was revoked.")
     sys.stdout.flush()

@@ -47,6 +47,7 @@ USAGE = [
     ["trace", "record", "--duration", "1e12"],  # was an OverflowError traceback, at the end
     ["run", "--builtin", "add", "--wait", "1e300"],
     ["top", "--interval", "1e12"],
+    ["demo", "--manager-only"],  # with --runtime-dir: a traceback (its own npud there)
 ]
 
 
