@@ -74,6 +74,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # default-auto as before voice29: the voice does not ask (its host burst thread at FIFO,
     # its own thread at normal priority).
     "default-auto+voice-plain": {"protect_foreground": None, "camera_realtime": 2},
+    # default-auto as before voice30: a pause between the voice's phrases breaks its pace
+    # (drivers/anticipate.py PAUSE), so none of its requests is anticipated.
+    "default-auto+no-pauses": {"protect_foreground": None, "camera_realtime": 2,
+                               "voice_realtime": 2, "burst_anticipate_pauses": False},
     # The defaults before this table (2 channels, both open to background work, nice 10).
     "old-defaults": {"channels": 2, "reserved_channels": 0, "background_sched": "nice"},
     # The reserved channel taken from two channels (background keeps one), not kept at

@@ -346,6 +346,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("driver", "background_cgroup"): _ANY,  # config.CHOICES
     ("driver", "background_handback"): _ANY,  # a boolean (its type is checked at load)
     ("driver", "burst_poll_turns"): _ANY,  # a boolean (its type is checked at load)
+    ("driver", "burst_anticipate_pauses"): _ANY,  # a boolean
     ("driver", "background_burst_here"): _ANY,  # config.CHOICES
     ("driver", "background_starve_ms"): at_least(0, " (0 = no bound)"),
     ("driver", "options"): _ANY,  # the plugin's

@@ -17,7 +17,11 @@ Bounds, because the poll is CPU nobody asked for:
 
 * only a stream whose last ``KEPT`` intervals all lie within ``TOLERANCE`` of their
   median (a stream that stutters, a voice assistant's irregular requests, one-off
-  executions: none);
+  executions: none); with ``pauses`` (``burst_anticipate_pauses``), a pause of ``PAUSE``
+  periods or more between two phrases at that pace is not one of the intervals, and the
+  phase starts anew after it (a voice assistant's phrases: anticipated from each one's
+  second request; each phrase's end costs one window that no request comes in, one
+  window per request still);
 * only FOREGROUND work (the caller's check: a background stream waits as before);
 * what it costs per request, the poll's window and the warm-up's run, is at most
   ``MAX_SHARE`` of the period, so anticipation costs at most that share of one core
@@ -125,6 +129,12 @@ MIN_RESIDUALS = 8
 #: The window opens this share of it before the earliest arrival it is placed to hold, and
 #: ends this share after the last (the poll's own start is not instant).
 MARGIN = 0.1
+#: An interval at least this many times the pace's (the kept intervals' median) is a pause
+#: between two phrases of one stream, where the burst's ``pauses`` is on (voice30): a
+#: voice assistant's 8 requests 30 ms apart, then half a second of silence, never had
+#: KEPT intervals that agreed, so none of its requests was anticipated. 3: a camera that
+#: drops a frame (twice its period) still breaks its pace, as before.
+PAUSE = 3.0
 
 
 @dataclass(slots=True)
@@ -162,6 +172,11 @@ class Anticipation:
     #: How long the warm-up before the window took, the last few times (median).
     warms: list[float] = field(default_factory=list)
     warm_s: float = 0.0
+    #: An interval this many times the kept ones' median is a pause between phrases
+    #: (``PAUSE``; 0: every interval counts, as before voice30), and whether the last
+    #: one was.
+    pauses: float = 0.0
+    paused: bool = False
 
     def arrived(self, now: float, stamp: float | None = None) -> None:
         """A new request was seen at ``now``; its client stamped it ``stamp`` (None: no
@@ -183,12 +198,27 @@ class Anticipation:
                 _kept_quantile(self.residuals, off, KEPT_RESIDUALS, 0.5)
         self.last = t
         recent = self.recent
+        iv = self.intervals
+        if (self.pauses and last is not None and iv
+                and t - last > self.pauses * sorted(iv)[(len(iv) - 1) // 2]):
+            # (Against the lower median of the kept intervals: where half of them are
+            # already pauses, a stream that pauses after every second request, the
+            # upper one would be a pause and hide the next.)
+            if not self.paused:
+                # A pause between two phrases of a stream at one pace (a voice
+                # assistant's frames, 30 ms apart, then silence): not an interval of the
+                # pace, which the next phrase goes on with. Its phase starts anew here.
+                self.paused = True
+                recent[:] = [t]
+                return
+            # Two in a row: a slower pace, learnt anew from this interval on.
+            iv.clear()
+        self.paused = False
         recent.append(t)
         if len(recent) > PHASES:
             del recent[0]
         if last is None:
             return
-        iv = self.intervals
         iv.append(t - last)
         if len(iv) > KEPT:
             del iv[0]
@@ -305,6 +335,8 @@ class Anticipate:
     warm: Callable[[BurstServer], bool]
     turns: PollTurns = field(default_factory=PollTurns)
     guard: threading.Lock = field(default_factory=threading.Lock)
+    #: Each stream's ``Anticipation.pauses`` (``burst_anticipate_pauses``: PAUSE, or 0).
+    pauses: float = 0.0
 
     def take(self, server: BurstServer, now: float) -> bool:
         """Whether ``server``'s stream takes the poll now (then it holds ``polling``):

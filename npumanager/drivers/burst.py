@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from npumanager import tensorio
 from npumanager.drivers import burst_counters as bc
 from npumanager.drivers.anticipate import (
+    PAUSE,
     Anticipate,
     Anticipation,
     await_request,
@@ -141,7 +142,8 @@ class BurstServer:
         #: While anticipation is on (drivers/anticipate.py): the host's side and the
         #: stream's pace; whether the last step ran here as FOREGROUND, and for how long.
         self.anticipate = anticipate
-        self.pace = Anticipation(anticipate.window_s) if anticipate else None
+        self.pace = (Anticipation(anticipate.window_s, pauses=anticipate.pauses)
+                     if anticipate else None)
         self.foreground, self.run_us = False, 0.0
         #: The follow-on poll after a BACKGROUND answer (background_follow_us: .follow).
         self.follow = FollowOn(follow_us / 1e6) if follow_us > 0 else None
@@ -408,7 +410,9 @@ class Bursts(BurstExecutions):
         us = host.hc.burst_anticipate_us
         self._anticipate = (Anticipate(us / 1e6, threading.Lock(), lambda s: warm(host, s),
                                        turns=PollTurns() if host.hc.burst_poll_turns
-                                       else FirstCome())
+                                       else FirstCome(),
+                                       pauses=PAUSE if host.hc.burst_anticipate_pauses
+                                       else 0.0)
                             if us > 0 else None)
         self._ids = itertools.count(1)
 

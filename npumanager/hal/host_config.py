@@ -120,6 +120,8 @@ class HostConfig:
     #: Anticipation's one poll slot in turns between uids whose windows overlap
     #: (drivers/poll_turns.py); false: first come, first served (PollTurns vs FirstCome).
     burst_poll_turns: bool = True
+    #: A paced stream's pause between phrases keeps its pace (drivers/anticipate.py PAUSE).
+    burst_anticipate_pauses: bool = True
     #: The EEVDF slice of a burst's thread while it serves FOREGROUND steps, µs
     #: (hal/sched_slice.py; 0: the kernel's own, 1.4 ms here).
     foreground_slice_us: int = 0
@@ -237,6 +239,7 @@ class HostConfig:
             hold_loads=bool(d.get("hold_loads", False)),
             burst_anticipate_us=int(d.get("burst_anticipate_us", 300)),
             burst_poll_turns=bool(d.get("burst_poll_turns", True)),
+            burst_anticipate_pauses=bool(d.get("burst_anticipate_pauses", True)),
             background_follow_us=int(d.get("background_follow_us", 0)),
             background_one_pass=bool(d.get("background_one_pass", False)),
             foreground_slice_us=int(d.get("foreground_slice_us", 0)),

@@ -18,6 +18,7 @@ from npumanager.drivers.anticipate import (
     KEPT,
     KEPT_OVERSLEEPS,
     MAX_SHARE,
+    PAUSE,
     WARM_MAX_RUN_US,
     Anticipate,
     Anticipation,
@@ -74,6 +75,56 @@ def test_a_voice_assistants_irregular_requests_get_no_window() -> None:
     a = Anticipation(300e-6)
     last = stream(a, 0.03, n=3 * KEPT, jitter=[0.0, 0.01, -0.008, 0.02, 0.0, -0.012])
     assert a.period is None and a.plan(last) is None
+
+
+def phrases(a: Anticipation, n: int, each: int = 8, period: float = 0.03,
+            pause: float = 0.49, start: float = 100.0) -> float:
+    """``n`` phrases of ``each`` arrivals ``period`` apart, ``pause`` between phrases (the
+    contention bench's voice assistant); the last arrival's time."""
+    t = start
+    for _ in range(n):
+        for i in range(each):
+            a.arrived(t)
+            t += period if i < each - 1 else pause
+    return t - pause
+
+
+def test_a_stream_that_pauses_between_phrases_keeps_its_pace() -> None:
+    """burst_anticipate_pauses (voice30): a voice assistant's phrases, 8 requests 30 ms
+    apart then a pause, are anticipated from the second request of each phrase on."""
+    a = Anticipation(300e-6, pauses=PAUSE)
+    last = phrases(a, 1)
+    assert a.period is None  # one phrase: 7 intervals, one short of KEPT
+    last = phrases(a, 3, start=last + 0.49)
+    assert a.period == pytest.approx(0.03)
+    # The phrase's last request: a window one period on (no request comes: the doorbell).
+    plan = a.plan(last + 0.001)
+    assert plan is not None and plan.opens < last + 0.03 < plan.spin_until
+    # The pause: not an interval of the pace, and the phase starts anew at its end.
+    first = last + 0.49
+    a.arrived(first)
+    assert a.period == pytest.approx(0.03) and a.recent == [first]
+    plan = a.plan(first + 0.001)
+    assert plan is not None and plan.opens < first + 0.03 < plan.spin_until
+    assert all(abs(r) < 0.015 for r in a.residuals)  # (the pause's offset not kept)
+    # Without the key a pause breaks the pace, and KEPT intervals never agree.
+    b = Anticipation(300e-6)
+    phrases(b, 4)
+    assert b.period is None
+
+
+def test_two_pauses_in_a_row_are_a_slower_pace() -> None:
+    """A stream going from 30 to 10 Hz: the first long interval is taken for a pause, the
+    next one forgets the 30 Hz pace, and 10 Hz is learnt from it on."""
+    a = Anticipation(300e-6, pauses=PAUSE)
+    last = stream(a, 0.03)
+    assert a.period == pytest.approx(0.03)
+    last = stream(a, 0.1, n=2, start=last + 0.1)
+    assert a.period is None and a.plan(last + 0.001) is None
+    last = stream(a, 0.1, n=KEPT - 2, start=last + 0.1)
+    assert a.period is None
+    a.arrived(last + 0.1)
+    assert a.period == pytest.approx(0.1)
 
 
 def test_the_window_is_at_most_the_streams_share_of_the_period() -> None:

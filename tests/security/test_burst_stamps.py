@@ -148,29 +148,37 @@ def attacker(rt: str) -> dict[str, Any]:
     return got
 
 
-def victim(rt: str) -> dict[str, Any]:
-    """Another uid's FOREGROUND burst through the SDK at 30 Hz (honest stamps)."""
+def paced(rt: str, slots: list[int], bias: float, request_id: int = 2,
+          lag_s: float = VICTIM_LAG_S) -> dict[str, Any]:
+    """A FOREGROUND burst through the SDK (honest stamps), one request at each of ``slots``
+    (periods of PERIOD_S from the start the test sends, plus ``lag_s``); each answer
+    checked against its input plus ``bias``."""
     got: dict[str, Any] = {"wrong": [], "served": 0}
-    with granted(rt, request_id=2) as (dev, grant):
-        model = dev.prepare_model(add_model(4, VICTIM_BIAS), grant=grant)
+    with granted(rt, request_id=request_id) as (dev, grant):
+        model = dev.prepare_model(add_model(4, bias), grant=grant)
         with model.burst() as b:
             b.execute({"x": np.zeros((1, 4), np.float32)})  # opened
             procs.announce("ready")
             _, start_ns = procs.receive(timeout=120)
-            start = start_ns / 1e9 + VICTIM_LAG_S  # just after the attacker's requests
-            for i in range(VICTIM_CALLS):
+            start = start_ns / 1e9 + lag_s
+            for i in slots:
                 pause = start + i * PERIOD_S - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
                 x = np.arange(100 + i, 104 + i, dtype=np.float32).reshape(1, 4)
                 y = b.execute({"x": x})["y"]
-                if np.array_equal(y, x + VICTIM_BIAS):
+                if np.array_equal(y, x + bias):
                     got["served"] += 1
                 else:
                     got["wrong"].append((i, y.tolist()))
             procs.announce("done")
             procs.receive(timeout=120)
     return got
+
+
+def victim(rt: str) -> dict[str, Any]:
+    """Another uid's FOREGROUND burst at 30 Hz, just after the attacker's requests."""
+    return paced(rt, list(range(VICTIM_CALLS)), VICTIM_BIAS)
 
 
 def recent_bursts(rt: str, served: int = 0) -> list[dict[str, Any]]:
@@ -191,14 +199,17 @@ def recent_bursts(rt: str, served: int = 0) -> list[dict[str, Any]]:
         time.sleep(0.01)
 
 
-def test_garbage_stamps_misplace_only_the_attackers_window(
-        start_npud: StartDaemon, runtime_dir: Path) -> None:
+def race(start_npud: StartDaemon, runtime_dir: Path, attack: Any, *args: Any,
+         served: int = VICTIM_CALLS) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """npud with DRIVER, both uids FOREGROUND; ``attack(rt, *args)`` as ATTACKER and the
+    victim as BYSTANDER, both from one start; (the attacker's result, the victim's, both
+    bursts' counters once each has served ``served``)."""
     start_npud(drivers=True, driver=DRIVER)
     rt = str(runtime_dir)
     with NpuManager(rt) as admin:
         for uid in (ATTACKER, BYSTANDER):
             admin.set_uid_importance(uid, 100)  # FOREGROUND: their bursts anticipated
-    bad = procs.spawn_as(ATTACKER, None, attacker, rt, timeout=300)
+    bad = procs.spawn_as(ATTACKER, None, attack, rt, *args, timeout=300)
     good = procs.spawn_as(BYSTANDER, None, victim, rt, timeout=300)
     try:
         bad.expect("ready", 120)
@@ -208,7 +219,7 @@ def test_garbage_stamps_misplace_only_the_attackers_window(
         good.send(("go", start))
         bad.expect("done", 240)
         good.expect("done", 240)
-        bursts = recent_bursts(rt, VICTIM_CALLS)  # both still open (each made as many)
+        bursts = recent_bursts(rt, served)  # both still open
         bad.send("bye")
         good.send("bye")
         mine = bad.wait(120)
@@ -216,21 +227,13 @@ def test_garbage_stamps_misplace_only_the_attackers_window(
     finally:
         bad.kill()
         good.kill()
+    return mine, theirs, bursts
 
-    # The other app: every answer its own, correct.
-    assert theirs == {"wrong": [], "served": VICTIM_CALLS}, theirs
-    # The attacker: its own correct outputs, or a typed error; never the other's.
-    # (Stamps are no part of the request: no error was due, and none came.)
-    answers = mine["answers"]
-    assert len(answers) == PLAUSIBLE + GARBAGE + SCRIBBLED, answers
-    for i, status, out in answers:
-        x = np.arange(i, i + 4, dtype=np.float32)
-        assert status in ("OK", "SAME") and out == (x + ATTACKER_BIAS).tolist(), (
-            i, status, out)
 
-    # The driver's counters: every window planned at most the configured one, every poll
-    # within it plus the bounded allowances for oversleep and warm-up; and windows were
-    # planned for the attacker's burst (the bound was exercised, not vacuous).
+def planned_windows(bursts: list[dict[str, Any]]) -> dict[int, int]:
+    """Per uid, the windows the driver planned for its burst, each checked: at most the
+    configured one, its poll within that plus the bounded oversleep and warm-up
+    allowances, and no more than the requests served."""
     window = WINDOW_US / 1e6
     by_uid = {b["uid"]: b for b in bursts}
     assert set(by_uid) == {ATTACKER, BYSTANDER}, bursts
@@ -245,6 +248,28 @@ def test_garbage_stamps_misplace_only_the_attackers_window(
                 assert until - poll0 <= window + MAX_OVERSLEEP_S + MAX_WARM_S + 1e-9, (
                     uid, poll0, until)
         assert b["served"] >= len(rows)
+    return planned
+
+
+def test_garbage_stamps_misplace_only_the_attackers_window(
+        start_npud: StartDaemon, runtime_dir: Path) -> None:
+    mine, theirs, bursts = race(start_npud, runtime_dir, attacker)
+    # The other app: every answer its own, correct.
+    assert theirs == {"wrong": [], "served": VICTIM_CALLS}, theirs
+    # The attacker: its own correct outputs, or a typed error; never the other's.
+    # (Stamps are no part of the request: no error was due, and none came.)
+    answers = mine["answers"]
+    assert len(answers) == PLAUSIBLE + GARBAGE + SCRIBBLED, answers
+    for i, status, out in answers:
+        x = np.arange(i, i + 4, dtype=np.float32)
+        assert status in ("OK", "SAME") and out == (x + ATTACKER_BIAS).tolist(), (
+            i, status, out)
+
+    # The driver's counters: every window planned at most the configured one, every poll
+    # within it plus the bounded allowances for oversleep and warm-up; and windows were
+    # planned for the attacker's burst (the bound was exercised, not vacuous).
+    planned = planned_windows(bursts)
+    by_uid = {b["uid"]: b for b in bursts}
     assert planned[ATTACKER] >= 1, (planned, by_uid[ATTACKER])
     # Neither uid's stream starved of anticipation by the other's (drivers/poll_turns.py):
     # both paced from the same "go", their windows overlap, and the one poll slot goes in
