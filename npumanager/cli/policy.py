@@ -7,6 +7,10 @@ from typing import Any
 
 from npumanager.cli.main import UsageError, add_runtime_dir, int_range
 
+#: The wire's int64 (npud said 'InvalidArgument: maxBudget N is out of range', exit 1, in
+#: the protobuf's key name, for what is a bad flag value).
+INT64_MAX = (1 << 63) - 1
+
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser("policy", help="change npud's admission policy")
@@ -15,11 +19,12 @@ def register(sub: Any) -> None:
     s = verbs.add_parser("set", help="set the policy (admin only)")
     add_runtime_dir(s)
     s.add_argument("name", help="status_quo, turn_taking, budget or memory (or 0-3)")
-    s.add_argument("--max-budget", metavar="N", type=int_range(1), default=None,
-                   help="BUDGET: the budget (> 0)")
+    s.add_argument("--max-budget", metavar="N", type=int_range(1, INT64_MAX),
+                   default=None, help="BUDGET: the budget (> 0)")
     s.add_argument("--weight", action="append", default=[], metavar="SIZE=W",
                    help="BUDGET: weight of a size class (0 <1GB, 1 1-2GB, 2 >2GB); repeatable")
-    s.add_argument("--memory-budget-bytes", metavar="BYTES", type=int_range(0), default=None,
+    s.add_argument("--memory-budget-bytes", metavar="BYTES", type=int_range(0, INT64_MAX),
+                   default=None,
                    help="MEMORY: the budget in bytes (default: the drivers' memory)")
     s.set_defaults(func=main)
 
@@ -60,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
                 weights[size] = int(value)
             except ValueError:
                 raise UsageError(f"--weight wants SIZE=W (e.g. 2=4), not {w!r}") from None
-            if size not in ("0", "1", "2") or int(value) < 1:
+            if size not in ("0", "1", "2") or not 1 <= int(value) <= INT64_MAX:
                 raise UsageError(f"--weight {w!r}: SIZE is 0, 1 or 2 and W is >= 1")
         bundle[KEY_MODEL_SIZE_WEIGHTS] = weights
     with NpuManager(args.runtime_dir) as mgr:

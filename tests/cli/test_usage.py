@@ -48,6 +48,9 @@ USAGE = [
     ["run", "--builtin", "add", "--wait", "1e300"],
     ["top", "--interval", "1e12"],
     ["demo", "--manager-only"],  # with --runtime-dir: a traceback (its own npud there)
+    ["policy", "set", "budget", "--max-budget", "99999999999999999999"],  # npud said, exit 1
+    ["policy", "set", "budget", "--weight", "2=99999999999999999999"],
+    ["policy", "set", "memory", "--memory-budget-bytes", "99999999999999999999"],
 ]
 
 
