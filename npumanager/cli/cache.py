@@ -184,7 +184,8 @@ def cmd_ls(args: argparse.Namespace, v: Any) -> int:
         for e in entries
     ]
     _table(
-        f"{args.driver} ({v.driver_version}): {plural(len(entries), 'entry')} in {v.path}",
+        f"{args.driver} ({v.driver_version or 'no driver has written it yet'}): "
+        f"{plural(len(entries), 'entry')} in {v.path}",
         ["uid", "token", "files", "model", "data", "age", "last used", "hits"],
         rows,
     )

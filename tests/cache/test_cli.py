@@ -142,6 +142,24 @@ def test_a_damaged_map_is_said_and_clear_moves_it_aside(
     assert rc == 0 and "1 entry in" in out, out
 
 
+def test_a_map_no_driver_has_written_yet_is_empty_not_damaged(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty map file (created, never written): ls titled it 'reference ()' and verify
+    called it damaged ('the hashing key is missing'), though its driver keys it at its first
+    save and caches as usual. A map with entries and no key is still damaged."""
+    from npumanager.cache.verifier import DB_NAME, verifier_dir
+
+    path = verifier_dir("reference", state_dir) / DB_NAME
+    path.parent.mkdir(parents=True, mode=0o700)
+    path.touch(mode=0o600)
+    sd = ["--state-dir", str(state_dir)]
+    rc, out = run(capsys, "ls", *sd)
+    assert rc == 0 and "reference (no driver has written it yet): 0 entries" in out, out
+    rc, out = run(capsys, "verify", *sd)
+    assert rc == 0 and "is sound (0 entries)" in out, out
+
+
 def test_no_map_yet(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "ls", "--state-dir", str(state_dir)]) == 0
     assert "no cache map" in capsys.readouterr().err
