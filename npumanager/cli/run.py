@@ -177,7 +177,10 @@ def main(args: argparse.Namespace) -> int:
         return 0
     onnx, feedback = load_model(args)
     if args.save is not None:
-        Path(args.save).write_bytes(onnx)
+        try:  # a place it cannot write is a usage error, as every output's is (README)
+            Path(args.save).write_bytes(onnx)
+        except OSError as exc:
+            raise UsageError(f"--save {args.save}: cannot write it ({exc.strerror})") from None
         print(f"wrote {args.builtin} to {args.save} ({plural(len(onnx), 'byte')})")
         return 0
     name = pick_device(nn.devices(args.runtime_dir), args.device)

@@ -51,6 +51,8 @@ USAGE = [
     ["policy", "set", "budget", "--max-budget", "99999999999999999999"],  # npud said, exit 1
     ["policy", "set", "budget", "--weight", "2=99999999999999999999"],
     ["policy", "set", "memory", "--memory-budget-bytes", "99999999999999999999"],
+    ["run", "--builtin", "conv", "--save", "/proc/x.onnx"],  # was exit 1, 'No such file'
+    ["run", "--builtin", "conv", "--save", "/tmp"],
 ]
 
 
