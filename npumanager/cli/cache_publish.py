@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from npumanager.cli.fmt import nbytes
 from npumanager.cli.main import UsageError, add_runtime_dir, int_range
-from npumanager.words import plural
 
 
 def register_publish(csub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
-        print(f"published {key.describe()}: {plural(len(entry), 'byte')} "
+        print(f"published {key.describe()}: {nbytes(len(entry))} "
               f"({info['source']}{f' in {compile_s:.2f} s' if compile_s else ''}), "
               f"signed by {info['signed_by']}, to {url} as {store.prefix}{key.digest()}")
     return 0

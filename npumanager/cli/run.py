@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from npumanager.cli.fmt import nbytes
 from npumanager.cli.main import UsageError, add_runtime_dir, int_range, positive_float
 from npumanager.hal import MAX_PRIORITY, MIN_PRIORITY
 from npumanager.words import plural
@@ -181,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
             Path(args.save).write_bytes(onnx)
         except OSError as exc:
             raise UsageError(f"--save {args.save}: cannot write it ({exc.strerror})") from None
-        print(f"wrote {args.builtin} to {args.save} ({plural(len(onnx), 'byte')})")
+        print(f"wrote {args.builtin} to {args.save} ({nbytes(len(onnx))})")
         return 0
     name = pick_device(nn.devices(args.runtime_dir), args.device)
     # The grant is valid on its device only: ask for the one the model will be prepared on.
@@ -211,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
                 try:
                     print(f"device {name} ({dev.capabilities.backend}); granted in "
                           f"{grant_ms:.1f} ms, prepared in {prepare_ms:.1f} ms, "
-                          f"{plural(model.memory_bytes, 'byte')}", flush=True)
+                          f"{nbytes(model.memory_bytes)} of device memory", flush=True)
                     inputs = random_inputs([(t.name, t.dtype, t.shape) for t in model.inputs
                                             if check_feedable(t)], args.seed)
                     for _ in range(max(1, args.repeat)):

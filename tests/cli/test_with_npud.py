@@ -240,12 +240,16 @@ def test_run_builtin_models(npud_drivers: DaemonProcess,
     rc, out, err = npu(capsys, "run", "--builtin", "add", "--repeat", "3", "--runtime-dir", rt)
     assert rc == 0, err
     assert "y: shape (1, 4) float32" in out and "3 executions" in out
+    # Sizes as people read them (was "1048656 bytes"): the reference driver's 1 MiB of
+    # workspace and the weights.
+    assert re.search(r"prepared in [0-9.]+ ms, 1\.0 MiB of device memory\n", out), out
     rc, out, err = npu(capsys, "--runtime-dir", rt, "run", "--builtin", "decode", "--steps",
                        "4", "--repeat", "1")
     assert rc == 0, err
     assert re.search(r"state_out: shape \(1, 64\) float32 \[[0-9.]+", out)
     model = tmp_path / "conv.onnx"
-    assert npu(capsys, "run", "--builtin", "conv", "--save", str(model))[0] == 0
+    rc, out, err = npu(capsys, "run", "--builtin", "conv", "--save", str(model))
+    assert rc == 0 and re.fullmatch(rf"wrote conv to {model} \([0-9.]+ KiB\)\n", out), (out, err)
     rc, out, err = npu(capsys, "run", str(model), "--repeat", "1", "--runtime-dir", rt)
     assert rc == 0 and "scores: shape (1, 10)" in out, err
 

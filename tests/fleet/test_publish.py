@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,9 @@ def test_publish_reads_keys_and_url_from_the_config(
                    'key_prefix = "test:cfg:"\n')
     assert main(["cache", "publish", str(model_file), "--config", str(cfg),
                  "--preference", "0"]) == 0
-    assert "published reference" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "published reference" in out
+    assert re.search(r": [0-9.]+ (B|KiB|MiB) \(compiled", out), out  # was "1234 bytes"
     tier = FleetTier(FleetConfig(redis_url=redis_server.url, trusted_keys=(str(pub),),
                                  key_prefix="test:cfg:"), ReferenceDriver({}), (1, 1))
     assert tier.lookup(MODEL.onnx_bytes, CompileOptions(preference=0)) is not None
