@@ -94,6 +94,9 @@ class DriverSlot:
     main: DriverSlot | None = None
     #: Ended grants whose release this host has not acknowledged yet (npud asked it).
     acks: set[str] = field(default_factory=set)
+    #: (lane) Its "is up" log line (format, args), held until its main host's first start
+    #: has ended (HostLanes.say_up); None: nothing held.
+    unsaid_up: tuple[str, tuple[object, ...]] | None = None
 
     def __post_init__(self) -> None:
         self.settled.set()

@@ -122,6 +122,28 @@ class HostLanes:
         """Every host npud runs: each device's main one, then the background lanes."""
         return [*self.slots, *self.lanes]
 
+    def _say_up(self, slot: DriverSlot, msg: str, *args: object) -> None:
+        """Log that ``slot``'s host is up (or adopted). A lane's line waits until its main
+        host's first start has ended: npud starts the two together and the lane, the
+        lighter start, often answers first, and its line above its device's read as if the
+        background lane served a device that was not up yet. Its line is said right
+        after the main host's, or after its "is down" when that start failed."""
+        main = slot.main
+        if main is not None and not main.ready.is_set():
+            slot.unsaid_up = (msg, args)
+            return
+        log.info(msg, *args)
+        self._say_lane_up(slot)
+
+    @staticmethod
+    def _say_lane_up(slot: DriverSlot) -> None:
+        """The up line of ``slot``'s lane (or of the lane ``slot`` is), if it is held."""
+        lane = slot.background or slot
+        if lane.unsaid_up is not None:
+            msg, args = lane.unsaid_up
+            lane.unsaid_up = None
+            log.info(msg, *args)
+
     def _announce_up(self, slot: DriverSlot) -> None:
         if slot.lane:  # the caller logged its start, as for any host
             return
@@ -133,6 +155,7 @@ class HostLanes:
             slot.acks.clear()  # the device goes down: npud applies every end itself
             self.events.driver_down(slot.name, reason)
             return
+        self._say_lane_up(slot)  # (said before its down, where its main host is slow)
         log.warning("driver %s is down (%s); device %s keeps serving on its main host",
                     slot.label, reason, slot.name)
         self._applied_for(slot, sorted(slot.acks))

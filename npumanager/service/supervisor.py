@@ -138,6 +138,8 @@ class DriverSupervisor(DriverFeed):
 
     async def stop(self) -> None:
         self.stopping = True
+        for lane in self.lanes:
+            self._say_lane_up(lane)  # held for a main host still starting (_say_up)
         self.rt_grants.stop()
         self.compile_watch.stop()
         for slot in self.all_slots():
@@ -292,10 +294,12 @@ class DriverSupervisor(DriverFeed):
                     self._announce_down(slot, slot.last_exit or "driver exited")
             slot.ready.set()  # it tried; npud's start does not wait for a broken driver
             if self.stopping or self.detaching:
+                self._say_lane_up(slot)
                 return
             delay = slot.backoff.next_delay(clock.now() - started)
             log.warning("driver %s is down (%s); restarting in %.1f s", slot.label,
                         slot.last_exit, delay)
+            self._say_lane_up(slot)  # its lane's line, held for this start (_say_up)
             await clock.sleep(delay)
 
     async def _run_once(self, slot: DriverSlot) -> None:
@@ -334,7 +338,8 @@ class DriverSupervisor(DriverFeed):
             slot.last_exit = ""  # kept until now: `npu status` shows why it was down
             slot.up_since = self.clock.now()
             slot.info.available = True
-            log.info("driver %s is up (pid %d, %s)", slot.label, proc.pid, slot.info.version)
+            self._say_up(slot, "driver %s is up (pid %d, %s)", slot.label, proc.pid,
+                         slot.info.version)
             self._announce_up(slot)
             slot.ready.set()
             slot.settled.set()
@@ -432,15 +437,16 @@ class DriverSupervisor(DriverFeed):
             slot.adopted_record = tie = hand_ties.tie_adopted(
                 self._record(slot), conn.sock, conn.peer, self.cfg.section("manager"),
                 slot.entry)
-            log.info("driver %s adopted (pid %d, %s)", slot.label, conn.peer.pid,
-                     "an earlier npud started it" if isinstance(tie, host_records.HostRecord)
-                     else "started by hand: tied to its socket's listener by "
-                     f"{tie.how}" if isinstance(tie, hand_ties.HandTie) else tie)
+            self._say_up(slot, "driver %s adopted (pid %d, %s)", slot.label, conn.peer.pid,
+                         "an earlier npud started it"
+                         if isinstance(tie, host_records.HostRecord)
+                         else "started by hand: tied to its socket's listener by "
+                         f"{tie.how}" if isinstance(tie, hand_ties.HandTie) else tie)
             if len(slot.group) > 1:
                 self._host_serves(slot)
         else:
-            log.info("driver %s is up (pid %d, %s)", slot.label, conn.peer.pid,
-                     slot.info.version)
+            self._say_up(slot, "driver %s is up (pid %d, %s)", slot.label, conn.peer.pid,
+                         slot.info.version)
         self._announce_up(slot)
         slot.ready.set()
         never: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import re
 import secrets
 import signal
 import threading
@@ -228,3 +230,52 @@ def test_refused_plugin_never_comes_up_and_npud_start_does_not_hang(
 
     asyncio.run(main())
     assert not [k for k, _ in events.log if k == "up"]
+
+
+class LaneFirst(DriverSupervisor):
+    """Each main host's start waits, before its handshake, until its background lane's
+    has ended: the race the lane often won in a real npud (it logged "driver reference
+    (background lane) is up" above "driver reference is up"), made certain. With
+    ``fail``, that start then fails (a main host that does not come up)."""
+
+    fail = False
+
+    async def _handshake(self, slot: Any, conn: Any) -> None:
+        if slot.background is not None:
+            await slot.background.ready.wait()
+            if self.fail:
+                self.fail = False  # its restart comes up
+                raise RuntimeError("scripted: the main host did not answer")
+        await super()._handshake(slot, conn)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [False, True], ids=["main-slow", "main-fails-first"])
+def test_the_lane_is_said_up_after_its_main_host(runtime_dir: Path, state_dir: Path,
+                                                 caplog: pytest.LogCaptureFixture,
+                                                 fail: bool) -> None:
+    cfg = Config.load(overrides={"driver": [{
+        "name": "fake", "plugin": FAKE, "background_host": True,
+        "restart_backoff_s": 0.05}]})
+    events = Events()
+
+    async def main() -> None:
+        sup = LaneFirst(cfg, runtime_dir, events, MonotonicClock(), state_dir=state_dir)
+        sup.fail = fail
+        await sup.start()
+        lane = sup.lanes[0]
+        assert lane.up  # up before its main host, as arranged; only its line waited
+        while not sup.slots[0].up:
+            await asyncio.sleep(0.02)
+        await sup.stop()
+
+    with caplog.at_level(logging.INFO, "npumanager.service.supervisor"):
+        asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records
+            if r.name == "npumanager.service.supervisor" and " is " in r.getMessage()]
+    said = [re.sub(r" \(pid .*", "", re.sub(r" \(scripted.*", "", m)) for m in said]
+    want = ["driver fake is up", "driver fake (background lane) is up"]
+    if fail:
+        want = ["driver fake is down", "driver fake (background lane) is up",
+                "driver fake is up"]
+    assert said == want, said
