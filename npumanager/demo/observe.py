@@ -20,18 +20,34 @@ from npumanager.hal.types import EndReason, ISchedulingCallback, StartReason, Wo
 Event = dict[str, Any]
 
 
-class EventLog:
-    """Every event from every app, in arrival order; ``wait`` blocks until one matches."""
+class AppFailed(Exception):
+    """An app could not start (it reported ``error`` with ``what="connect"``): every wait
+    for its events, and the scenes after, would wait out their timeouts in vain."""
 
-    def __init__(self) -> None:
+    def __init__(self, ev: Event) -> None:
+        self.app, self.error = str(ev["app"]), str(ev["error"])
+        super().__init__(f"{self.app} could not connect: {self.error}")
+
+
+class EventLog:
+    """Every event from every app, in arrival order; ``wait`` blocks until one matches.
+    With ``stop_on_failure``, ``wait`` and ``hold`` raise :class:`AppFailed` once any app
+    has reported that it could not connect."""
+
+    def __init__(self, stop_on_failure: bool = False) -> None:
         self.events: list[Event] = []
         self._cond = threading.Condition()
         self.listeners: list[Callable[[Event], None]] = []
         self._telling = threading.Lock()  # held while listeners are called (mute)
+        self.stop_on_failure = stop_on_failure
+        #: The first app's connect failure, if any (see AppFailed).
+        self.failed: Event | None = None
 
     def add(self, ev: Event) -> None:
         with self._cond:
             self.events.append(ev)
+            if self.failed is None and ev["ev"] == "error" and ev.get("what") == "connect":
+                self.failed = ev
             self._cond.notify_all()
         with self._telling:
             for fn in self.listeners:
@@ -56,6 +72,7 @@ class EventLog:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                self._raise_failed()
                 for e in self.events:
                     if ((app is None or e["app"] == app) and e["ev"] == ev and e["t"] >= after
                             and (pred is None or pred(e))):
@@ -64,6 +81,21 @@ class EventLog:
                 if left <= 0:
                     return None
                 self._cond.wait(min(left, 0.1))
+
+    def hold(self, seconds: float) -> None:
+        """Sleep ``seconds``; cut short by an app's failure (``stop_on_failure``)."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                self._raise_failed()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)  # add() wakes it
+
+    def _raise_failed(self) -> None:
+        if self.stop_on_failure and self.failed is not None:
+            raise AppFailed(self.failed)
 
 
 @dataclass(frozen=True)

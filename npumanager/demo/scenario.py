@@ -40,7 +40,7 @@ from npumanager.demo.cast import (
 )
 from npumanager.demo.models import DemoModel, demo_models
 from npumanager.demo.narrate import Narrator
-from npumanager.demo.observe import Event, EventLog, HalObserver
+from npumanager.demo.observe import AppFailed, Event, EventLog, HalObserver
 from npumanager.demo.process import AppProcess, signals_held, stop_all
 from npumanager.demo.render import Renderer, fmt_ms
 from npumanager.demo.summary import print_summary, status_excerpt, write_outputs
@@ -80,7 +80,9 @@ class Scenario:
         self.pace = Pace.for_mode(opts.fast)
         self.root = os.getuid() == 0
         self.own_npud = opts.runtime_dir is None
-        self.log = EventLog()
+        # An app that cannot connect stops the demo (its scenes would wait for it in vain,
+        # a minute and more before the summary said what was wrong).
+        self.log = EventLog(stop_on_failure=True)
         self.log.listeners.append(Narrator(out, self.log).show)
         self.run_rec = Run()
         self.hal: HalObserver | None = None
@@ -206,7 +208,7 @@ class Scenario:
 
     def pause(self, s: float) -> None:
         if s > 0:
-            time.sleep(s)
+            self.log.hold(s)
 
     # --- setup ----------------------------------------------------------------------
 
@@ -575,6 +577,9 @@ class Scenario:
             print_summary(self.out, self.log, self.run_rec, self.hal, self.specs,
                           time.monotonic() - t0, own_npud=self.own_npud)
             self.write_outputs()
+        except AppFailed:
+            self.log.mute()  # the others' reports as it stops them are not the story
+            raise
         except KeyboardInterrupt:
             # Said at once: the stop takes up to a few seconds. What the apps report
             # meanwhile (npud and the driver going away under them) is not the demo's story.
@@ -625,6 +630,13 @@ def run_demo(opts: DemoOptions) -> int:
     except CannotUse as exc:
         print(f"npu demo: {exc}", file=sys.stderr, flush=True)
         return 1  # refused by npud, or an npud it cannot use: a failure, not a usage error
+    except AppFailed as exc:
+        spec = scenario.specs.get(exc.app)
+        who = f"{exc.app} (uid {spec.uid})" if spec is not None and spec.uid is not None \
+            else exc.app
+        print(f"npu demo: its app {who} could not connect: {exc.error}; stopped (nothing "
+              "it started is left running)", file=sys.stderr, flush=True)
+        return 1
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
