@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from npumanager.demo import contention_cpu, contention_probe, contention_verdict
 from npumanager.demo.contention_apps import BenchApp, bench_app_main
 from npumanager.demo.contention_memory import MemorySampler, descendants
 from npumanager.demo.models import DemoModel, demo_models
-from npumanager.demo.observe import Event, EventLog
+from npumanager.demo.observe import AppFailed, Event, EventLog
 from npumanager.demo.process import AppProcess, LineQueue, Outbox, signals_held
 from npumanager.drivers import device_queue
 from npumanager.words import plural
@@ -211,7 +212,9 @@ class ContentionRun:
         self.phases = phases
         self.root = os.getuid() == 0
         self.apps = bench_apps()
-        self.events = EventLog()
+        # An app that cannot connect ends the run's waits at once (AppFailed): without it,
+        # each later wait ran out its 60 s and `npu demo --compare` ended in a traceback.
+        self.events = EventLog(stop_on_failure=True)
         self.procs: dict[str, AppProcess] = {}
         self.windows: dict[str, tuple[float, float]] = {}
         self.cpu: dict[str, contention_cpu.CpuUse] = {}
@@ -619,9 +622,14 @@ def run_compare(color: bool | None = None, fast: bool = True) -> int:
         out.scene(n, 2, f"{name}: camera alone, then with the background apps, then while a "
                   "background model loads", why)
         # Managed as npud runs by default (protect_foreground unset: "auto").
-        results.append(ContentionRun(name, managed, timing, models,
-                                     log=lambda m: out.event("demo", m), app_knobs=knobs,
-                                     protect_foreground=None).run())
+        try:
+            results.append(ContentionRun(name, managed, timing, models,
+                                         log=lambda m: out.event("demo", m), app_knobs=knobs,
+                                         protect_foreground=None).run())
+        except (AppFailed, RuntimeError) as exc:  # (the run has stopped what it started)
+            print(f"npu demo --compare: the {name} run: {exc}; stopped (nothing it started "
+                  "is left running)", file=sys.stderr, flush=True)
+            return 1
     rows = side_by_side(results)
     out.table("Camera latency p50 / p99 / max and frames over 33 ms; voice latency; "
               "background throughput", list(rows[0]), [list(r) for r in rows[1:]])

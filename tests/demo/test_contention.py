@@ -189,3 +189,38 @@ def test_compare_refuses_a_running_npud() -> None:
                          timeout=60)
     assert res.returncode == 2, res.stderr
     assert "--compare starts its own npud" in res.stderr
+
+
+CANNOT = {"app": "camera", "ev": "error", "what": "connect", "t": 0.0,
+          "error": "LimitExceeded: uid 61001 already has 2 connections to manager"}
+
+
+def test_a_run_stops_waiting_once_an_app_cannot_connect(models: dict[str, object]) -> None:
+    """An app that reported it could not connect ends the run's wait at once (AppFailed,
+    naming it and its error): every wait after it ran out its timeout (60 s) in vain."""
+    from npumanager.demo.observe import AppFailed
+
+    run = ContentionRun("managed", True, TINY, models)  # type: ignore[arg-type]
+    run.events.add(dict(CANNOT))
+    with pytest.raises(AppFailed, match="camera could not connect: LimitExceeded"):
+        run.wait_for("llm", "decode", 0.0, timeout=5.0)
+
+
+def test_compare_says_a_run_that_failed_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    """`npu demo --compare` whose run fails (an app that cannot connect, one that never
+    reports) says so in one line and exits 1: it ended in a traceback. (The run is made to
+    fail here; stopping what it started is ContentionRun.run's own ``finally``.)"""
+    from npumanager.demo import contention
+    from npumanager.demo.observe import AppFailed
+
+    def fail(self: ContentionRun) -> RunResult:
+        raise AppFailed(dict(CANNOT))
+
+    monkeypatch.setattr(contention.ContentionRun, "run", fail)
+    assert contention.run_compare(color=False) == 1
+    err = capsys.readouterr().err
+    assert err == ("npu demo --compare: the unmanaged run: camera could not connect: "
+                   "LimitExceeded: uid 61001 already has 2 connections to manager; stopped "
+                   "(nothing it started is left running)\n"), err
